@@ -1,0 +1,1 @@
+include!("worker/rpath.rs");

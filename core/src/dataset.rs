@@ -1,0 +1,122 @@
+//! Which data a job trains on, written as one string in the spec.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use uuid::Uuid;
+
+/// The dataset of a job: `fashion-mnist`, `synthetic[:N]`, `idx:PATH`, or the UUID of an uploaded dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetRef {
+    /// Fashion-MNIST from Debian's `dataset-fashion-mnist` (60k train / 10k test, 1x28x28, 10 classes).
+    FashionMnist,
+    /// Seeded random data for tests: N training samples (default [`SYNTHETIC_DEFAULT_SIZE`]).
+    Synthetic { train_size: u64 },
+    /// A directory of MNIST-format IDX files (gzipped or not).
+    Idx { path: String },
+    /// A safetensors dataset uploaded through the API.
+    Uploaded(Uuid),
+}
+
+pub const SYNTHETIC_DEFAULT_SIZE: u64 = 2048;
+pub const FASHION_MNIST_TRAIN_SIZE: u64 = 60_000;
+pub const FASHION_MNIST_TEST_SIZE: u64 = 10_000;
+
+impl DatasetRef {
+    /// The number of training samples when it is known without reading any file.
+    pub fn known_train_size(&self) -> Option<u64> {
+        match self {
+            DatasetRef::FashionMnist => Some(FASHION_MNIST_TRAIN_SIZE),
+            DatasetRef::Synthetic { train_size } => Some(*train_size),
+            DatasetRef::Idx { .. } | DatasetRef::Uploaded(_) => None,
+        }
+    }
+}
+
+/// Why a dataset string was not understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DatasetParseError(String);
+
+impl FromStr for DatasetRef {
+    type Err = DatasetParseError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "fashion-mnist" {
+            return Ok(DatasetRef::FashionMnist);
+        }
+        if text == "synthetic" {
+            return Ok(DatasetRef::Synthetic { train_size: SYNTHETIC_DEFAULT_SIZE });
+        }
+        if let Some(size) = text.strip_prefix("synthetic:") {
+            return match size.parse::<u64>() {
+                Ok(n) if (1..=10_000_000).contains(&n) => Ok(DatasetRef::Synthetic { train_size: n }),
+                _ => Err(DatasetParseError(format!(
+                    "synthetic size must be an integer from 1 to 10000000 (got {size:?})"
+                ))),
+            };
+        }
+        if let Some(path) = text.strip_prefix("idx:") {
+            return if path.is_empty() {
+                Err(DatasetParseError("idx: needs a directory path, e.g. idx:/data/mnist".into()))
+            } else {
+                Ok(DatasetRef::Idx { path: path.to_string() })
+            };
+        }
+        if let Ok(id) = Uuid::parse_str(text) {
+            return Ok(DatasetRef::Uploaded(id));
+        }
+        Err(DatasetParseError(format!(
+            "unknown dataset {text:?}; expected fashion-mnist, synthetic[:N], idx:PATH or the id of an uploaded dataset"
+        )))
+    }
+}
+
+impl fmt::Display for DatasetRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DatasetRef::FashionMnist => f.write_str("fashion-mnist"),
+            DatasetRef::Synthetic { train_size } if *train_size == SYNTHETIC_DEFAULT_SIZE => f.write_str("synthetic"),
+            DatasetRef::Synthetic { train_size } => write!(f, "synthetic:{train_size}"),
+            DatasetRef::Idx { path } => write!(f, "idx:{path}"),
+            DatasetRef::Uploaded(id) => write!(f, "{id}"),
+        }
+    }
+}
+
+impl Serialize for DatasetRef {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DatasetRef {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_form() {
+        for text in
+            ["fashion-mnist", "synthetic", "synthetic:100", "idx:/data/x", "3f2504e0-4f89-41d3-9a0c-0305e82c3301"]
+        {
+            let parsed: DatasetRef = text.parse().unwrap();
+            assert_eq!(parsed.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_names_and_bad_sizes() {
+        assert!("cifar".parse::<DatasetRef>().unwrap_err().to_string().contains("unknown dataset"));
+        assert!("synthetic:0".parse::<DatasetRef>().is_err());
+        assert!("synthetic:x".parse::<DatasetRef>().is_err());
+        assert!("idx:".parse::<DatasetRef>().is_err());
+    }
+}

@@ -1,0 +1,120 @@
+//! Domain ids and the job life cycle, shared by the store, the API and the scheduler.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The id of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobId(pub Uuid);
+
+impl JobId {
+    pub fn new() -> Self {
+        JobId(Uuid::new_v4())
+    }
+}
+
+impl Default for JobId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// `queued -> scheduled -> running -> succeeded | failed | cancelled`; a preempted or failed-but-retryable
+/// attempt goes back to `queued` and resumes from its last checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Queued,
+    Scheduled,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Scheduled,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Scheduled => "scheduled",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// A job in a terminal state never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+
+    /// Whether the life cycle allows going from `self` to `next`.
+    pub fn can_become(self, next: JobState) -> bool {
+        use JobState::*;
+        match (self, next) {
+            (Queued, Scheduled | Cancelled | Failed) => true,
+            // back to the queue: preempted, or the agent lost its lease before the ranks started
+            (Scheduled, Running | Queued | Failed | Cancelled) => true,
+            // back to the queue: preempted or retrying from the last checkpoint
+            (Running, Succeeded | Failed | Cancelled | Queued) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobState {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        JobState::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| {
+            format!("unknown state {text:?}; expected one of queued, scheduled, running, succeeded, failed, cancelled")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_are_final() {
+        for from in JobState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in JobState::ALL {
+                assert!(!from.can_become(to), "{from} -> {to} must be refused");
+            }
+        }
+    }
+
+    #[test]
+    fn states_round_trip_through_text() {
+        for state in JobState::ALL {
+            assert_eq!(state.as_str().parse::<JobState>().unwrap(), state);
+        }
+        assert!("done".parse::<JobState>().is_err());
+    }
+}

@@ -1,0 +1,16 @@
+//! ringtrain's pure core: the job spec and its validation, the learning-rate schedule of Goyal et al. 2017
+//! ("Accurate, Large Minibatch SGD"), and the domain ids and states. No I/O and no libtorch, so the
+//! server, the scheduler and the trainer all agree on the same numbers.
+
+pub mod dataset;
+pub mod error;
+pub mod job;
+pub mod schedule;
+pub mod spec;
+pub mod validate;
+
+pub use dataset::DatasetRef;
+pub use error::FieldError;
+pub use job::{JobId, JobState};
+pub use schedule::{Effective, ScheduleView};
+pub use spec::JobSpec;

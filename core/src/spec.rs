@@ -1,0 +1,365 @@
+//! The training job as users write it (JSON), with the defaults of Goyal et al. 2017, §5.1.
+//!
+//! Parsing rejects unknown fields and wrong JSON types (one error, with its path); [`JobSpec::validate`] then
+//! reports *every* range or consistency problem at once. Use [`JobSpec::from_json`] to do both.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::DatasetRef;
+use crate::error::FieldError;
+
+/// A training job: what to train, on what, with which recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Free-form label shown in the run history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub model: ModelSpec,
+    /// `fashion-mnist`, `synthetic[:N]`, `idx:PATH`, or the id of an uploaded dataset.
+    pub dataset: DatasetRef,
+    /// Use only the first N training samples (before the per-epoch shuffle); all of them when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_samples: Option<u64>,
+    /// Evaluate on only the first N test samples; all of them when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_samples: Option<u64>,
+    /// k: the number of ranks (devices) trained on in data parallel.
+    #[serde(default = "defaults::workers")]
+    pub workers: u32,
+    /// n: samples per rank per iteration. BatchNorm statistics are computed over these n samples.
+    #[serde(default = "defaults::per_worker_batch")]
+    pub per_worker_batch: u32,
+    #[serde(default = "defaults::epochs")]
+    pub epochs: u32,
+    #[serde(default)]
+    pub lr: LrSpec,
+    #[serde(default)]
+    pub optimizer: OptimizerSpec,
+    /// Start the last BatchNorm of every residual block with gamma = 0 (Goyal §5.1).
+    #[serde(default = "defaults::yes")]
+    pub bn_zero_init_last: bool,
+    /// Seeds weights and the per-epoch shuffle; the same seed gives the same run.
+    #[serde(default)]
+    pub seed: u64,
+    /// Write a checkpoint every this many epochs (0: only the final one).
+    #[serde(default = "defaults::checkpoint_every_epochs")]
+    pub checkpoint_every_epochs: u32,
+    /// Emit a metrics line every this many iterations.
+    #[serde(default = "defaults::log_every_iterations")]
+    pub log_every_iterations: u32,
+    /// How often a failed attempt is retried from its last checkpoint.
+    #[serde(default = "defaults::max_restarts")]
+    pub max_restarts: u32,
+    /// Orders jobs within a team's queue; higher first.
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub device: DeviceKind,
+}
+
+/// A built-in model and its options. (A flat struct rather than a tagged enum, so errors inside the
+/// options keep their exact path.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub name: ModelName,
+    /// `mlp` only: the hidden layer widths (default [256, 128]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelName {
+    /// Fully connected network with ReLU between layers.
+    Mlp,
+    Lenet5,
+    /// He et al. CIFAR-style ResNets (3 stages of basic blocks).
+    Resnet20,
+    Resnet56,
+    /// ImageNet-style ResNet with bottleneck blocks.
+    Resnet50,
+}
+
+impl ModelSpec {
+    pub fn new(name: ModelName) -> Self {
+        ModelSpec { name, hidden: None }
+    }
+
+    /// The MLP's hidden widths once the default is applied (empty for other models).
+    pub fn hidden_widths(&self) -> Vec<u32> {
+        match self.name {
+            ModelName::Mlp => self.hidden.clone().unwrap_or_else(defaults::mlp_hidden),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the model has BatchNorm layers (and so per-rank statistics).
+    pub fn has_batch_norm(&self) -> bool {
+        matches!(self.name, ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet50)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    #[default]
+    Cpu,
+    Gpu,
+}
+
+/// The learning-rate rules: scaling with the global batch, warmup and decay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrSpec {
+    /// The lr that is right for `reference_batch` samples per iteration (Goyal: 0.1 for 256).
+    #[serde(default = "defaults::base_lr")]
+    pub base: f64,
+    #[serde(default = "defaults::reference_batch")]
+    pub reference_batch: u32,
+    #[serde(default)]
+    pub scaling: Scaling,
+    /// Upper bound on every lr of the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    #[serde(default)]
+    pub warmup: WarmupSpec,
+    #[serde(default)]
+    pub decay: DecaySpec,
+}
+
+impl Default for LrSpec {
+    fn default() -> Self {
+        LrSpec {
+            base: defaults::base_lr(),
+            reference_batch: defaults::reference_batch(),
+            scaling: Scaling::default(),
+            max: None,
+            warmup: WarmupSpec::default(),
+            decay: DecaySpec::default(),
+        }
+    }
+}
+
+/// How the lr grows with the global batch kn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scaling {
+    /// lr = base * kn / reference_batch (Goyal's rule).
+    #[default]
+    Linear,
+    /// lr = base * sqrt(kn / reference_batch).
+    Sqrt,
+    /// lr = base.
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupSpec {
+    #[serde(default)]
+    pub kind: WarmupKind,
+    /// Length of the warmup in epochs (fractions allowed); default 5, or 0 for `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<f64>,
+}
+
+impl WarmupSpec {
+    pub const DEFAULT_EPOCHS: f64 = 5.0;
+
+    /// The warmup length in epochs once the default is applied.
+    pub fn resolved_epochs(&self) -> f64 {
+        match self.kind {
+            WarmupKind::None => self.epochs.unwrap_or(0.0),
+            _ => self.epochs.unwrap_or(Self::DEFAULT_EPOCHS),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WarmupKind {
+    /// Start at no warmup: the scaled lr from the first iteration.
+    None,
+    /// Hold `base` during the warmup, then jump to the scaled lr (Goyal's comparison point).
+    Constant,
+    /// Rise linearly per iteration from `base` to the scaled lr (Goyal's recipe).
+    #[default]
+    Gradual,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecaySpec {
+    #[serde(default)]
+    pub kind: DecayKind,
+    /// Epochs at which a step decay multiplies the lr by `factor`. Default: 1/3, 2/3 and 8/9 of the
+    /// epochs, rounded (30/60/80 for 90 epochs, as in Goyal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milestones: Option<Vec<u32>>,
+    #[serde(default = "defaults::decay_factor")]
+    pub factor: f64,
+}
+
+impl Default for DecaySpec {
+    fn default() -> Self {
+        DecaySpec { kind: DecayKind::default(), milestones: None, factor: defaults::decay_factor() }
+    }
+}
+
+impl DecaySpec {
+    /// The step-decay milestones once the default is applied (empty unless the kind is `step`).
+    pub fn resolved_milestones(&self, epochs: u32) -> Vec<u32> {
+        match (self.kind, &self.milestones) {
+            (DecayKind::Step, Some(given)) => given.clone(),
+            (DecayKind::Step, None) => {
+                let mut ms: Vec<u32> = [1.0 / 3.0, 2.0 / 3.0, 8.0 / 9.0]
+                    .iter()
+                    .map(|f| (f64::from(epochs) * f).round() as u32)
+                    .filter(|&m| m > 0 && m < epochs)
+                    .collect();
+                ms.dedup();
+                ms
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayKind {
+    #[default]
+    Step,
+    /// Half-cosine from the scaled lr (after warmup) down towards 0 at the last iteration.
+    Cosine,
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSpec {
+    #[serde(default = "defaults::momentum")]
+    pub momentum: f64,
+    #[serde(default = "defaults::yes")]
+    pub nesterov: bool,
+    #[serde(default)]
+    pub momentum_form: MomentumForm,
+    #[serde(default = "defaults::weight_decay")]
+    pub weight_decay: f64,
+    /// Apply weight decay to BatchNorm gamma/beta too (Goyal: no).
+    #[serde(default)]
+    pub bn_weight_decay: bool,
+    /// Apply weight decay to biases (Goyal: yes; only BN parameters are exempt).
+    #[serde(default = "defaults::yes")]
+    pub bias_weight_decay: bool,
+}
+
+impl Default for OptimizerSpec {
+    fn default() -> Self {
+        OptimizerSpec {
+            momentum: defaults::momentum(),
+            nesterov: true,
+            momentum_form: MomentumForm::default(),
+            weight_decay: defaults::weight_decay(),
+            bn_weight_decay: false,
+            bias_weight_decay: true,
+        }
+    }
+}
+
+/// Where the lr enters the momentum update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MomentumForm {
+    /// u = m*u + g; w -= lr*u (PyTorch's SGD).
+    Pytorch,
+    /// u = m*u + lr*g; w -= u, with u scaled by lr_{t+1}/lr_t whenever the lr changes (Goyal eq. 10
+    /// with momentum correction).
+    #[default]
+    Goyal,
+}
+
+mod defaults {
+    pub fn workers() -> u32 {
+        1
+    }
+    pub fn per_worker_batch() -> u32 {
+        32
+    }
+    pub fn epochs() -> u32 {
+        90
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn checkpoint_every_epochs() -> u32 {
+        1
+    }
+    pub fn log_every_iterations() -> u32 {
+        20
+    }
+    pub fn max_restarts() -> u32 {
+        3
+    }
+    pub fn mlp_hidden() -> Vec<u32> {
+        vec![256, 128]
+    }
+    pub fn base_lr() -> f64 {
+        0.1
+    }
+    pub fn reference_batch() -> u32 {
+        256
+    }
+    pub fn decay_factor() -> f64 {
+        0.1
+    }
+    pub fn momentum() -> f64 {
+        0.9
+    }
+    pub fn weight_decay() -> f64 {
+        1e-4
+    }
+}
+
+impl JobSpec {
+    /// Parses and validates a spec: a JSON syntax or type error (with its path), or every validation
+    /// problem at once.
+    pub fn from_json(text: &str) -> Result<JobSpec, Vec<FieldError>> {
+        let spec = Self::parse(text).map_err(|e| vec![e])?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Parses without validating ranges: rejects malformed JSON, wrong types and unknown fields.
+    pub fn parse(text: &str) -> Result<JobSpec, FieldError> {
+        let deserializer = &mut serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(deserializer).map_err(|err| {
+            let path = err.path().to_string();
+            let path = if path == "." { String::new() } else { path };
+            let message = err.inner().to_string();
+            // Keep the line and column for malformed JSON; for a wrong value the path says where.
+            let reason = if err.inner().is_data() { strip_position(&message) } else { message };
+            FieldError::new(path, reason)
+        })
+    }
+
+    /// The global batch kn.
+    pub fn global_batch(&self) -> u64 {
+        u64::from(self.workers) * u64::from(self.per_worker_batch)
+    }
+
+    /// This spec with another world size k (for "what if k changes" previews).
+    pub fn with_workers(&self, workers: u32) -> JobSpec {
+        JobSpec { workers, ..self.clone() }
+    }
+}
+
+/// Drops serde_json's trailing " at line L column C".
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(pos) if message[pos..].contains(" column ") => message[..pos].to_string(),
+        _ => message.to_string(),
+    }
+}

@@ -1,0 +1,180 @@
+//! Range and consistency checks of a parsed [`JobSpec`]: every problem at once, each with its path.
+
+use crate::error::FieldError;
+use crate::spec::{DecayKind, JobSpec, ModelName, WarmupKind};
+
+/// Limits that keep a spec sane; beyond them a job is a typo, not a plan.
+pub mod limits {
+    pub const MAX_WORKERS: u32 = 4096;
+    pub const MAX_PER_WORKER_BATCH: u32 = 65_536;
+    pub const MAX_EPOCHS: u32 = 10_000;
+    pub const MAX_LR: f64 = 100.0;
+    pub const MAX_RESTARTS: u32 = 100;
+    pub const MAX_PRIORITY: i32 = 1000;
+    pub const MAX_NAME_CHARS: usize = 200;
+    pub const MAX_MLP_LAYERS: usize = 32;
+    pub const MAX_MLP_WIDTH: u32 = 65_536;
+}
+
+/// Collects problems instead of stopping at the first.
+#[derive(Debug, Default)]
+struct Problems(Vec<FieldError>);
+
+impl Problems {
+    fn check(&mut self, ok: bool, path: &str, reason: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(FieldError::new(path, reason()));
+        }
+    }
+
+    fn int_range<T: PartialOrd + std::fmt::Display + Copy>(&mut self, path: &str, value: T, min: T, max: T) {
+        self.check(value >= min && value <= max, path, || format!("must be from {min} to {max} (got {value})"));
+    }
+
+    /// A finite float in the half-open or closed range the caller describes.
+    fn float(&mut self, path: &str, value: f64, ok: impl Fn(f64) -> bool, expected: &str) {
+        self.check(value.is_finite() && ok(value), path, || format!("must be {expected} (got {value})"));
+    }
+}
+
+impl JobSpec {
+    /// Every range and consistency problem of this spec. Checks that need the dataset's size (kn must not
+    /// exceed it) run when the size is known from the name alone; [`JobSpec::validate_for_dataset`] adds them
+    /// for uploaded or on-disk datasets.
+    pub fn validate(&self) -> Result<(), Vec<FieldError>> {
+        self.validate_for_dataset(self.dataset.known_train_size())
+    }
+
+    pub fn validate_for_dataset(&self, dataset_size: Option<u64>) -> Result<(), Vec<FieldError>> {
+        use limits::*;
+        let mut p = Problems::default();
+
+        if let Some(name) = &self.name {
+            p.check(!name.trim().is_empty(), "name", || "must not be blank".into());
+            p.check(name.chars().count() <= MAX_NAME_CHARS, "name", || {
+                format!("must be at most {MAX_NAME_CHARS} characters (got {})", name.chars().count())
+            });
+            p.check(!name.chars().any(char::is_control), "name", || "must not contain control characters".into());
+        }
+        match (&self.model.hidden, self.model.name) {
+            (Some(hidden), ModelName::Mlp) => {
+                p.check(hidden.len() <= MAX_MLP_LAYERS, "model.hidden", || {
+                    format!("at most {MAX_MLP_LAYERS} hidden layers (got {})", hidden.len())
+                });
+                for (i, &width) in hidden.iter().enumerate() {
+                    p.int_range(&format!("model.hidden[{i}]"), width, 1, MAX_MLP_WIDTH);
+                }
+            }
+            (Some(_), other) => p.check(false, "model.hidden", || {
+                format!("only applies to mlp (model is {})", serde_json::to_string(&other).unwrap_or_default())
+            }),
+            (None, _) => {}
+        }
+        if let Some(n) = self.train_samples {
+            p.check(n >= 1, "train_samples", || "must be at least 1 (got 0)".into());
+        }
+        if let Some(n) = self.test_samples {
+            p.check(n >= 1, "test_samples", || "must be at least 1 (got 0)".into());
+        }
+        p.int_range("workers", self.workers, 1, MAX_WORKERS);
+        p.int_range("per_worker_batch", self.per_worker_batch, 1, MAX_PER_WORKER_BATCH);
+        p.int_range("epochs", self.epochs, 1, MAX_EPOCHS);
+        if let Some(size) = self.effective_train_size(dataset_size) {
+            let kn = self.global_batch();
+            p.check(kn <= size, "per_worker_batch", || {
+                format!(
+                    "the global batch workers * per_worker_batch = {kn} exceeds the {size} training samples: \
+                     not one iteration per epoch"
+                )
+            });
+        }
+
+        self.validate_lr(&mut p);
+
+        let opt = &self.optimizer;
+        p.float("optimizer.momentum", opt.momentum, |m| (0.0..1.0).contains(&m), "in [0, 1)");
+        p.check(!opt.nesterov || opt.momentum > 0.0, "optimizer.nesterov", || {
+            "needs momentum > 0 (Nesterov momentum with momentum 0 is plain SGD)".into()
+        });
+        p.float("optimizer.weight_decay", opt.weight_decay, |w| (0.0..1.0).contains(&w), "in [0, 1)");
+
+        p.int_range("checkpoint_every_epochs", self.checkpoint_every_epochs, 0, self.epochs.max(1));
+        p.int_range("log_every_iterations", self.log_every_iterations, 1, 1_000_000);
+        p.int_range("max_restarts", self.max_restarts, 0, MAX_RESTARTS);
+        p.int_range("priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY);
+
+        if p.0.is_empty() {
+            Ok(())
+        } else {
+            Err(p.0)
+        }
+    }
+
+    fn validate_lr(&self, p: &mut Problems) {
+        use limits::MAX_LR;
+        let lr = &self.lr;
+        let in_lr_range = |v: f64| v > 0.0 && v <= MAX_LR;
+        p.float("lr.base", lr.base, in_lr_range, &format!("> 0 and <= {MAX_LR}"));
+        p.int_range("lr.reference_batch", lr.reference_batch, 1, u32::MAX);
+        if let Some(max) = lr.max {
+            p.float("lr.max", max, in_lr_range, &format!("> 0 and <= {MAX_LR}"));
+        }
+
+        let epochs = f64::from(self.epochs);
+        let warmup = lr.warmup.resolved_epochs();
+        match (lr.warmup.kind, lr.warmup.epochs) {
+            (WarmupKind::None, Some(e)) => {
+                p.check(e == 0.0, "lr.warmup.epochs", || format!("must be 0 or absent when kind is none (got {e})"))
+            }
+            _ => {
+                p.float("lr.warmup.epochs", warmup, |w| w >= 0.0, ">= 0");
+                p.check(!warmup.is_finite() || warmup < epochs, "lr.warmup.epochs", || {
+                    let default = if lr.warmup.epochs.is_none() { ", the default" } else { "" };
+                    format!("must be < epochs (got {warmup}{default}, epochs = {})", self.epochs)
+                });
+            }
+        }
+
+        let decay = &lr.decay;
+        p.float("lr.decay.factor", decay.factor, |f| f > 0.0 && f <= 1.0, "in (0, 1]");
+        match decay.kind {
+            DecayKind::Step => {
+                let milestones = decay.resolved_milestones(self.epochs);
+                let default = if decay.milestones.is_none() {
+                    format!(", the default for {} epochs", self.epochs)
+                } else {
+                    String::new()
+                };
+                for (i, &m) in milestones.iter().enumerate() {
+                    let path = format!("lr.decay.milestones[{i}]");
+                    p.check(m < self.epochs, &path, || {
+                        format!("must be < epochs (got {m}{default}, epochs = {})", self.epochs)
+                    });
+                    p.check(f64::from(m) >= warmup, &path, || {
+                        format!("must not fall inside the warmup (got {m}{default}; warmup ends at epoch {warmup})")
+                    });
+                    if i > 0 {
+                        let previous = milestones[i - 1];
+                        p.check(m > previous, &path, || {
+                            format!("milestones must be strictly increasing (got {m} after {previous})")
+                        });
+                    }
+                }
+            }
+            DecayKind::Cosine | DecayKind::None => {
+                p.check(decay.milestones.is_none(), "lr.decay.milestones", || {
+                    format!("only apply to kind step (kind is {:?})", decay.kind).to_lowercase()
+                });
+            }
+        }
+    }
+
+    /// The number of training samples used: the dataset's size, capped by `train_samples`.
+    pub fn effective_train_size(&self, dataset_size: Option<u64>) -> Option<u64> {
+        match (dataset_size, self.train_samples) {
+            (Some(size), Some(limit)) => Some(size.min(limit)),
+            (Some(size), None) => Some(size),
+            (None, Some(_)) | (None, None) => None,
+        }
+    }
+}

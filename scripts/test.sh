@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Every test: installs what is missing (libtorch, the data set, Postgres if none answers), builds the whole
+# workspace against the real libtorch and runs all tests. cargo's target folder lives in the per-user cache
+# ($RINGTRAIN_CACHE/target), so a later run rebuilds only what changed. Extra arguments go to the runner.
+source "$(dirname "$0")/lib.sh"
+# shellcheck source=postgres.sh
+source "$ROOT/scripts/postgres.sh"
+ensure_postgres
+say "DATABASE_URL=$DATABASE_URL"
+# Only `worker` (and the binary) may link libtorch: the server side builds and tests without it.
+for crate in ringtrain-core ringtrain-store ringtrain-api ringtrain-scheduler; do
+  if cargo tree -q -p "$crate" -e normal,build --prefix none | grep -q '^torch-sys '; then
+    say "error: $crate depends on libtorch (torch-sys); only ringtrain-worker may"; exit 1
+  fi
+done
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo test --workspace --doc --quiet
+else
+  cargo test --workspace --no-fail-fast "$@"
+fi

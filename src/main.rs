@@ -1,0 +1,31 @@
+//! The `ringtrain` binary: one executable for every role (server, agent, rank, tools).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ringtrain",
+    version,
+    about = "Training as a service: Goyal et al.'s large-minibatch SGD on a shared worker pool"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the effective hyperparameters and the learning-rate schedule of a job spec as JSON.
+    Schedule(commands::schedule::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Schedule(args) => commands::schedule::run(args),
+    }
+}

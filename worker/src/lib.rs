@@ -1,0 +1,1 @@
+//! The training engine: the only crate that links libtorch.
