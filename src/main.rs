@@ -21,11 +21,14 @@ struct Cli {
 enum Command {
     /// Print the effective hyperparameters and the learning-rate schedule of a job spec as JSON.
     Schedule(commands::schedule::Args),
+    /// Train: one rank of a job (--rank/--world/--rendezvous), or K local rank processes (--local K).
+    Train(commands::train::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Schedule(args) => commands::schedule::run(args),
+        Command::Train(args) => commands::train::run(args),
     }
 }

@@ -1,1 +1,2 @@
 pub mod schedule;
+pub mod train;

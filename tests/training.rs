@@ -1,0 +1,316 @@
+//! The training engine end to end: real `ringtrain train` rank processes talking over the TCP ring,
+//! checked against large-batch SGD computed here, against virtual ranks, and across a crash and resume.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ringtrain_core::{Effective, JobSpec};
+use ringtrain_worker::data::shuffle::{batch_indices, epoch_permutation};
+use ringtrain_worker::data::Dataset;
+use ringtrain_worker::metrics::Metric;
+use ringtrain_worker::models;
+use ringtrain_worker::optim::{Sgd, SgdConfig};
+use serde_json::Value;
+use tch::nn::VarStore;
+use tch::{Device, Tensor};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ringtrain-training-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write_spec(dir: &Path, spec: &Value) -> PathBuf {
+    let path = dir.join("spec.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(spec).unwrap()).unwrap();
+    path
+}
+
+fn ringtrain() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+}
+
+fn train_local(spec: &Path, processes: usize, extra: &[&str], out: &Path) -> Output {
+    let output = ringtrain()
+        .arg("train")
+        .arg("--spec")
+        .arg(spec)
+        .args(["--local", &processes.to_string(), "--out"])
+        .arg(out)
+        .args(["--comm-timeout-s", "60"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "training failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+fn metrics(output: &[u8]) -> Vec<Metric> {
+    String::from_utf8_lossy(output).lines().map(|l| serde_json::from_str(l).expect("a metrics line")).collect()
+}
+
+fn final_model(out: &Path) -> Vec<(String, Tensor)> {
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    let mut named =
+        Tensor::read_safetensors(out.join("checkpoints").join(latest.trim()).join("model.safetensors")).unwrap();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+fn batch_norm_stats(out: &Path) -> Vec<(String, Tensor)> {
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    let mut named =
+        Tensor::read_safetensors(out.join("checkpoints").join(latest.trim()).join("batch_norm.safetensors")).unwrap();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+/// ‖a − b‖ / ‖b‖ over every tensor, the worst one.
+fn worst_relative_difference(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((na, ta), (nb, tb))| {
+            assert_eq!(na, nb);
+            let diff = (ta - tb).norm().double_value(&[]);
+            diff / tb.norm().double_value(&[]).max(1e-12)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// An MLP without BN on synthetic data: 2 epochs of 10 iterations, gradual warmup over 1.5 epochs (the lr
+/// changes every step), then constant.
+fn mlp_spec(workers: usize, batch: usize, form: &str) -> Value {
+    serde_json::json!({
+        "model": {"name": "mlp", "hidden": [32, 16]},
+        "dataset": format!("synthetic:{}", 10 * workers * batch),
+        "workers": workers,
+        "per_worker_batch": batch,
+        "epochs": 2,
+        "lr": {"base": 0.05, "reference_batch": 8, "warmup": {"kind": "gradual", "epochs": 1.5}, "decay": {"kind": "none"}},
+        "optimizer": {"momentum": 0.9, "nesterov": true, "momentum_form": form, "weight_decay": 0.0005},
+        "seed": 11,
+        "checkpoint_every_epochs": 2,
+        "log_every_iterations": 1
+    })
+}
+
+/// Large-batch SGD written out directly: one process, one forward pass over all kn samples of each
+/// iteration (the union of the k ranks' batches), the same schedule and optimizer.
+fn reference_large_batch(spec: &JobSpec) -> Vec<(String, Tensor)> {
+    let data = Dataset::load(&spec.dataset, None, None).unwrap();
+    let eff = Effective::new(spec, data.train.len() as u64).unwrap();
+    tch::manual_seed(spec.seed as i64);
+    let vs = VarStore::new(Device::Cpu);
+    let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes, true).unwrap();
+    let mut opt = Sgd::new(&vs, SgdConfig::from_effective(&eff));
+    let (k, n) = (spec.workers as usize, spec.per_worker_batch as usize);
+    for epoch in 0..u64::from(eff.epochs) {
+        let perm = epoch_permutation(spec.seed, epoch, data.train.len());
+        for t in 0..eff.iterations_per_epoch as usize {
+            let indices: Vec<i64> = (0..k).flat_map(|r| batch_indices(&perm, k, r, t, n).to_vec()).collect();
+            let (x, y) = data.train_batch(&indices, Device::Cpu);
+            opt.zero_grad();
+            model.forward_t(&x, true).cross_entropy_for_logits(&y).backward();
+            let grads = opt.local_gradients();
+            opt.step(eff.lr_at(epoch * eff.iterations_per_epoch + t as u64), &grads);
+        }
+    }
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+#[test]
+fn k_rank_processes_take_the_steps_of_one_large_batch() {
+    tch::set_num_threads(1);
+    for form in ["goyal", "pytorch"] {
+        for k in [2, 4] {
+            let dir = scratch(&format!("equivalence-{form}-{k}"));
+            let spec_json = mlp_spec(k, 8, form);
+            let spec_path = write_spec(&dir, &spec_json);
+            let out = dir.join("out");
+            let output = train_local(&spec_path, k, &[], &out);
+            let lines = metrics(&output.stdout);
+            let iterations = lines.iter().filter(|m| matches!(m, Metric::Iteration { rank: 0, .. })).count();
+            assert_eq!(iterations, 20, "20 steps");
+
+            let spec = JobSpec::from_json(&spec_json.to_string()).unwrap();
+            let worst = worst_relative_difference(&final_model(&out), &reference_large_batch(&spec));
+            assert!(worst < 1e-5, "{form}, k = {k}: parameters differ by {worst:e} (relative)");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}
+
+fn resnet_spec(workers: usize) -> Value {
+    serde_json::json!({
+        "model": {"name": "resnet20"},
+        "dataset": "synthetic:320",
+        "workers": workers,
+        "per_worker_batch": 8,
+        "epochs": 2,
+        "lr": {"base": 0.1, "reference_batch": 16, "warmup": {"kind": "gradual", "epochs": 1}, "decay": {"kind": "none"}},
+        "seed": 5,
+        "checkpoint_every_epochs": 2,
+        "log_every_iterations": 5
+    })
+}
+
+#[test]
+fn virtual_ranks_reproduce_real_ranks_with_batch_norm() {
+    let dir = scratch("virtual");
+    let spec = write_spec(&dir, &resnet_spec(2));
+    let (real, virt) = (dir.join("real"), dir.join("virtual"));
+    train_local(&spec, 2, &[], &real);
+    train_local(&spec, 1, &["--virtual-ranks", "2"], &virt);
+
+    let worst = worst_relative_difference(&final_model(&virt), &final_model(&real));
+    assert!(worst < 1e-5, "weights differ by {worst:e}");
+    let (real_bn, virt_bn) = (batch_norm_stats(&real), batch_norm_stats(&virt));
+    let worst = worst_relative_difference(&virt_bn, &real_bn);
+    assert!(worst < 1e-5, "per-rank BN statistics differ by {worst:e}");
+
+    // BN statistics are per rank: rank 0's and rank 1's differ (their shards differ)
+    let of_rank = |r: usize| -> Vec<&Tensor> {
+        real_bn.iter().filter(|(n, _)| n.starts_with(&format!("rank{r}."))).map(|(_, t)| t).collect()
+    };
+    let (r0, r1) = (of_rank(0), of_rank(1));
+    assert!(!r0.is_empty() && r0.len() == r1.len());
+    assert!(r0.iter().zip(&r1).any(|(a, b)| !a.allclose(b, 1e-4, 1e-6, false)), "BN statistics were synchronised");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn spawn_ranks(spec: &Path, world: usize, out: &Path, extra: &[&str], env: Option<(&str, &str)>) -> Vec<Child> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    (0..world)
+        .map(|rank| {
+            let mut cmd = ringtrain();
+            cmd.arg("train").arg("--spec").arg(spec);
+            cmd.args(["--rank", &rank.to_string(), "--world", &world.to_string()]);
+            cmd.args(["--rendezvous", &format!("127.0.0.1:{port}"), "--comm-timeout-s", "10", "--out"]);
+            cmd.arg(out).args(extra).stdout(Stdio::piped()).stderr(Stdio::piped());
+            if let Some((k, v)) = env {
+                cmd.env(k, v);
+            }
+            cmd.spawn().unwrap()
+        })
+        .collect()
+}
+
+fn epoch_records(lines: &[Metric]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter_map(|m| match m {
+            Metric::Epoch(r) if r.rank == 0 => {
+                let mut v = serde_json::to_value(r).unwrap();
+                v.as_object_mut().unwrap().remove("seconds");
+                Some(v)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn losses(lines: &[Metric]) -> Vec<(u64, f64, f64)> {
+    lines
+        .iter()
+        .filter_map(|m| match m {
+            Metric::Iteration { rank: 0, iteration, loss, lr, .. } => Some((*iteration, *loss, *lr)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_crashed_run_resumes_bit_for_bit_from_its_checkpoint() {
+    let dir = scratch("resume");
+    let mut spec = resnet_spec(2);
+    spec["epochs"] = 3.into();
+    spec["checkpoint_every_epochs"] = 1.into();
+    spec["dataset"] = "synthetic:240".into(); // 15 iterations per epoch
+    let spec_path = write_spec(&dir, &spec);
+
+    let whole = dir.join("whole");
+    let uninterrupted = metrics(&train_local(&spec_path, 2, &[], &whole).stdout);
+
+    // rank 1 crashes (abort, like kill -9) in the middle of the third epoch
+    let crashed = dir.join("crashed");
+    let children = spawn_ranks(&spec_path, 2, &crashed, &[], Some(("RINGTRAIN_CRASH", "1:37")));
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    assert!(outputs.iter().all(|o| !o.status.success()), "both ranks must fail");
+    let survivor = String::from_utf8_lossy(&outputs[0].stderr);
+    assert!(survivor.contains("rank 1"), "rank 0 should name rank 1: {survivor}");
+    assert_eq!(std::fs::read_to_string(crashed.join("checkpoints/latest")).unwrap().trim(), "epoch-0002");
+    let before_crash = metrics(&outputs[0].stdout);
+
+    let resumed_out = dir.join("resumed");
+    let resume_from = crashed.join("checkpoints");
+    let resumed =
+        metrics(&train_local(&spec_path, 2, &["--resume", resume_from.to_str().unwrap()], &resumed_out).stdout);
+
+    // epochs 0-1 from before the crash, epoch 2 from the resumed run: identical to the uninterrupted run
+    let mut stitched = epoch_records(&before_crash);
+    stitched.truncate(2);
+    stitched.extend(epoch_records(&resumed));
+    assert_eq!(stitched, epoch_records(&uninterrupted));
+    let resumed_losses = losses(&resumed);
+    assert_eq!(resumed_losses.first().map(|l| l.0), Some(34), "the resumed run starts at epoch 2's first logged step");
+    let expected: Vec<_> = losses(&uninterrupted).into_iter().filter(|l| l.0 >= 30).collect();
+    assert_eq!(resumed_losses, expected);
+    let worst = worst_relative_difference(&final_model(&resumed_out), &final_model(&whole));
+    assert_eq!(worst, 0.0, "final weights must be bit-identical");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_killed_rank_fails_the_others_quickly_with_its_number() {
+    let dir = scratch("killed");
+    let mut spec = resnet_spec(3);
+    spec["dataset"] = "synthetic:480".into();
+    spec["epochs"] = 50.into(); // long enough to be killed mid-run
+    let spec_path = write_spec(&dir, &spec);
+    let started = Instant::now();
+    let mut children = spawn_ranks(&spec_path, 3, &dir.join("out"), &[], None);
+    std::thread::sleep(Duration::from_millis(1500));
+    children[1].kill().unwrap(); // SIGKILL
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    for rank in [0, 2] {
+        assert!(!outputs[rank].status.success(), "rank {rank} must fail");
+        let stderr = String::from_utf8_lossy(&outputs[rank].stderr);
+        assert!(stderr.contains(&format!("rank {rank}: error")) && stderr.contains("rank "), "{stderr}");
+    }
+    let all: String = [0, 2].iter().map(|&r| String::from_utf8_lossy(&outputs[r].stderr).to_string()).collect();
+    assert!(all.contains("rank 1 "), "nobody named the killed rank 1: {all}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn two_ranks_learn_fashion_mnist() {
+    let dir = scratch("fashion");
+    let spec = serde_json::json!({
+        "model": {"name": "lenet5"},
+        "dataset": "fashion-mnist",
+        "train_samples": 10000,
+        "test_samples": 2000,
+        "workers": 2,
+        "per_worker_batch": 32,
+        "epochs": 2,
+        "lr": {"base": 0.05, "reference_batch": 32, "warmup": {"kind": "gradual", "epochs": 0.5}, "decay": {"kind": "none"}},
+        "seed": 3,
+        "log_every_iterations": 50
+    });
+    let spec_path = write_spec(&dir, &spec);
+    let out = dir.join("out");
+    train_local(&spec_path, 2, &[], &out);
+    let result: Value = serde_json::from_slice(&std::fs::read(out.join("result.json")).unwrap()).unwrap();
+    let error = result["final_test_error"].as_f64().unwrap();
+    assert!(error < 0.4, "test error {error} is not well below chance (0.9)");
+    assert_eq!(result["epochs"].as_array().unwrap().len(), 2);
+    assert_eq!(result["effective"]["iterations_per_epoch"], 10000 / 64);
+    assert_eq!(result["schedule"]["effective"]["scaled_lr"], 0.1);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,240 @@
+//! Training and test data: loaders (IDX, safetensors, synthetic), normalisation, and the per-epoch shuffle.
+
+pub mod idx;
+pub mod shuffle;
+
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+use ringtrain_core::dataset::{DatasetRef, FASHION_MNIST_TEST_SIZE};
+use tch::{Device, Kind, Tensor};
+
+use shuffle::SplitMix64;
+
+/// Where Debian's `dataset-fashion-mnist` installs Fashion-MNIST.
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// One split of a dataset: inputs `x` (N×C×H×W or N×D, u8 or f32, as stored) and labels `y` (N, i64).
+#[derive(Debug)]
+pub struct Split {
+    pub x: Tensor,
+    pub y: Tensor,
+}
+
+impl Split {
+    pub fn new(x: Tensor, y: Tensor) -> Result<Split> {
+        ensure!(y.dim() == 1, "labels must be one-dimensional, got shape {:?}", y.size());
+        ensure!(x.dim() == 2 || x.dim() == 4, "inputs must be N×D or N×C×H×W, got shape {:?}", x.size());
+        ensure!(x.size()[0] == y.size()[0], "{} inputs but {} labels", x.size()[0], y.size()[0]);
+        ensure!(matches!(x.kind(), Kind::Uint8 | Kind::Float), "inputs must be u8 or f32, got {:?}", x.kind());
+        Ok(Split { x, y: y.to_kind(Kind::Int64) })
+    }
+
+    pub fn len(&self) -> usize {
+        self.y.size()[0] as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `n` samples (all when `n` is None or larger).
+    pub fn truncated(self, n: Option<u64>) -> Split {
+        match n {
+            Some(n) if (n as usize) < self.len() => {
+                Split { x: self.x.narrow(0, 0, n as i64), y: self.y.narrow(0, 0, n as i64) }
+            }
+            _ => self,
+        }
+    }
+}
+
+/// Per-channel normalisation computed from the training inputs: x' = (x * scale - mean) / std, with
+/// scale = 1/255 for u8 data. The same numbers on every rank, since every rank loads the same files.
+#[derive(Debug)]
+pub struct Normalizer {
+    scale: f64,
+    mean: Tensor,
+    std: Tensor,
+}
+
+impl Normalizer {
+    fn fit(x: &Tensor) -> Normalizer {
+        let scale = if x.kind() == Kind::Uint8 { 1.0 / 255.0 } else { 1.0 };
+        let xf = x.to_kind(Kind::Double) * scale;
+        let (mean, std) = if x.dim() == 4 {
+            let per_channel = xf.transpose(0, 1).flatten(1, -1);
+            (per_channel.mean_dim(1, false, Kind::Double), per_channel.std_correction(1, 0, false))
+        } else {
+            (xf.mean(Kind::Double).view([1]), xf.std(false).view([1]))
+        };
+        let shape: Vec<i64> = if x.dim() == 4 { vec![1, -1, 1, 1] } else { vec![1, -1] };
+        let std = std.clamp_min(1e-6);
+        Normalizer {
+            scale,
+            mean: mean.to_kind(Kind::Float).view(shape.as_slice()),
+            std: std.to_kind(Kind::Float).view(shape.as_slice()),
+        }
+    }
+
+    /// Normalised f32 inputs of the samples at `indices` (or all), on `device`.
+    pub fn apply(&self, x: &Tensor, device: Device) -> Tensor {
+        let xf = x.to_kind(Kind::Float) * self.scale;
+        ((xf - &self.mean) / &self.std).to_device(device)
+    }
+}
+
+/// A loaded dataset with its normalisation.
+#[derive(Debug)]
+pub struct Dataset {
+    pub train: Split,
+    pub test: Split,
+    pub classes: i64,
+    pub normalizer: Normalizer,
+}
+
+impl Dataset {
+    /// Loads `dataset`, keeping the first `train_samples` / `test_samples` when given. Normalisation is fitted
+    /// on the whole training split (before truncation), so it does not depend on the slice used.
+    pub fn load(dataset: &DatasetRef, train_samples: Option<u64>, test_samples: Option<u64>) -> Result<Dataset> {
+        let (train, test) = match dataset {
+            DatasetRef::FashionMnist => idx::load_dir(Path::new(FASHION_MNIST_DIR)).with_context(|| {
+                format!("Fashion-MNIST is read from {FASHION_MNIST_DIR}: install Debian's dataset-fashion-mnist")
+            })?,
+            DatasetRef::Idx { path } => idx::load_dir(Path::new(path))?,
+            DatasetRef::Synthetic { train_size } => synthetic(*train_size as usize),
+            DatasetRef::Uploaded(id) => {
+                bail!("dataset {id} is an upload: pass its file with --dataset-file (the agent does this for you)")
+            }
+        };
+        Self::from_splits(train, test, train_samples, test_samples)
+    }
+
+    /// Loads a safetensors file: `x` and `y`, and optionally `x_test` and `y_test`; without them the last
+    /// 10% of the samples are held out as the test split.
+    pub fn load_safetensors(path: &Path, train_samples: Option<u64>, test_samples: Option<u64>) -> Result<Dataset> {
+        let tensors = Tensor::read_safetensors(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let take = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t.shallow_clone());
+        let (x, y) = match (take("x"), take("y")) {
+            (Some(x), Some(y)) => (x, y),
+            _ => bail!("{} must hold tensors named x and y", path.display()),
+        };
+        let all = Split::new(x, y)?;
+        let (train, test) = match (take("x_test"), take("y_test")) {
+            (Some(xt), Some(yt)) => (all, Split::new(xt, yt)?),
+            _ => {
+                let n = all.len() as i64;
+                let held_out = (n / 10).max(1);
+                ensure!(n > held_out, "{} has too few samples ({n}) to hold out a test split", path.display());
+                let test =
+                    Split { x: all.x.narrow(0, n - held_out, held_out), y: all.y.narrow(0, n - held_out, held_out) };
+                let train = Split { x: all.x.narrow(0, 0, n - held_out), y: all.y.narrow(0, 0, n - held_out) };
+                (train, test)
+            }
+        };
+        Self::from_splits(train, test, train_samples, test_samples)
+    }
+
+    fn from_splits(
+        train: Split,
+        test: Split,
+        train_samples: Option<u64>,
+        test_samples: Option<u64>,
+    ) -> Result<Dataset> {
+        ensure!(!train.is_empty(), "the training split is empty");
+        let min_label = train.y.min().int64_value(&[]).min(test.y.min().int64_value(&[]));
+        ensure!(min_label >= 0, "labels must be >= 0 (found {min_label})");
+        let classes = train.y.max().int64_value(&[]).max(test.y.max().int64_value(&[])) + 1;
+        let normalizer = Normalizer::fit(&train.x);
+        Ok(Dataset { train: train.truncated(train_samples), test: test.truncated(test_samples), classes, normalizer })
+    }
+
+    /// The shape of one input sample (C×H×W or D).
+    pub fn sample_shape(&self) -> Vec<i64> {
+        self.train.x.size()[1..].to_vec()
+    }
+
+    /// A normalised batch of training samples and their labels.
+    pub fn train_batch(&self, indices: &[i64], device: Device) -> (Tensor, Tensor) {
+        let idx = Tensor::from_slice(indices);
+        let x = self.normalizer.apply(&self.train.x.index_select(0, &idx), device);
+        (x, self.train.y.index_select(0, &idx).to_device(device))
+    }
+
+    /// A normalised contiguous range of test samples and their labels.
+    pub fn test_batch(&self, start: usize, len: usize, device: Device) -> (Tensor, Tensor) {
+        let x = self.test.x.narrow(0, start as i64, len as i64);
+        (self.normalizer.apply(&x, device), self.test.y.narrow(0, start as i64, len as i64).to_device(device))
+    }
+}
+
+/// The `synthetic` dataset: 1×16×16 Gaussian inputs whose label (of 10) is the argmax of a fixed random linear
+/// map — learnable, seeded, and the same on every rank. Test split: a quarter of the training size (at least
+/// 64), as long as Fashion-MNIST's ratio would make it otherwise tiny.
+pub fn synthetic(train_size: usize) -> (Split, Split) {
+    const CLASSES: usize = 10;
+    const SIDE: i64 = 16;
+    const FEATURES: usize = (SIDE * SIDE) as usize;
+    let mut rng = SplitMix64::new(0x5EED);
+    let projection: Vec<f64> = (0..CLASSES * FEATURES).map(|_| rng.normal()).collect();
+    let test_size = (train_size / 4).max(64).min(FASHION_MNIST_TEST_SIZE as usize);
+    let mut make = |n: usize| {
+        let x: Vec<f32> = (0..n * FEATURES).map(|_| rng.normal() as f32).collect();
+        let y: Vec<i64> = x
+            .chunks_exact(FEATURES)
+            .map(|sample| {
+                let score = |c: usize| -> f64 {
+                    sample.iter().zip(&projection[c * FEATURES..]).map(|(a, b)| f64::from(*a) * b).sum()
+                };
+                (0..CLASSES).max_by(|&a, &b| score(a).total_cmp(&score(b))).unwrap_or(0) as i64
+            })
+            .collect();
+        Split { x: Tensor::from_slice(&x).view([n as i64, 1, SIDE, SIDE]), y: Tensor::from_slice(&y) }
+    };
+    let train = make(train_size);
+    let test = make(test_size);
+    (train, test)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_is_seeded_and_uses_every_class() {
+        let (a, _) = synthetic(500);
+        let (b, _) = synthetic(500);
+        assert!(a.x.equal(&b.x) && a.y.equal(&b.y));
+        assert_eq!(a.y.unique_dim(0, false, false, false).0.size()[0], 10);
+    }
+
+    #[test]
+    fn normalised_training_inputs_have_zero_mean_and_unit_std() {
+        let data = Dataset::load(&DatasetRef::Synthetic { train_size: 2000 }, None, None).unwrap();
+        let all: Vec<i64> = (0..2000).collect();
+        let (x, _) = data.train_batch(&all, Device::Cpu);
+        assert!(x.mean(Kind::Double).double_value(&[]).abs() < 1e-4);
+        assert!((x.std(false).double_value(&[]) - 1.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn truncation_keeps_the_first_samples() {
+        let data = Dataset::load(&DatasetRef::Synthetic { train_size: 300 }, Some(100), Some(10)).unwrap();
+        assert_eq!(data.train.len(), 100);
+        assert_eq!(data.test.len(), 10);
+    }
+
+    #[test]
+    fn safetensors_without_a_test_split_holds_out_ten_percent() {
+        let dir = std::env::temp_dir().join(format!("ringtrain-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("d.safetensors");
+        let x = Tensor::arange(100 * 4, (Kind::Int64, Device::Cpu)).remainder(256).to_kind(Kind::Uint8).view([100, 4]);
+        let y = Tensor::arange(100, (Kind::Int64, Device::Cpu)).remainder(3);
+        Tensor::write_safetensors(&[("x", &x), ("y", &y)], &path).unwrap();
+        let data = Dataset::load_safetensors(&path, None, None).unwrap();
+        assert_eq!((data.train.len(), data.test.len(), data.classes), (90, 10, 3));
+        assert_eq!(data.sample_shape(), vec![4]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,60 @@
+//! What a rank reports: JSON lines on stdout while it trains, and `result.json` at the end.
+
+use serde::{Deserialize, Serialize};
+
+/// One metrics line. `iteration` is the 0-based global index of the iteration just taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Metric {
+    Iteration {
+        rank: usize,
+        epoch: u64,
+        iteration: u64,
+        lr: f64,
+        /// Mean training loss of this iteration over all k ranks.
+        loss: f64,
+        /// This rank's own mean loss (over its n samples, or v micro-batches).
+        rank_loss: f64,
+        /// Samples per second of the whole job (kn per iteration) since the previous line.
+        samples_per_s: f64,
+        /// Seconds spent in the gradient all-reduce since the previous line.
+        allreduce_s: f64,
+    },
+    Epoch(EpochRecord),
+}
+
+/// The end-of-epoch figures (the same on every rank: they are all-reduced).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    pub rank: usize,
+    pub epoch: u64,
+    /// The last iteration of the epoch.
+    pub iteration: u64,
+    /// Mean training loss over the epoch.
+    pub train_loss: f64,
+    /// Fraction of training samples misclassified during the epoch (in training mode, as seen).
+    pub train_error: f64,
+    /// Top-1 error on the test split, with rank 0's BatchNorm statistics.
+    pub test_error: f64,
+    pub test_loss: f64,
+    /// Seconds the epoch took (training and evaluation).
+    pub seconds: f64,
+}
+
+/// `result.json`: everything about a finished run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    pub spec: ringtrain_core::JobSpec,
+    pub effective: ringtrain_core::Effective,
+    pub schedule: ringtrain_core::ScheduleView,
+    pub epochs: Vec<EpochRecord>,
+    pub final_test_error: f64,
+    pub wall_seconds: f64,
+    /// Training samples per second over the whole run (k·n per iteration).
+    pub samples_per_s: f64,
+    /// Fraction of training time spent in the gradient all-reduce.
+    pub communication_fraction: f64,
+    /// How many processes and virtual ranks per process made up the k ranks.
+    pub processes: usize,
+    pub virtual_ranks: usize,
+}

@@ -1,0 +1,153 @@
+//! The built-in models, shaped like tch-rs's examples: a struct with `new(&nn::Path, ...)` and `ModuleT`.
+
+pub mod layers;
+mod resnet;
+
+use anyhow::{bail, Result};
+use ringtrain_core::spec::{ModelName, ModelSpec};
+use tch::nn::{self, ModuleT};
+use tch::Tensor;
+
+pub use resnet::ResNet;
+
+/// A fully connected network: flatten, hidden layers with ReLU, a linear classifier.
+#[derive(Debug)]
+pub struct Mlp {
+    layers: Vec<nn::Linear>,
+}
+
+impl Mlp {
+    pub fn new(p: &nn::Path, inputs: i64, hidden: &[i64], classes: i64) -> Mlp {
+        let mut widths = vec![inputs];
+        widths.extend_from_slice(hidden);
+        widths.push(classes);
+        let layers = widths
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| nn::linear(p / format!("fc{i}"), w[0], w[1], Default::default()))
+            .collect();
+        Mlp { layers }
+    }
+}
+
+impl ModuleT for Mlp {
+    fn forward_t(&self, xs: &Tensor, _train: bool) -> Tensor {
+        let mut x = xs.flatten(1, -1);
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = x.apply(layer);
+            if i + 1 < self.layers.len() {
+                x = x.relu();
+            }
+        }
+        x
+    }
+}
+
+/// LeNet-5 (LeCun et al. 1998) with ReLU and max pooling: conv 5×5 (padded) 6 → pool → conv 5×5 16 → pool →
+/// 120 → 84 → classes. Works for any input at least 12×12.
+#[derive(Debug)]
+pub struct LeNet5 {
+    conv1: nn::Conv2D,
+    conv2: nn::Conv2D,
+    fc1: nn::Linear,
+    fc2: nn::Linear,
+    fc3: nn::Linear,
+}
+
+impl LeNet5 {
+    pub fn new(p: &nn::Path, channels: i64, height: i64, width: i64, classes: i64) -> LeNet5 {
+        let padded = nn::ConvConfig { padding: 2, ..Default::default() };
+        let conv1 = nn::conv2d(p / "conv1", channels, 6, 5, padded);
+        let conv2 = nn::conv2d(p / "conv2", 6, 16, 5, Default::default());
+        // spatial size: same (padding 2) → /2 → -4 → /2
+        let side = |s: i64| (s / 2 - 4) / 2;
+        let features = 16 * side(height) * side(width);
+        LeNet5 {
+            conv1,
+            conv2,
+            fc1: nn::linear(p / "fc1", features, 120, Default::default()),
+            fc2: nn::linear(p / "fc2", 120, 84, Default::default()),
+            fc3: nn::linear(p / "fc3", 84, classes, Default::default()),
+        }
+    }
+}
+
+impl ModuleT for LeNet5 {
+    fn forward_t(&self, xs: &Tensor, _train: bool) -> Tensor {
+        xs.apply(&self.conv1)
+            .relu()
+            .max_pool2d_default(2)
+            .apply(&self.conv2)
+            .relu()
+            .max_pool2d_default(2)
+            .flatten(1, -1)
+            .apply(&self.fc1)
+            .relu()
+            .apply(&self.fc2)
+            .relu()
+            .apply(&self.fc3)
+    }
+}
+
+/// Builds the model a spec names for inputs of `sample_shape` (C×H×W, or D for flat data) and `classes`.
+pub fn build(
+    spec: &ModelSpec,
+    p: &nn::Path,
+    sample_shape: &[i64],
+    classes: i64,
+    bn_zero_init_last: bool,
+) -> Result<Box<dyn ModuleT>> {
+    let image = |name: &str| -> Result<(i64, i64, i64)> {
+        match sample_shape {
+            [c, h, w] => Ok((*c, *h, *w)),
+            other => bail!("{name} needs image inputs (C×H×W); this dataset's samples have shape {other:?}"),
+        }
+    };
+    Ok(match spec.name {
+        ModelName::Mlp => {
+            let hidden: Vec<i64> = spec.hidden_widths().into_iter().map(i64::from).collect();
+            Box::new(Mlp::new(p, sample_shape.iter().product(), &hidden, classes))
+        }
+        ModelName::Lenet5 => {
+            let (c, h, w) = image("lenet5")?;
+            if h < 12 || w < 12 {
+                bail!("lenet5 needs inputs of at least 12×12, got {h}×{w}");
+            }
+            Box::new(LeNet5::new(p, c, h, w, classes))
+        }
+        ModelName::Resnet20 => Box::new(ResNet::cifar(p, image("resnet20")?.0, 3, classes, bn_zero_init_last)),
+        ModelName::Resnet56 => Box::new(ResNet::cifar(p, image("resnet56")?.0, 9, classes, bn_zero_init_last)),
+        ModelName::Resnet50 => Box::new(ResNet::resnet50(p, image("resnet50")?.0, classes, bn_zero_init_last)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    #[test]
+    fn every_model_maps_a_batch_to_class_scores() {
+        for (name, shape) in [
+            (ModelName::Mlp, vec![1, 8, 8]),
+            (ModelName::Lenet5, vec![1, 28, 28]),
+            (ModelName::Resnet20, vec![1, 28, 28]),
+            (ModelName::Resnet56, vec![3, 16, 16]),
+            (ModelName::Resnet50, vec![3, 32, 32]),
+        ] {
+            let vs = nn::VarStore::new(Device::Cpu);
+            let model = build(&ModelSpec::new(name), &vs.root(), &shape, 10, true).unwrap();
+            let mut input = vec![2];
+            input.extend(&shape);
+            let out = model.forward_t(&Tensor::randn(input.as_slice(), (Kind::Float, Device::Cpu)), true);
+            assert_eq!(out.size(), vec![2, 10], "{name:?}");
+        }
+    }
+
+    #[test]
+    fn image_models_reject_flat_inputs() {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let err = build(&ModelSpec::new(ModelName::Lenet5), &vs.root(), &[64], 10, true).err().unwrap();
+        assert!(err.to_string().contains("image inputs"));
+    }
+}

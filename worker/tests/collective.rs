@@ -1,0 +1,149 @@
+//! The TCP ring over real sockets on loopback: k ranks as threads of this test process.
+
+use std::net::{SocketAddr, TcpListener};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringtrain_worker::collective::CommError;
+use ringtrain_worker::{Collective, RendezvousConfig, RingCollective};
+
+fn free_address() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn config(address: SocketAddr, rank: usize, world: usize, io_timeout: Duration) -> RendezvousConfig {
+    RendezvousConfig { address, rank, world, join_timeout: Duration::from_secs(20), io_timeout }
+}
+
+/// Runs `body` on k connected ranks (threads) and returns what each returned, in rank order.
+fn on_ring<T: Send + 'static>(
+    world: usize,
+    segment_elems: Option<usize>,
+    body: impl Fn(&mut RingCollective) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let address = free_address();
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let body = body.clone();
+            thread::spawn(move || {
+                let mut ring = RingCollective::connect(&config(address, rank, world, Duration::from_secs(20))).unwrap();
+                if let Some(seg) = segment_elems {
+                    ring = ring.with_segment_elems(seg);
+                }
+                body(&mut ring)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Rank r's input: element i is r * 1000 + i (mod a small prime, so sums stay exact in f32).
+fn input(rank: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((rank * 1000 + i) % 251) as f32).collect()
+}
+
+#[test]
+fn sums_are_exact_for_every_world_and_awkward_lengths() {
+    for world in 1..=5usize {
+        for len in [0, 1, world.saturating_sub(1), 7, 1009] {
+            let results = on_ring(world, Some(3), move |ring| {
+                let mut buf = input(ring.rank(), len);
+                ring.all_reduce_sum(&mut buf).unwrap();
+                buf
+            });
+            let expected: Vec<f32> = (0..len).map(|i| (0..world).map(|r| input(r, len)[i]).sum()).collect();
+            for (rank, got) in results.iter().enumerate() {
+                assert_eq!(got, &expected, "world {world}, len {len}, rank {rank}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ten_million_elements_and_the_bandwidth_optimal_volume() {
+    const LEN: usize = 10_000_000;
+    let world = 4;
+    let results = on_ring(world, None, |ring| {
+        let mut buf = vec![ring.rank() as f32 + 1.0; LEN];
+        ring.all_reduce_sum(&mut buf).unwrap();
+        (buf.iter().all(|&x| x == 10.0), ring.bytes_sent())
+    });
+    for (rank, (correct, sent)) in results.into_iter().enumerate() {
+        assert!(correct, "rank {rank} has a wrong sum");
+        // 2(k-1) chunks of len/k elements each: 2(k-1)/k of the buffer
+        let bound = 2 * (world - 1) * (LEN / world) * 4;
+        assert_eq!(sent as usize, bound, "rank {rank} sent {sent} bytes, the bound is {bound}");
+    }
+}
+
+#[test]
+fn broadcast_and_barrier_reach_every_rank() {
+    for world in [1, 2, 5] {
+        let results = on_ring(world, Some(4), |ring| {
+            let mut buf = if ring.rank() == 1 % ring.world_size() { vec![3.5f32; 11] } else { vec![0.0; 11] };
+            ring.broadcast(&mut buf, 1 % ring.world_size()).unwrap();
+            ring.barrier().unwrap();
+            buf
+        });
+        for got in results {
+            assert_eq!(got, vec![3.5f32; 11]);
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_dies_is_an_error_naming_it_not_a_hang() {
+    let address = free_address();
+    let world = 3;
+    let started = Instant::now();
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            thread::spawn(move || -> Result<(), CommError> {
+                let mut ring = RingCollective::connect(&config(address, rank, world, Duration::from_secs(30)))?;
+                let mut buf = vec![1.0f32; 1000];
+                ring.all_reduce_sum(&mut buf)?;
+                if rank == 1 {
+                    return Ok(()); // "dies": its sockets close with the ring
+                }
+                loop {
+                    ring.all_reduce_sum(&mut buf)?;
+                }
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+    for rank in [0, 2] {
+        let err = results[rank].as_ref().expect_err("the survivors must fail");
+        assert!(err.to_string().contains("rank "), "rank {rank}: {err}");
+    }
+    let named_dead_peer = results.iter().filter_map(|r| r.as_ref().err()).any(|e| e.to_string().contains("rank 1 "));
+    assert!(named_dead_peer, "someone should name rank 1: {results:?}");
+}
+
+#[test]
+fn a_stalled_peer_times_out_with_its_rank() {
+    let address = free_address();
+    let world = 2;
+    let timeout = Duration::from_millis(800);
+    let stalled = thread::spawn(move || {
+        let ring = RingCollective::connect(&config(address, 1, world, timeout)).unwrap();
+        thread::sleep(Duration::from_secs(4)); // connected but silent
+        drop(ring);
+    });
+    let mut ring = RingCollective::connect(&config(address, 0, world, timeout)).unwrap();
+    let started = Instant::now();
+    let err = ring.all_reduce_sum(&mut [1.0f32; 10]).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "timed out after {:?}", started.elapsed());
+    assert!(matches!(err, CommError::PeerTimedOut { peer: 1, .. }), "{err}");
+    stalled.join().unwrap();
+}
+
+#[test]
+fn a_missing_rank_fails_the_rendezvous_by_number() {
+    let address = free_address();
+    let mut cfg = config(address, 0, 3, Duration::from_secs(1));
+    cfg.join_timeout = Duration::from_millis(500);
+    let err = RingCollective::connect(&cfg).unwrap_err();
+    assert!(err.to_string().contains("ranks [1, 2] did not join"), "{err}");
+}
