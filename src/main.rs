@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     /// Print the effective hyperparameters and the learning-rate schedule of a job spec as JSON.
     Schedule(commands::schedule::Args),
+    /// Serve the REST API (Postgres or embedded SQLite).
+    Serve(commands::serve::Args),
     /// Train: one rank of a job (--rank/--world/--rendezvous), or K local rank processes (--local K).
     Train(commands::train::Args),
 }
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Schedule(args) => commands::schedule::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Train(args) => commands::train::run(args),
     }
 }

@@ -1,1 +1,88 @@
-//! placeholder
+//! ringtrain's REST API: [`app`] builds the whole axum [`Router`] from an [`AppState`], separate from any
+//! binary, so handler tests drive it with `tower::ServiceExt::oneshot` and `ringtrain serve` just binds it.
+
+pub mod auth;
+pub mod bootstrap;
+pub mod error;
+pub mod extract;
+pub mod routes;
+pub mod state;
+pub mod telemetry;
+
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tower_http::compression::CompressionLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+pub use error::{ApiError, Problem};
+pub use state::{ApiConfig, AppState};
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The complete application: every route, problem+json fallbacks, body limit, timeout, request ids,
+/// tracing, compression and request metrics.
+pub fn app(state: AppState) -> Router {
+    let (router, _doc) = routes::router().split_for_parts();
+    let body_limit = state.config.max_body_bytes;
+    router
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), telemetry::record))
+        .layer(middleware::from_fn_with_state(state.clone(), timeout))
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(CompressionLayer::new())
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(TraceLayer::new_for_http().make_span_with(|request: &Request| {
+            let id = request.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
+            tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id)
+        }))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .with_state(state)
+}
+
+/// The OpenAPI 3.1 document of every route.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes::router().split_for_parts().1
+}
+
+async fn unknown_route(uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no route {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// Answers 503 problem+json when a handler takes longer than the configured timeout. (tower-http's
+/// TimeoutLayer answers with an empty body.) Streams are timed only until their headers are sent.
+async fn timeout(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let limit: Duration = state.config.request_timeout;
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            format!("the request took longer than {} s", limit.as_secs_f64()),
+        )
+        .into_response(),
+    }
+}
+
+/// Lowercase hex of bytes (sha256 digests).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}

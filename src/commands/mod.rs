@@ -1,2 +1,3 @@
 pub mod schedule;
+pub mod serve;
 pub mod train;

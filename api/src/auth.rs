@@ -1,0 +1,91 @@
+//! Bearer-token authentication. Tokens are looked up by their sha256; the extractors below give handlers
+//! the caller's role and team. Missing or unknown tokens are 401; a token used outside its kind (an agent
+//! token on a user route or the other way round) is 403.
+
+use axum::extract::FromRequestParts;
+use axum::http::{header, request::Parts};
+use ringtrain_store::{hash_token, Role, TokenInfo};
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+async fn authenticate(parts: &Parts, state: &AppState) -> Result<TokenInfo, ApiError> {
+    let header = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
+    let value = header.to_str().map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
+    let token = match value.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => token.trim(),
+        _ => return Err(ApiError::unauthorized("the Authorization header must be `Bearer <token>`")),
+    };
+    state.store.find_token(&hash_token(token)).await?.ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))
+}
+
+/// A user token: admin, member or viewer of one team.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub token: TokenInfo,
+    pub team_id: Uuid,
+}
+
+impl User {
+    pub fn role(&self) -> Role {
+        self.token.role
+    }
+
+    /// Members and admins change their team's jobs and datasets; viewers only read.
+    pub fn require_write(&self) -> Result<(), ApiError> {
+        if self.role().can_write() {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden("this token is a viewer's: it can read but not submit, cancel or upload"))
+        }
+    }
+
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.role() == Role::Admin {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden("only an admin token can manage teams and tokens"))
+        }
+    }
+
+    /// Another team's objects do not exist for this caller: 404, never 403, so ids of other teams' objects
+    /// cannot be probed.
+    pub fn owns(&self, team_id: Uuid) -> bool {
+        self.team_id == team_id
+    }
+}
+
+impl FromRequestParts<AppState> for User {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = authenticate(parts, state).await?;
+        match token.team_id {
+            Some(team_id) if token.role != Role::Agent => Ok(User { team_id, token }),
+            _ => Err(ApiError::forbidden("agent tokens may only call /v1/agent routes")),
+        }
+    }
+}
+
+/// A node agent's token.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    pub token: TokenInfo,
+}
+
+impl FromRequestParts<AppState> for Agent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = authenticate(parts, state).await?;
+        if token.role == Role::Agent {
+            Ok(Agent { token })
+        } else {
+            Err(ApiError::forbidden("the /v1/agent routes need an agent token"))
+        }
+    }
+}

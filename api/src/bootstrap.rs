@@ -1,0 +1,60 @@
+//! The first admin token. On an empty database `ringtrain serve` creates the team `default` and an admin
+//! token in it and prints the token once; with `RINGTRAIN_BOOTSTRAP_TOKEN` set, that token is made an admin
+//! token of `default` instead (idempotently), so scripted set-ups know it in advance.
+
+use ringtrain_store::{generate_token, hash_token, NewTeam, NewToken, Role, Store, StoreError, StoreResult, Team};
+
+pub const DEFAULT_TEAM: &str = "default";
+/// The default team's quotas: large, so a single-machine set-up is limited by its devices, not its quota.
+pub const DEFAULT_QUOTA: i32 = 1024;
+
+/// Returns the token to print: Some only when a new token was generated here.
+pub async fn bootstrap(store: &dyn Store, preset: Option<&str>) -> StoreResult<Option<String>> {
+    match preset {
+        Some(token) => {
+            if store.find_token(&hash_token(token)).await?.is_none() {
+                let team = default_team(store).await?;
+                create_admin(store, team.id, token).await?;
+            }
+            Ok(None)
+        }
+        None => {
+            if store.get_team_by_name(DEFAULT_TEAM).await?.is_some() {
+                return Ok(None);
+            }
+            let team = default_team(store).await?;
+            let token = generate_token();
+            create_admin(store, team.id, &token).await?;
+            Ok(Some(token))
+        }
+    }
+}
+
+async fn default_team(store: &dyn Store) -> StoreResult<Team> {
+    if let Some(team) = store.get_team_by_name(DEFAULT_TEAM).await? {
+        return Ok(team);
+    }
+    let new = NewTeam { name: DEFAULT_TEAM.into(), gpu_quota: DEFAULT_QUOTA, cpu_quota: DEFAULT_QUOTA };
+    match store.create_team(new).await {
+        Ok(team) => Ok(team),
+        // Another replica created it first.
+        Err(StoreError::Conflict(_)) => store
+            .get_team_by_name(DEFAULT_TEAM)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("team default vanished".into())),
+        Err(err) => Err(err),
+    }
+}
+
+async fn create_admin(store: &dyn Store, team_id: uuid::Uuid, token: &str) -> StoreResult<()> {
+    let new = NewToken {
+        token_hash: hash_token(token),
+        role: Role::Admin,
+        team_id: Some(team_id),
+        label: Some("bootstrap admin".into()),
+    };
+    match store.create_token(new).await {
+        Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+        Err(err) => Err(err),
+    }
+}

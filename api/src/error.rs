@@ -1,0 +1,128 @@
+//! One error type for every handler: RFC 7807 `application/problem+json`, with field-level `errors` for
+//! validation. Internal errors are logged with their cause and answered with a generic 500.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ringtrain_core::FieldError;
+use ringtrain_store::StoreError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 7807 problem document.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem (`urn:ringtrain:problem:validation`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Every problem with a field of the request, each with its JSON path.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<FieldErrorDoc>)]
+    pub errors: Vec<FieldError>,
+}
+
+/// One problem with one field.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FieldErrorDoc {
+    /// The JSON path of the field (`lr.warmup.epochs`), or the query parameter's name.
+    pub path: String,
+    pub reason: String,
+}
+
+/// A handler's failure.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    slug: &'static str,
+    detail: String,
+    errors: Vec<FieldError>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, slug: &'static str, detail: impl Into<String>) -> Self {
+        ApiError { status, slug, detail: detail.into(), errors: Vec::new() }
+    }
+
+    /// 422: the request is well-formed but its content is wrong; every field problem listed.
+    pub fn validation(errors: Vec<FieldError>) -> Self {
+        let detail = match errors.as_slice() {
+            [one] => one.to_string(),
+            many => format!("{} problems with the request", many.len()),
+        };
+        ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, slug: "validation", detail, errors }
+    }
+
+    pub fn field(status: StatusCode, slug: &'static str, path: &str, reason: impl Into<String>) -> Self {
+        let error = FieldError::new(path, reason);
+        ApiError { status, slug, detail: error.to_string(), errors: vec![error] }
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad-request", detail)
+    }
+
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", what)
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", detail)
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", detail)
+    }
+
+    /// Logs the cause; the client sees only that something went wrong on our side.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "internal error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal server error")
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn problem(&self) -> Problem {
+        Problem {
+            kind: format!("urn:ringtrain:problem:{}", self.slug),
+            title: self.status.canonical_reason().unwrap_or("error").to_string(),
+            status: self.status.as_u16(),
+            detail: self.detail.clone(),
+            errors: self.errors.clone(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let mut response = (self.status, body).into_response();
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Conflict(detail) => ApiError::conflict(detail),
+            StoreError::InvalidTransition(detail) => ApiError::conflict(detail),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,134 @@
+//! Extractors whose rejections are problem documents with the offending field named, instead of axum's
+//! plain-text defaults.
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::{header, request::Parts, HeaderMap, StatusCode};
+use ringtrain_core::FieldError;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// Whether the request says its body is JSON (`application/json` or any `application/*+json`).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// The raw bytes of a JSON request body, after the content type and the size limit were checked.
+#[derive(Debug)]
+pub struct JsonBytes(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        if !is_json(req.headers()) {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "the body must be JSON: send Content-Type: application/json",
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            let status = rejection.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(status, "payload-too-large", "the request body is larger than this route accepts")
+            } else {
+                ApiError::new(status, "bad-request", rejection.body_text())
+            }
+        })?;
+        Ok(JsonBytes(bytes))
+    }
+}
+
+/// Deserializes JSON: a syntax error is 400 (not JSON at all), a type error 422 naming the field's path.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
+    let value: Result<T, _> = serde_path_to_error::deserialize(deserializer);
+    value.map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if inner.is_data() {
+            let path = if path == "." { String::new() } else { path };
+            ApiError::validation(vec![FieldError::new(path, strip_position(&inner.to_string()))])
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", format!("the body is not valid JSON: {inner}"))
+        }
+    })
+}
+
+/// serde_json appends " at line L column C" to type errors; the path already says where.
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(pos) => message[..pos].to_string(),
+        None => message.to_string(),
+    }
+}
+
+/// A JSON body deserialized into `T`.
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let JsonBytes(bytes) = JsonBytes::from_request(req, state).await?;
+        Ok(JsonBody(parse_json(&bytes)?))
+    }
+}
+
+/// Path parameters; a malformed one (a bad UUID) is 400 naming the parameter.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(ApiPath(value)),
+            Err(PathRejection::FailedToDeserializePathParams(err)) => {
+                use axum::extract::path::ErrorKind;
+                // A single parameter (`Path<Uuid>`) fails without its name: look it up in the route.
+                let names: Vec<String> = match axum::extract::RawPathParams::from_request_parts(parts, state).await {
+                    Ok(raw) => raw.iter().map(|(name, _)| name.to_string()).collect(),
+                    Err(_) => Vec::new(),
+                };
+                let path = match err.kind() {
+                    ErrorKind::ParseErrorAtKey { key, .. } | ErrorKind::InvalidUtf8InPathParam { key } => key.clone(),
+                    ErrorKind::ParseErrorAtIndex { index, .. } => names.get(*index).cloned().unwrap_or_default(),
+                    _ if names.len() == 1 => names[0].clone(),
+                    _ => String::new(),
+                };
+                Err(ApiError::field(StatusCode::BAD_REQUEST, "bad-path-parameter", &path, err.body_text()))
+            }
+            Err(other) => Err(ApiError::internal(other.body_text())),
+        }
+    }
+}
+
+/// Query parameters; a malformed one is 400 naming the parameter.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
+        serde_path_to_error::deserialize(deserializer).map(ApiQuery).map_err(|err| {
+            let path = err.path().to_string();
+            let path = if path == "." { String::new() } else { path };
+            ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", &path, err.into_inner().to_string())
+        })
+    }
+}
+
+fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(query.as_bytes())
+}

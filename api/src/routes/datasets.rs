@@ -1,0 +1,227 @@
+//! /v1/datasets: safetensors uploads (`x`: samples, `y`: integer labels), streamed to the data directory
+//! under a size limit and checked before they are accepted.
+
+use std::path::{Path, PathBuf};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::Json;
+use futures_util::StreamExt;
+use ringtrain_core::FieldError;
+use ringtrain_store::{Dataset, NewDataset};
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::auth::User;
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::ApiQuery;
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct UploadParams {
+    /// A label for the dataset (1 to 200 characters).
+    pub name: String,
+}
+
+/// Labels must be class indices below this.
+pub const MAX_CLASSES: i64 = 100_000;
+
+/// What the checks found in an upload.
+#[derive(Debug, PartialEq)]
+pub struct Contents {
+    pub samples: i64,
+    pub sample_shape: Vec<i64>,
+    pub num_classes: i32,
+}
+
+/// Checks a safetensors file: `x` float32 or uint8 with shape [N, ...] (1 to 3 sample dimensions), `y`
+/// integer labels with shape [N], every label in 0..MAX_CLASSES.
+pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
+    let tensors = SafeTensors::deserialize(bytes)
+        .map_err(|e| vec![FieldError::new("", format!("not a safetensors file: {e}"))])?;
+    let x = tensors.tensor("x").map_err(|_| vec![FieldError::new("x", "missing: the samples tensor")])?;
+    let y = tensors.tensor("y").map_err(|_| vec![FieldError::new("y", "missing: the labels tensor")])?;
+    let mut errors = Vec::new();
+    if !matches!(x.dtype(), Dtype::F32 | Dtype::U8) {
+        errors.push(FieldError::new("x", format!("dtype must be F32 or U8 (got {:?})", x.dtype())));
+    }
+    if !(2..=4).contains(&x.shape().len()) || x.shape()[0] == 0 {
+        errors.push(FieldError::new(
+            "x",
+            format!("shape must be [N, ...] with N >= 1 and 1 to 3 sample dimensions (got {:?})", x.shape()),
+        ));
+    }
+    if y.shape().len() != 1 {
+        errors.push(FieldError::new("y", format!("shape must be [N] (got {:?})", y.shape())));
+    } else if x.shape().first() != y.shape().first() {
+        errors.push(FieldError::new(
+            "y",
+            format!("has {} labels for {} samples", y.shape()[0], x.shape().first().unwrap_or(&0)),
+        ));
+    }
+    let labels: Option<Vec<i64>> = match y.dtype() {
+        Dtype::I64 => {
+            Some(y.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+        }
+        Dtype::I32 => Some(
+            y.data().chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4])))).collect(),
+        ),
+        Dtype::U8 => Some(y.data().iter().map(|&b| i64::from(b)).collect()),
+        other => {
+            errors.push(FieldError::new("y", format!("dtype must be I64, I32 or U8 (got {other:?})")));
+            None
+        }
+    };
+    let mut max_label = 0;
+    if let Some(labels) = &labels {
+        if let Some((i, bad)) = labels.iter().enumerate().find(|(_, l)| !(0..MAX_CLASSES).contains(*l)) {
+            errors.push(FieldError::new("y", format!("label {bad} at index {i} is outside 0..{MAX_CLASSES}")));
+        }
+        max_label = labels.iter().copied().max().unwrap_or(0);
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(Contents {
+        samples: x.shape()[0] as i64,
+        sample_shape: x.shape()[1..].iter().map(|&d| d as i64).collect(),
+        num_classes: (max_label + 1) as i32,
+    })
+}
+
+/// Removes a partial upload however the handler ends.
+struct PartialFile(Option<PathBuf>);
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Upload a dataset: the request body is the safetensors file (`Content-Type: application/octet-stream`).
+#[utoipa::path(post, path = "/v1/datasets", tag = "datasets", params(UploadParams),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A safetensors file with x and y"),
+    responses((status = 201, body = Dataset), (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 413, body = Problem, content_type = "application/problem+json"),
+        (status = 415, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn upload_dataset(
+    State(state): State<AppState>,
+    user: User,
+    headers: HeaderMap,
+    ApiQuery(params): ApiQuery<UploadParams>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Dataset>)> {
+    user.require_write()?;
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !content_type.starts_with("application/octet-stream") {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "send the safetensors file as the body with Content-Type: application/octet-stream",
+        ));
+    }
+    if params.name.trim().is_empty() || params.name.chars().count() > 200 {
+        return Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            "bad-query-parameter",
+            "name",
+            "must be 1 to 200 characters",
+        ));
+    }
+    let limit = state.config.max_dataset_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload-too-large",
+            format!("datasets may be at most {limit} bytes"),
+        )
+    };
+    if headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > limit)
+    {
+        return Err(too_large());
+    }
+    let dir = state.config.data_dir.join("datasets");
+    tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
+    let id = Uuid::new_v4();
+    let partial_path = dir.join(format!("{id}.safetensors.part"));
+    let mut partial = PartialFile(Some(partial_path.clone()));
+    let mut file = tokio::fs::File::create(&partial_path).await.map_err(ApiError::internal)?;
+    // Streamed to disk: the limit is enforced as bytes arrive, never by buffering the whole body.
+    let mut hasher = Sha256::new();
+    let mut written: u64 = 0;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload failed: {e}")))?;
+        written += chunk.len() as u64;
+        if written > limit {
+            return Err(too_large());
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(ApiError::internal)?;
+    }
+    file.flush().await.map_err(ApiError::internal)?;
+    drop(file);
+    let contents = check_file(&partial_path).await?;
+    let final_path = dir.join(format!("{id}.safetensors"));
+    tokio::fs::rename(&partial_path, &final_path).await.map_err(ApiError::internal)?;
+    partial.0 = None;
+    let dataset = state
+        .store
+        .add_dataset(NewDataset {
+            id,
+            team_id: user.team_id,
+            name: params.name,
+            path: final_path.to_string_lossy().into_owned(),
+            size_bytes: written as i64,
+            sha256: crate::hex(&hasher.finalize()),
+            train_samples: contents.samples,
+            sample_shape: contents.sample_shape,
+            num_classes: contents.num_classes,
+        })
+        .await;
+    match dataset {
+        Ok(dataset) => Ok((StatusCode::CREATED, Json(dataset))),
+        Err(err) => {
+            let _ = tokio::fs::remove_file(&final_path).await;
+            Err(err.into())
+        }
+    }
+}
+
+async fn check_file(path: &Path) -> ApiResult<Contents> {
+    let path = path.to_path_buf();
+    // Reading and scanning the labels is CPU work: keep it off the async workers.
+    tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(&path).map_err(ApiError::internal)?;
+        check_safetensors(&bytes).map_err(ApiError::validation)
+    })
+    .await
+    .map_err(ApiError::internal)?
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DatasetList {
+    pub datasets: Vec<Dataset>,
+}
+
+/// The team's uploaded datasets, newest first.
+#[utoipa::path(get, path = "/v1/datasets", tag = "datasets",
+    responses((status = 200, body = DatasetList), (status = 401, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn list_datasets(State(state): State<AppState>, user: User) -> ApiResult<Json<DatasetList>> {
+    Ok(Json(DatasetList { datasets: state.store.list_datasets(user.team_id).await? }))
+}

@@ -1,0 +1,58 @@
+//! Liveness, readiness, Prometheus metrics and the OpenAPI document: unauthenticated, outside /v1.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// The database answers and every migration is applied.
+#[utoipa::path(get, path = "/readyz", tag = "ops",
+    responses((status = 200, body = Health), (status = 503, body = Problem, content_type = "application/problem+json")))]
+pub async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
+    match state.store.ready().await {
+        Ok(()) => Ok(Json(Health { status: "ready" })),
+        Err(err) => {
+            tracing::warn!(error = %err, "not ready");
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not-ready",
+                "the database is not reachable or not migrated",
+            ))
+        }
+    }
+}
+
+/// Prometheus text: requests by route and status, latency histograms, jobs by state, queue depth.
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn prometheus(State(state): State<AppState>) -> ApiResult<Response> {
+    let jobs = state.store.count_jobs_by_state().await?;
+    let text = state.telemetry.render(&jobs);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "ops",
+    responses((status = 200, description = "OpenAPI 3.1", body = Object)))]
+pub async fn openapi_json() -> Response {
+    // Built once: the document never changes while the process runs.
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| crate::openapi().to_json().unwrap_or_default());
+    ([(header::CONTENT_TYPE, "application/json")], doc.clone()).into_response()
+}

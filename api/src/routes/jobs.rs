@@ -1,0 +1,542 @@
+//! /v1/jobs: submit, run history, one job, cancel, its events (JSON or SSE), metrics, LR schedule and
+//! checkpoints. Every route answers 404 for another team's job.
+
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use futures_util::stream::{self, Stream};
+use ringtrain_core::{JobId, JobSpec, JobState};
+use ringtrain_store::{
+    Checkpoint, IdempotencyKey, Job, JobEvent, JobFilter, MetricPoint, MetricsQuery, NewJob, Submitted, Transition,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::auth::User;
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::{ApiPath, ApiQuery, JsonBytes};
+use crate::routes::specs;
+use crate::state::AppState;
+
+/// A job as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobView {
+    pub id: Uuid,
+    pub name: Option<String>,
+    #[schema(value_type = String, example = "queued")]
+    pub state: JobState,
+    pub team_id: Uuid,
+    pub priority: i32,
+    pub device: String,
+    pub workers: i32,
+    /// Attempts started so far (0 until first scheduled).
+    pub attempt: i32,
+    pub max_restarts: i32,
+    /// The spec as submitted.
+    #[schema(value_type = Object)]
+    pub spec: Value,
+    /// The effective hyperparameters (scaled lr, warmup iterations, milestones...); null while the
+    /// dataset's size is unknown.
+    #[schema(value_type = Option<Object>)]
+    pub effective: Option<Value>,
+    pub dataset_size: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    pub links: JobLinks,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobLinks {
+    #[serde(rename = "self")]
+    pub this: String,
+    pub schedule: String,
+    pub events: String,
+    pub metrics: String,
+    pub checkpoints: String,
+}
+
+impl From<&Job> for JobView {
+    fn from(job: &Job) -> Self {
+        let base = format!("/v1/jobs/{}", job.id);
+        JobView {
+            id: job.id.0,
+            name: job.name.clone(),
+            state: job.state,
+            team_id: job.team_id,
+            priority: job.priority,
+            device: job.device.clone(),
+            workers: job.workers,
+            attempt: job.attempt,
+            max_restarts: job.max_restarts,
+            spec: job.spec.clone(),
+            effective: job.effective.clone(),
+            dataset_size: job.dataset_size,
+            created_at: job.created_at,
+            updated_at: job.updated_at,
+            started_at: job.started_at,
+            finished_at: job.finished_at,
+            result: job.result.clone(),
+            error: job.error.clone(),
+            links: JobLinks {
+                schedule: format!("{base}/schedule"),
+                events: format!("{base}/events"),
+                metrics: format!("{base}/metrics"),
+                checkpoints: format!("{base}/checkpoints"),
+                this: base,
+            },
+        }
+    }
+}
+
+/// The caller's job, or 404 (also for another team's job).
+pub async fn team_job(state: &AppState, user: &User, id: Uuid) -> ApiResult<Job> {
+    match state.store.get_job(JobId(id)).await? {
+        Some(job) if user.owns(job.team_id) => Ok(job),
+        _ => Err(ApiError::not_found(format!("no job {id}"))),
+    }
+}
+
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// Submit a job.
+///
+/// Validates the spec (every field error at once), derives the effective hyperparameters and stores the job
+/// as `queued`. With `Idempotency-Key`, the same key and body return the same job (200), the same key with
+/// another body is 409.
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs",
+    request_body(content = Object, content_type = "application/json", description = "A job spec"),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe")),
+    responses(
+        (status = 201, description = "Stored as queued", body = JobView),
+        (status = 200, description = "Replayed: this key made this job before", body = JobView),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Idempotency-Key reused with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 413, body = Problem, content_type = "application/problem+json"),
+        (status = 415, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+pub async fn submit_job(
+    State(state): State<AppState>,
+    user: User,
+    headers: HeaderMap,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Response> {
+    user.require_write()?;
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(value) => {
+            let key = value.to_str().ok().map(str::trim).filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY);
+            let key = key.ok_or_else(|| {
+                ApiError::field(
+                    StatusCode::BAD_REQUEST,
+                    "bad-header",
+                    "Idempotency-Key",
+                    format!("must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"),
+                )
+            })?;
+            let request_hash = crate::hex(&Sha256::digest(&body));
+            Some(IdempotencyKey { key: key.to_string(), request_hash })
+        }
+    };
+    let (spec, spec_json) = specs::parse_spec(&body)?;
+    let dataset_size = specs::dataset_size(&state, &user, &spec).await?;
+    let effective = specs::effective(&spec, dataset_size)?;
+    let new = NewJob {
+        id: JobId::new(),
+        team_id: user.team_id,
+        created_by: Some(user.token.id),
+        name: spec.name.clone(),
+        spec: spec_json,
+        effective: effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?,
+        dataset_size: dataset_size.map(|n| n as i64),
+        priority: spec.priority,
+        device: device_name(&spec),
+        workers: spec.workers as i32,
+        max_restarts: spec.max_restarts.min(i32::MAX as u32) as i32,
+    };
+    match state.store.submit_job(new, key).await? {
+        Submitted::Created(job) => {
+            let location = format!("/v1/jobs/{}", job.id);
+            Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(JobView::from(&job))).into_response())
+        }
+        Submitted::Replayed(job) => Ok((StatusCode::OK, Json(JobView::from(&job))).into_response()),
+        Submitted::KeyReused => {
+            Err(ApiError::conflict("this Idempotency-Key was already used with a different request body"))
+        }
+    }
+}
+
+fn device_name(spec: &JobSpec) -> String {
+    serde_json::to_value(spec.device).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "cpu".into())
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListJobsQuery {
+    /// queued | scheduled | running | succeeded | failed | cancelled
+    #[param(value_type = Option<String>)]
+    pub state: Option<JobState>,
+    /// Only jobs whose name starts with this (case-sensitive).
+    pub name_prefix: Option<String>,
+    /// RFC 3339; inclusive.
+    pub created_after: Option<DateTime<Utc>>,
+    /// RFC 3339; exclusive.
+    pub created_before: Option<DateTime<Utc>>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// 1 to 500 (default 50).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobPage {
+    pub jobs: Vec<JobView>,
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+const MAX_PAGE: u32 = 500;
+
+/// The team's run history, newest first.
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(ListJobsQuery),
+    responses((status = 200, body = JobPage), (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn list_jobs(
+    State(state): State<AppState>,
+    user: User,
+    ApiQuery(query): ApiQuery<ListJobsQuery>,
+) -> ApiResult<Json<JobPage>> {
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            "bad-query-parameter",
+            "limit",
+            format!("must be 1 to {MAX_PAGE}"),
+        ));
+    }
+    let before_seq = match &query.cursor {
+        None => None,
+        Some(cursor) => Some(cursor.parse::<i64>().map_err(|_| {
+            ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", "cursor", "not a cursor this server issued")
+        })?),
+    };
+    let filter = JobFilter {
+        state: query.state,
+        name_prefix: query.name_prefix.filter(|p| !p.is_empty()),
+        created_after: query.created_after,
+        created_before: query.created_before,
+        before_seq,
+        // One more than asked tells whether another page exists.
+        limit: i64::from(limit) + 1,
+    };
+    let mut jobs = state.store.list_jobs(user.team_id, &filter).await?;
+    let more = jobs.len() > limit as usize;
+    jobs.truncate(limit as usize);
+    let next_cursor = if more { jobs.last().map(|j| j.seq.to_string()) } else { None };
+    Ok(Json(JobPage { jobs: jobs.iter().map(JobView::from).collect(), next_cursor }))
+}
+
+/// One job: spec, effective hyperparameters, state, result.
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = Uuid, Path)),
+    responses((status = 200, body = JobView), (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn get_job(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<JobView>> {
+    Ok(Json(JobView::from(&team_job(&state, &user, id).await?)))
+}
+
+/// Cancel a job that has not finished; its ranks are told to stop.
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = Uuid, Path)),
+    responses((status = 200, body = JobView), (status = 403, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already finished", body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn cancel_job(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<JobView>> {
+    let mut job = team_job(&state, &user, id).await?;
+    user.require_write()?;
+    // Compare-and-set against the state we saw; if the scheduler or an agent moved the job meanwhile, look
+    // again. A few rounds suffice: each lost round means the job made progress.
+    for _ in 0..8 {
+        if job.state.is_terminal() {
+            return Err(ApiError::conflict(format!("job {id} already {}", job.state)));
+        }
+        let reason =
+            format!("cancelled by token {}", user.token.label.as_deref().unwrap_or(&user.token.id.to_string()));
+        if let Some(cancelled) =
+            state.store.transition(&Transition::new(job.id, job.state, JobState::Cancelled, reason)).await?
+        {
+            state.store.end_job_assignments(job.id, "cancelled").await?;
+            return Ok(Json(JobView::from(&cancelled)));
+        }
+        job = team_job(&state, &user, id).await?;
+    }
+    Err(ApiError::conflict(format!("job {id} kept changing state; try again")))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events after this sequence number (SSE also honours `Last-Event-ID`).
+    pub after: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventList {
+    pub events: Vec<JobEvent>,
+}
+
+const EVENT_PAGE: i64 = 1000;
+
+/// The job's state changes and restarts. With `Accept: text/event-stream`, a Server-Sent Events stream that
+/// follows the job until it ends.
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", params(("id" = Uuid, Path), EventsQuery),
+    responses((status = 200, description = "JSON list, or an SSE stream (`event: state`, data: a JobEvent)", 
+            content((EventList = "application/json"), (String = "text/event-stream"))),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn job_events(
+    State(state): State<AppState>,
+    user: User,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> ApiResult<Response> {
+    let job = team_job(&state, &user, id).await?;
+    let wants_stream = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"));
+    let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    let after = query.after.or(last_event_id).unwrap_or(0);
+    if !wants_stream {
+        let events = state.store.list_events(job.id, after, EVENT_PAGE).await?;
+        return Ok(Json(EventList { events }).into_response());
+    }
+    Ok(Sse::new(follow_events(state, job.id, after)).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// Polls the store for new events (leases and polling, not LISTEN/NOTIFY, so it works on SQLite too) and
+/// ends once the job is terminal and every event has been sent.
+fn follow_events(state: AppState, job: JobId, after: i64) -> impl Stream<Item = Result<Event, Infallible>> {
+    struct Cursor {
+        state: AppState,
+        job: JobId,
+        after: i64,
+        pending: std::collections::VecDeque<JobEvent>,
+        done: bool,
+        first: bool,
+    }
+    let cursor = Cursor { state, job, after, pending: Default::default(), done: false, first: true };
+    stream::unfold(cursor, |mut c| async move {
+        loop {
+            if let Some(event) = c.pending.pop_front() {
+                c.after = event.seq;
+                let data = serde_json::to_string(&event).unwrap_or_default();
+                return Some((Ok(Event::default().id(event.seq.to_string()).event("state").data(data)), c));
+            }
+            if c.done {
+                return None;
+            }
+            if !c.first {
+                tokio::time::sleep(c.state.config.event_poll).await;
+            }
+            c.first = false;
+            // Read the job's state before its events: an event written after this read is still fetched
+            // below, so a terminal state seen here means no event can be missed.
+            let terminal = match c.state.store.get_job(c.job).await {
+                Ok(Some(job)) => job.state.is_terminal(),
+                Ok(None) => true,
+                Err(err) => {
+                    tracing::warn!(error = %err, "event stream: reading the job failed");
+                    false
+                }
+            };
+            match c.state.store.list_events(c.job, c.after, EVENT_PAGE).await {
+                Ok(events) => {
+                    let full_page = events.len() as i64 == EVENT_PAGE;
+                    c.pending.extend(events);
+                    c.done = terminal && !full_page;
+                }
+                Err(err) => tracing::warn!(error = %err, "event stream: reading events failed"),
+            }
+        }
+    })
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsParams {
+    /// `iteration` or `epoch` reports only.
+    pub kind: Option<String>,
+    /// Only this metric (`loss`, `lr`, `test_error`, ...); points without it are left out.
+    pub name: Option<String>,
+    pub rank: Option<i32>,
+    pub from_iteration: Option<i64>,
+    /// Downsample to about this many points per series (every k-th point), for plots.
+    pub points: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// 1 to 10000 (default 1000).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MetricsPage {
+    pub points: Vec<MetricPoint>,
+    /// Every `stride`-th report of each series was kept.
+    pub stride: i64,
+    pub next_cursor: Option<String>,
+}
+
+const MAX_METRICS_PAGE: u32 = 10_000;
+
+/// Per-iteration and per-epoch metrics (loss, lr, throughput, allreduce time, test error).
+#[utoipa::path(get, path = "/v1/jobs/{id}/metrics", tag = "jobs", params(("id" = Uuid, Path), MetricsParams),
+    responses((status = 200, body = MetricsPage), (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn job_metrics(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(params): ApiQuery<MetricsParams>,
+) -> ApiResult<Json<MetricsPage>> {
+    let job = team_job(&state, &user, id).await?;
+    let bad = |path: &str, reason: &str| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", path, reason);
+    let limit = params.limit.unwrap_or(1000);
+    if !(1..=MAX_METRICS_PAGE).contains(&limit) {
+        return Err(bad("limit", "must be 1 to 10000"));
+    }
+    if params.points == Some(0) {
+        return Err(bad("points", "must be at least 1"));
+    }
+    let after = match &params.cursor {
+        None => None,
+        Some(cursor) => {
+            Some(parse_metrics_cursor(cursor).ok_or_else(|| bad("cursor", "not a cursor this server issued"))?)
+        }
+    };
+    let mut query = MetricsQuery {
+        kind: params.kind.clone(),
+        rank: params.rank,
+        from_iteration: params.from_iteration,
+        after,
+        stride: 1,
+        limit: i64::from(limit) + 1,
+    };
+    if let Some(points) = params.points {
+        let count = state.store.count_metrics(job.id, &query).await?;
+        query.stride = ((count + i64::from(points) - 1) / i64::from(points)).max(1);
+    }
+    let mut points = state.store.query_metrics(job.id, &query).await?;
+    let more = points.len() > limit as usize;
+    points.truncate(limit as usize);
+    let next_cursor = if more { points.last().map(|p| format!("{}:{}:{}", p.kind, p.iteration, p.rank)) } else { None };
+    if let Some(name) = &params.name {
+        points.retain_mut(|p| match p.fields.remove(name) {
+            Some(value) => {
+                p.fields = [(name.clone(), value)].into_iter().collect();
+                true
+            }
+            None => false,
+        });
+    }
+    Ok(Json(MetricsPage { points, stride: query.stride, next_cursor }))
+}
+
+fn parse_metrics_cursor(cursor: &str) -> Option<(String, i64, i32)> {
+    let mut parts = cursor.rsplitn(3, ':');
+    let rank = parts.next()?.parse().ok()?;
+    let iteration = parts.next()?.parse().ok()?;
+    let kind = parts.next()?.to_string();
+    Some((kind, iteration, rank))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleParams {
+    /// Also list the lr of every iteration.
+    pub per_iteration: Option<bool>,
+}
+
+/// The most per-iteration lrs one response lists.
+pub const MAX_PER_ITERATION: u64 = 2_000_000;
+
+/// The learning-rate schedule the job trains with: effective hyperparameters, per-epoch summary and change
+/// points (`?per_iteration=true` adds every iteration's lr).
+#[utoipa::path(get, path = "/v1/jobs/{id}/schedule", tag = "jobs", params(("id" = Uuid, Path), ScheduleParams),
+    responses((status = 200, description = "ScheduleView", body = Object),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The dataset's size is not known yet", body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn job_schedule(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(params): ApiQuery<ScheduleParams>,
+) -> ApiResult<Json<Value>> {
+    let job = team_job(&state, &user, id).await?;
+    let Some(size) = job.dataset_size else {
+        return Err(ApiError::conflict("the dataset's size is not known until a worker reads it"));
+    };
+    let spec: JobSpec = serde_json::from_value(job.spec.clone()).map_err(ApiError::internal)?;
+    let effective = ringtrain_core::Effective::new(&spec, size as u64)
+        .map_err(|errors| ApiError::internal(format!("stored spec no longer validates: {errors:?}")))?;
+    let per_iteration = params.per_iteration.unwrap_or(false);
+    if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
+        return Err(ApiError::field(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "too-large",
+            "per_iteration",
+            format!(
+                "{} iterations is more than {MAX_PER_ITERATION}; use the change points",
+                effective.total_iterations
+            ),
+        ));
+    }
+    Ok(Json(serde_json::to_value(effective.render(per_iteration)).map_err(ApiError::internal)?))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CheckpointList {
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+/// The job's checkpoints, oldest first; `is_final` marks the finished job's weights.
+#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs", params(("id" = Uuid, Path)),
+    responses((status = 200, body = CheckpointList), (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn job_checkpoints(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<CheckpointList>> {
+    let job = team_job(&state, &user, id).await?;
+    Ok(Json(CheckpointList { checkpoints: state.store.list_checkpoints(job.id).await? }))
+}

@@ -1,0 +1,75 @@
+//! The routes, one module per resource, registered with their OpenAPI descriptions in one place so the
+//! router and the document cannot drift apart.
+
+pub mod agent;
+pub mod datasets;
+pub mod health;
+pub mod jobs;
+pub mod schedules;
+pub mod specs;
+pub mod teams;
+
+use axum::extract::DefaultBodyLimit;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::{FieldErrorDoc, Problem};
+use crate::state::AppState;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "ringtrain", description = "Training as a service: Goyal et al.'s large-minibatch SGD on a shared worker pool. \
+        Every error is RFC 7807 application/problem+json; validation errors list each field's JSON path in `errors`."),
+    modifiers(&BearerAuth),
+    components(schemas(Problem, FieldErrorDoc)),
+    tags((name = "jobs"), (name = "schedules"), (name = "datasets"), (name = "teams"), (name = "agent"), (name = "ops"))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// Every route with its documentation.
+pub fn router() -> OpenApiRouter<AppState> {
+    // Uploads are streamed with their own (larger) limit; every other body is capped by the app's.
+    let uploads = OpenApiRouter::new()
+        .routes(routes!(datasets::upload_dataset, datasets::list_datasets))
+        .layer(DefaultBodyLimit::disable());
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(jobs::submit_job, jobs::list_jobs))
+        .routes(routes!(jobs::get_job))
+        .routes(routes!(jobs::cancel_job))
+        .routes(routes!(jobs::job_events))
+        .routes(routes!(jobs::job_metrics))
+        .routes(routes!(jobs::job_schedule))
+        .routes(routes!(jobs::job_checkpoints))
+        .routes(routes!(schedules::preview_schedule))
+        .routes(routes!(teams::create_team, teams::list_teams))
+        .routes(routes!(teams::create_team_token))
+        .routes(routes!(teams::create_agent_token))
+        .routes(routes!(teams::list_nodes))
+        .routes(routes!(agent::register_node))
+        .routes(routes!(agent::heartbeat))
+        .routes(routes!(agent::poll_assignments))
+        .routes(routes!(agent::update_assignment))
+        .routes(routes!(agent::job_running))
+        .routes(routes!(agent::report_metrics))
+        .routes(routes!(agent::report_checkpoint))
+        .routes(routes!(agent::report_result))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::prometheus))
+        .routes(routes!(health::openapi_json))
+        .merge(uploads)
+}

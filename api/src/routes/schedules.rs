@@ -1,0 +1,120 @@
+//! POST /v1/schedules/preview: a spec in, its LR schedule out, nothing stored; `?workers=a,b,c` answers
+//! "what if k changes" with one schedule per world size.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use ringtrain_core::FieldError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::auth::User;
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::{ApiQuery, JsonBytes};
+use crate::routes::jobs::MAX_PER_ITERATION;
+use crate::routes::specs;
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewParams {
+    /// Training samples, for `idx:` datasets (overrides a built-in size).
+    pub dataset_size: Option<u64>,
+    /// Comma-separated world sizes, e.g. `8,16,32`: one schedule each, side by side.
+    pub workers: Option<String>,
+    /// Also list the lr of every iteration.
+    pub per_iteration: Option<bool>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreviewForWorkers {
+    pub workers: u32,
+    /// The ScheduleView for this k.
+    #[schema(value_type = Object)]
+    pub schedule: Value,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PreviewComparison {
+    pub schedules: Vec<PreviewForWorkers>,
+}
+
+const MAX_WORLD_SIZES: usize = 16;
+
+/// The schedule of a spec without submitting it. Answers a ScheduleView, or with `workers` a
+/// PreviewComparison.
+#[utoipa::path(post, path = "/v1/schedules/preview", tag = "schedules", params(PreviewParams),
+    request_body(content = Object, content_type = "application/json", description = "A job spec"),
+    responses((status = 200, description = "A ScheduleView, or a PreviewComparison when `workers` is given", body = PreviewComparison),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn preview_schedule(
+    State(state): State<AppState>,
+    user: User,
+    ApiQuery(params): ApiQuery<PreviewParams>,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Json<Value>> {
+    let (spec, _) = specs::parse_spec(&body)?;
+    let known = specs::dataset_size(&state, &user, &spec).await?;
+    let Some(size) = params.dataset_size.or(known) else {
+        let mut errors = spec.validate().err().unwrap_or_default();
+        errors.push(FieldError::new(
+            "dataset",
+            format!("the size of {} is not known without reading it: pass ?dataset_size=N", spec.dataset),
+        ));
+        return Err(ApiError::validation(errors));
+    };
+    let per_iteration = params.per_iteration.unwrap_or(false);
+    let render = |spec: &ringtrain_core::JobSpec| -> ApiResult<Value> {
+        let effective = specs::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal("size was known"))?;
+        if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
+            return Err(ApiError::field(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too-large",
+                "per_iteration",
+                format!("{} iterations is more than {MAX_PER_ITERATION}", effective.total_iterations),
+            ));
+        }
+        serde_json::to_value(effective.render(per_iteration)).map_err(ApiError::internal)
+    };
+    let Some(workers) = params.workers else { return Ok(Json(render(&spec)?)) };
+    let sizes = parse_world_sizes(&workers)?;
+    let mut schedules = Vec::with_capacity(sizes.len());
+    let mut errors = Vec::new();
+    for k in sizes {
+        match render(&spec.with_workers(k)) {
+            Ok(schedule) => schedules.push(PreviewForWorkers { workers: k, schedule }),
+            // Name the world size each problem belongs to.
+            Err(err) => errors.extend(
+                err.problem()
+                    .errors
+                    .into_iter()
+                    .map(|e| FieldError::new(e.path, format!("with workers = {k}: {}", e.reason))),
+            ),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::validation(errors));
+    }
+    Ok(Json(serde_json::to_value(PreviewComparison { schedules }).map_err(ApiError::internal)?))
+}
+
+fn parse_world_sizes(text: &str) -> ApiResult<Vec<u32>> {
+    let bad = |reason: String| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", "workers", reason);
+    let sizes = text
+        .split(',')
+        .map(|part| {
+            part.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|k| *k >= 1)
+                .ok_or_else(|| bad(format!("{part:?} is not a world size >= 1")))
+        })
+        .collect::<ApiResult<Vec<u32>>>()?;
+    if sizes.len() > MAX_WORLD_SIZES {
+        return Err(bad(format!("at most {MAX_WORLD_SIZES} world sizes at once")));
+    }
+    Ok(sizes)
+}

@@ -1,0 +1,49 @@
+//! What every handler shares: the store, the configuration and the request telemetry.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringtrain_store::Store;
+
+use crate::telemetry::Telemetry;
+
+/// Limits and locations of the API.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Uploaded datasets are written under `data_dir/datasets`.
+    pub data_dir: PathBuf,
+    /// The largest JSON body any route accepts.
+    pub max_body_bytes: usize,
+    /// The largest dataset upload.
+    pub max_dataset_bytes: u64,
+    /// Requests (except streams after their headers) that take longer are answered 408.
+    pub request_timeout: Duration,
+    /// How often an SSE stream looks for new events.
+    pub event_poll: Duration,
+}
+
+impl ApiConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        ApiConfig {
+            data_dir: data_dir.into(),
+            max_body_bytes: 1 << 20,
+            max_dataset_bytes: 512 << 20,
+            request_timeout: Duration::from_secs(30),
+            event_poll: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub config: Arc<ApiConfig>,
+    pub telemetry: Arc<Telemetry>,
+}
+
+impl AppState {
+    pub fn new(store: Arc<dyn Store>, config: ApiConfig) -> Self {
+        AppState { store, config: Arc::new(config), telemetry: Arc::new(Telemetry::default()) }
+    }
+}

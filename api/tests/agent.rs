@@ -1,0 +1,245 @@
+//! The agent-facing routes, end to end through the router: register, heartbeat, claim (as the scheduler
+//! will), poll, run, report metrics, checkpoints and results, with stale attempts refused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{spec, TestApp};
+use ringtrain_core::JobId;
+use ringtrain_store::NewAssignment;
+use serde_json::json;
+use uuid::Uuid;
+
+fn devices(n: usize) -> serde_json::Value {
+    json!((0..n).map(|i| json!({"index": i, "kind": "cpu", "name": format!("cpu{i}")})).collect::<Vec<_>>())
+}
+
+/// Registers a node with two CPU devices, claims the job and places its two ranks there.
+async fn place(app: &TestApp, agent: &str, job: &str) -> (String, i32) {
+    let node = app
+        .post("/v1/agent/nodes", agent, &json!({"name": "node-a", "address": "127.0.0.1", "devices": devices(2)}))
+        .await;
+    assert_eq!(node.status, 200, "{}", node.text);
+    let node_id: Uuid = node.body["id"].as_str().unwrap().parse().unwrap();
+    let device_ids: Vec<Uuid> =
+        node.body["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().parse().unwrap()).collect();
+    let claimed = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
+    let claimed = claimed.into_iter().find(|j| j.id.to_string() == job).expect("the job is claimed");
+    assert_eq!(claimed.attempt, 1);
+    let ranks: Vec<NewAssignment> = device_ids
+        .iter()
+        .enumerate()
+        .map(|(rank, device)| NewAssignment { node_id, device_id: *device, rank: rank as i32 })
+        .collect();
+    app.store.create_assignments(claimed.id, claimed.attempt, &ranks).await.unwrap();
+    (node_id.to_string(), claimed.attempt)
+}
+
+async fn agent_runs_a_job_to_success(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let job = app.submit(&team.member, &spec("agent-run")).await;
+    let (node, attempt) = place(&app, &agent, &job).await;
+
+    let beat = app.post(&format!("/v1/agent/nodes/{node}/heartbeat"), &agent, &json!({})).await;
+    assert_eq!(beat.status, 200, "{}", beat.text);
+    let nodes = app.get("/v1/nodes", &team.viewer).await;
+    assert_eq!(nodes.body["nodes"][0]["devices"].as_array().unwrap().len(), 2);
+    assert!(nodes.body["nodes"][0].get("agent_token_id").is_none());
+
+    let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
+    assert_eq!(poll.status, 200, "{}", poll.text);
+    let work = poll.body["work"].as_array().unwrap();
+    assert_eq!(work.len(), 2);
+    assert_eq!(work[0]["assignment"]["state"], "delivered");
+    assert_eq!(work[0]["assignment"]["world_size"], 2);
+    assert_eq!(work[0]["effective"]["global_batch"], 32);
+    for w in work {
+        let id = w["assignment"]["id"].as_str().unwrap();
+        let moved = app
+            .post(&format!("/v1/agent/assignments/{id}/state"), &agent, &json!({"from": "delivered", "to": "running"}))
+            .await;
+        assert_eq!(moved.status, 200, "{}", moved.text);
+    }
+    let bad_move = work[0]["assignment"]["id"].as_str().unwrap();
+    app.post(
+        &format!("/v1/agent/assignments/{bad_move}/state"),
+        &agent,
+        &json!({"from": "delivered", "to": "running"}),
+    )
+    .await
+    .problem(409);
+
+    let running = app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await;
+    assert_eq!(running.status, 200, "{}", running.text);
+    assert_eq!(app.get(&format!("/v1/jobs/{job}"), &team.viewer).await.body["state"], "running");
+
+    // Metrics as ranks print them; rank 1's report at iteration 20 is sent twice (a retried batch).
+    let mut reports = Vec::new();
+    for iteration in (0..64).step_by(4) {
+        for rank in 0..2 {
+            reports.push(json!({"kind": "iteration", "rank": rank, "epoch": iteration / 16, "iteration": iteration,
+                "lr": 0.1, "loss": 2.3 - iteration as f64 * 0.01, "samples_per_s": 812.0, "allreduce_s": 0.004}));
+        }
+    }
+    reports.push(json!({"kind": "iteration", "rank": 1, "epoch": 1, "iteration": 20, "lr": 0.1, "loss": 1.0,
+        "samples_per_s": 1.0, "allreduce_s": 0.004}));
+    reports.push(json!({"kind": "epoch", "rank": 0, "epoch": 0, "iteration": 15, "train_error": 0.21,
+        "test_error": 0.18, "test_loss": 0.5}));
+    let sent = app
+        .post(&format!("/v1/agent/jobs/{job}/metrics"), &agent, &json!({"attempt": attempt, "reports": reports}))
+        .await;
+    assert_eq!(sent.status, 200, "{}", sent.text);
+    let again = app
+        .post(&format!("/v1/agent/jobs/{job}/metrics"), &agent, &json!({"attempt": attempt, "reports": reports}))
+        .await;
+    assert_eq!(again.status, 200);
+
+    let all = app.get(&format!("/v1/jobs/{job}/metrics?limit=10000"), &team.viewer).await;
+    assert_eq!(all.status, 200, "{}", all.text);
+    assert_eq!(all.body["points"].as_array().unwrap().len(), 16 * 2 + 1, "de-duplicated");
+    let loss = app.get(&format!("/v1/jobs/{job}/metrics?name=loss&rank=1&from_iteration=20"), &team.viewer).await;
+    let points = loss.body["points"].as_array().unwrap();
+    assert_eq!(points.len(), 11);
+    assert_eq!(points[0]["iteration"], 20);
+    assert_eq!(points[0]["fields"], json!({"loss": 1.0}), "the last report of a step wins");
+    let epoch = app.get(&format!("/v1/jobs/{job}/metrics?name=test_error"), &team.viewer).await;
+    assert_eq!(epoch.body["points"].as_array().unwrap().len(), 1);
+    assert_eq!(epoch.body["points"][0]["fields"]["test_error"], 0.18);
+    let plot = app.get(&format!("/v1/jobs/{job}/metrics?kind=iteration&rank=0&points=4"), &team.viewer).await;
+    let plotted: Vec<i64> =
+        plot.body["points"].as_array().unwrap().iter().map(|p| p["iteration"].as_i64().unwrap()).collect();
+    assert_eq!(plotted, vec![0, 16, 32, 48]);
+    assert_eq!(plot.body["stride"], 4);
+    // Pages of 10 cover everything exactly once.
+    let mut count = 0;
+    let mut uri = format!("/v1/jobs/{job}/metrics?limit=10");
+    loop {
+        let page = app.get(&uri, &team.viewer).await;
+        count += page.body["points"].as_array().unwrap().len();
+        match page.body["next_cursor"].as_str() {
+            Some(cursor) => uri = format!("/v1/jobs/{job}/metrics?limit=10&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(count, 33);
+
+    // Bad reports name their field.
+    let bad = json!({"attempt": attempt, "reports": [
+        {"kind": "iteration", "rank": 5, "epoch": 0, "iteration": 1, "loss": 1.0},
+        {"kind": "Iteration!", "rank": 0, "epoch": 0, "iteration": -1, "loss": "high"}]});
+    let mut paths = app.post(&format!("/v1/agent/jobs/{job}/metrics"), &agent, &bad).await.problem(422);
+    paths.sort();
+    assert_eq!(paths, vec!["reports[0].rank", "reports[1].iteration", "reports[1].kind", "reports[1].loss"]);
+
+    let sha = "ab".repeat(32);
+    let checkpoint = json!({"attempt": attempt, "epoch": 1, "iteration": 32, "path": "/ckpt/e1.safetensors",
+        "size_bytes": 1234, "sha256": sha});
+    assert_eq!(app.post(&format!("/v1/agent/jobs/{job}/checkpoints"), &agent, &checkpoint).await.status, 201);
+    let listed = app.get(&format!("/v1/jobs/{job}/checkpoints"), &team.viewer).await;
+    assert_eq!(listed.body["checkpoints"][0]["iteration"], 32);
+    let bad_sha =
+        json!({"attempt": attempt, "epoch": 1, "iteration": 32, "path": "/x", "size_bytes": 1, "sha256": "zz"});
+    assert_eq!(
+        app.post(&format!("/v1/agent/jobs/{job}/checkpoints"), &agent, &bad_sha).await.problem(422),
+        vec!["sha256"]
+    );
+
+    // A stale attempt is refused; the real one finishes the job.
+    app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &json!({"attempt": attempt + 1, "outcome": "succeeded"}))
+        .await
+        .problem(404);
+    let done = app
+        .post(
+            &format!("/v1/agent/jobs/{job}/result"),
+            &agent,
+            &json!({"attempt": attempt, "outcome": "succeeded", "result": {"test_error": 0.12}}),
+        )
+        .await;
+    assert_eq!(done.status, 200, "{}", done.text);
+    assert_eq!(done.body["state"], "succeeded");
+    let finished = app.get(&format!("/v1/jobs/{job}"), &team.viewer).await;
+    assert_eq!(finished.body["state"], "succeeded");
+    assert_eq!(finished.body["result"]["test_error"], 0.12);
+    app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &json!({"attempt": attempt, "outcome": "failed"}))
+        .await
+        .problem(409);
+    // The finished job's assignments are done; nothing left to run.
+    let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
+    assert_eq!(poll.body["work"], json!([]));
+    let events = app.get(&format!("/v1/jobs/{job}/events"), &team.viewer).await;
+    let states: Vec<&str> =
+        events.body["events"].as_array().unwrap().iter().map(|e| e["to_state"].as_str().unwrap()).collect();
+    assert_eq!(states, vec!["queued", "scheduled", "running", "succeeded"]);
+}
+
+async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let job = app.submit(&team.member, &spec("retry")).await;
+    let (node, attempt) = place(&app, &agent, &job).await;
+    app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await;
+    let failed = app
+        .post(
+            &format!("/v1/agent/jobs/{job}/result"),
+            &agent,
+            &json!({"attempt": attempt, "outcome": "failed", "error": "rank 1 lost", "retryable": true}),
+        )
+        .await;
+    assert_eq!(failed.status, 200, "{}", failed.text);
+    assert_eq!(failed.body["state"], "queued");
+    // The requeued job's old assignments are over; a report from the old attempt after a new claim is refused.
+    let second = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(second[0].attempt, 2);
+    app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await.problem(409);
+
+    // Cancel while scheduled: the agent's next poll says stop.
+    let node_id: Uuid = node.parse().unwrap();
+    let node_info = app.store.get_node(node_id).await.unwrap().unwrap();
+    let ranks: Vec<NewAssignment> = node_info
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(rank, d)| NewAssignment { node_id, device_id: d.id, rank: rank as i32 })
+        .collect();
+    let placed = app.store.create_assignments(JobId(job.parse().unwrap()), 2, &ranks).await.unwrap();
+    let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
+    assert_eq!(poll.body["work"].as_array().unwrap().len(), 2);
+    app.post(&format!("/v1/jobs/{job}/cancel"), &team.member, &json!({})).await;
+    let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
+    assert_eq!(poll.body["work"], json!([]));
+    // Cancelling ended the assignments, so they are no longer live; the devices are free again.
+    assert!(app.store.get_assignment(placed[0].id).await.unwrap().unwrap().state == "cancelled");
+    let other = app.submit(&team.member, &spec("next")).await;
+    let claimed = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed[0].id.to_string(), other);
+    app.store.create_assignments(claimed[0].id, 1, &ranks).await.expect("freed devices can be placed again");
+    // A device already busy cannot be placed twice.
+    let third = app.submit(&team.member, &spec("third")).await;
+    let claimed = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed[0].id.to_string(), third);
+    assert!(app.store.create_assignments(claimed[0].id, 1, &ranks[..1]).await.is_err());
+}
+
+async fn agents_are_isolated(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let intruder = app.agent_token().await;
+    let job = app.submit(&team.member, &spec("iso")).await;
+    let (node, attempt) = place(&app, &agent, &job).await;
+    app.post(&format!("/v1/agent/nodes/{node}/heartbeat"), &intruder, &json!({})).await.problem(404);
+    app.get(&format!("/v1/agent/nodes/{node}/assignments"), &intruder).await.problem(404);
+    app.post(&format!("/v1/agent/jobs/{job}/running"), &intruder, &json!({"attempt": attempt})).await.problem(404);
+    let reports = json!({"attempt": attempt, "reports": []});
+    app.post(&format!("/v1/agent/jobs/{job}/metrics"), &intruder, &reports).await.problem(404);
+    // Another agent cannot take over the node's name.
+    let takeover = app.post("/v1/agent/nodes", &intruder, &json!({"name": "node-a", "devices": devices(1)})).await;
+    takeover.problem(409);
+    let dup = json!({"name": "node-b", "devices": [{"index": 0, "kind": "cpu", "name": "a"}, {"index": 0, "kind": "tpu", "name": "b"}]});
+    let mut paths = app.post("/v1/agent/nodes", &agent, &dup).await.problem(422);
+    paths.sort();
+    assert_eq!(paths, vec!["devices[1].index", "devices[1].kind"]);
+}
+
+on_both_backends!(agent_runs_a_job_to_success, retryable_failure_requeues_and_cancel_stops_ranks, agents_are_isolated);

@@ -1,0 +1,175 @@
+//! The test harness: the real app on a fresh database (Postgres through `#[sqlx::test]`, which fails when
+//! Postgres is unreachable, or a temporary SQLite file), driven through `oneshot`.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use ringtrain_api::{app, ApiConfig, AppState};
+use ringtrain_store::{PgStore, SqliteStore, Store};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+pub const ADMIN: &str = "rt_test_bootstrap_admin";
+
+/// Writes each test once; runs it on Postgres and on SQLite.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[sqlx::test(migrations = false)]
+            async fn postgres(pool: sqlx::PgPool) {
+                super::$name($crate::common::TestApp::postgres(pool).await).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name($crate::common::TestApp::sqlite().await).await
+            }
+        }
+    )*};
+}
+
+pub struct TestApp {
+    pub router: Router,
+    pub store: Arc<dyn Store>,
+    pub dir: tempfile::TempDir,
+}
+
+/// A response, its body parsed as JSON when it is JSON.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+    pub text: String,
+}
+
+impl Reply {
+    pub fn content_type(&self) -> &str {
+        self.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+
+    /// Asserts a problem+json answer with this status, and returns its field paths.
+    pub fn problem(&self, status: u16) -> Vec<String> {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.text);
+        assert_eq!(self.content_type(), "application/problem+json", "body: {}", self.text);
+        assert_eq!(self.body["status"], status);
+        assert!(self.body["type"].as_str().unwrap().starts_with("urn:ringtrain:problem:"));
+        self.body["errors"]
+            .as_array()
+            .map(|errors| errors.iter().map(|e| e["path"].as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The tokens of one team.
+#[derive(Debug, Clone)]
+pub struct Team {
+    pub id: String,
+    pub member: String,
+    pub viewer: String,
+    pub admin: String,
+}
+
+impl TestApp {
+    pub async fn postgres(pool: sqlx::PgPool) -> TestApp {
+        let store = PgStore::from_pool(pool).await.expect("migrations apply on Postgres");
+        Self::with_store(Arc::new(store)).await
+    }
+
+    pub async fn sqlite() -> TestApp {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("test.db").display());
+        let store = SqliteStore::connect(&url).await.expect("SQLite opens");
+        Self::with_store_in(Arc::new(store), dir).await
+    }
+
+    async fn with_store(store: Arc<dyn Store>) -> TestApp {
+        Self::with_store_in(store, tempfile::tempdir().unwrap()).await
+    }
+
+    async fn with_store_in(store: Arc<dyn Store>, dir: tempfile::TempDir) -> TestApp {
+        ringtrain_api::bootstrap::bootstrap(store.as_ref(), Some(ADMIN)).await.unwrap();
+        let mut config = ApiConfig::new(dir.path());
+        config.event_poll = std::time::Duration::from_millis(50);
+        config.max_dataset_bytes = 1 << 20;
+        let router = app(AppState::new(store.clone(), config));
+        TestApp { router, store, dir }
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> Reply {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Reply { status, headers, body, text }
+    }
+
+    pub async fn call(&self, method: Method, uri: &str, token: Option<&str>, body: Option<&Value>) -> Reply {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = match body {
+            Some(body) => request.header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())),
+            None => request.body(Body::empty()),
+        };
+        self.send(request.unwrap()).await
+    }
+
+    pub async fn get(&self, uri: &str, token: &str) -> Reply {
+        self.call(Method::GET, uri, Some(token), None).await
+    }
+
+    pub async fn post(&self, uri: &str, token: &str, body: &Value) -> Reply {
+        self.call(Method::POST, uri, Some(token), Some(body)).await
+    }
+
+    /// A new team with an admin, a member and a viewer token.
+    pub async fn team(&self, name: &str) -> Team {
+        let created = self.post("/v1/teams", ADMIN, &json!({"name": name, "gpu_quota": 2, "cpu_quota": 8})).await;
+        assert_eq!(created.status, 201, "{}", created.text);
+        let id = created.body["id"].as_str().unwrap().to_string();
+        let mut tokens = Vec::new();
+        for role in ["member", "viewer", "admin"] {
+            let reply =
+                self.post(&format!("/v1/teams/{id}/tokens"), ADMIN, &json!({"role": role, "label": role})).await;
+            assert_eq!(reply.status, 201, "{}", reply.text);
+            tokens.push(reply.body["token"].as_str().unwrap().to_string());
+        }
+        Team { id, member: tokens[0].clone(), viewer: tokens[1].clone(), admin: tokens[2].clone() }
+    }
+
+    pub async fn agent_token(&self) -> String {
+        let reply = self.post("/v1/agent-tokens", ADMIN, &json!({"label": "agent"})).await;
+        assert_eq!(reply.status, 201, "{}", reply.text);
+        reply.body["token"].as_str().unwrap().to_string()
+    }
+
+    /// Submits `spec` and returns the job's id.
+    pub async fn submit(&self, token: &str, spec: &Value) -> String {
+        let reply = self.post("/v1/jobs", token, spec).await;
+        assert_eq!(reply.status, 201, "{}", reply.text);
+        reply.body["id"].as_str().unwrap().to_string()
+    }
+}
+
+/// A small valid spec: 512 synthetic samples, k = 2, n = 16 (16 iterations per epoch), 4 epochs.
+pub fn spec(name: &str) -> Value {
+    json!({
+        "name": name,
+        "model": {"name": "mlp", "hidden": [32]},
+        "dataset": "synthetic:512",
+        "workers": 2,
+        "per_worker_batch": 16,
+        "epochs": 4,
+        "lr": {"base": 0.1, "reference_batch": 32, "warmup": {"kind": "gradual", "epochs": 1},
+               "decay": {"kind": "step", "milestones": [2, 3], "factor": 0.1}}
+    })
+}

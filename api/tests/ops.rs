@@ -1,0 +1,188 @@
+//! Health, readiness, Prometheus metrics, the OpenAPI document, and dataset uploads.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request};
+use common::{spec, TestApp};
+use serde_json::json;
+
+/// Every route of the router, as (method, OpenAPI path). The test below checks each is both served and
+/// documented, and that the document lists nothing else.
+const ROUTES: &[(&str, &str)] = &[
+    ("post", "/v1/jobs"),
+    ("get", "/v1/jobs"),
+    ("get", "/v1/jobs/{id}"),
+    ("post", "/v1/jobs/{id}/cancel"),
+    ("get", "/v1/jobs/{id}/events"),
+    ("get", "/v1/jobs/{id}/metrics"),
+    ("get", "/v1/jobs/{id}/schedule"),
+    ("get", "/v1/jobs/{id}/checkpoints"),
+    ("post", "/v1/schedules/preview"),
+    ("post", "/v1/datasets"),
+    ("get", "/v1/datasets"),
+    ("post", "/v1/teams"),
+    ("get", "/v1/teams"),
+    ("post", "/v1/teams/{id}/tokens"),
+    ("post", "/v1/agent-tokens"),
+    ("get", "/v1/nodes"),
+    ("post", "/v1/agent/nodes"),
+    ("post", "/v1/agent/nodes/{id}/heartbeat"),
+    ("get", "/v1/agent/nodes/{id}/assignments"),
+    ("post", "/v1/agent/assignments/{id}/state"),
+    ("post", "/v1/agent/jobs/{id}/running"),
+    ("post", "/v1/agent/jobs/{id}/metrics"),
+    ("post", "/v1/agent/jobs/{id}/checkpoints"),
+    ("post", "/v1/agent/jobs/{id}/result"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+];
+
+async fn openapi_lists_every_route(app: TestApp) {
+    let reply = app.call(Method::GET, "/openapi.json", None, None).await;
+    assert_eq!(reply.status, 200);
+    let doc = reply.body;
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    let mut documented = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            if ["get", "post", "put", "delete", "patch"].contains(&method.as_str()) {
+                documented.push((method.clone(), path.clone()));
+            }
+        }
+    }
+    documented.sort();
+    let mut expected: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    expected.sort();
+    assert_eq!(documented, expected);
+    for (method, path) in ROUTES {
+        let operation = &doc["paths"][path][method];
+        assert!(operation["responses"].as_object().is_some_and(|r| !r.is_empty()), "{method} {path}");
+        if path.starts_with("/v1/") {
+            assert!(operation["security"].is_array(), "{method} {path} documents its auth");
+        }
+        // The router serves it: without a token a /v1 route answers 401, never the unknown-route 404.
+        let uri = path.replace("{id}", "00000000-0000-0000-0000-000000000001");
+        let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        let reply = app.call(method.clone(), &uri, None, None).await;
+        assert_ne!(reply.body["detail"].as_str().unwrap_or("").get(..8), Some("no route"), "{method} {uri}");
+        if path.starts_with("/v1/") {
+            assert_eq!(reply.status, 401, "{method} {uri}: {}", reply.text);
+        }
+    }
+    // Problem documents are described.
+    assert!(doc["components"]["schemas"]["Problem"].is_object());
+}
+
+async fn health_readiness_and_prometheus(app: TestApp) {
+    assert_eq!(app.call(Method::GET, "/healthz", None, None).await.body["status"], "ok");
+    assert_eq!(app.call(Method::GET, "/readyz", None, None).await.body["status"], "ready");
+    let team = app.team("alpha").await;
+    app.submit(&team.member, &spec("m")).await;
+    app.get("/v1/jobs/00000000-0000-0000-0000-000000000001", &team.member).await;
+    let reply = app.call(Method::GET, "/metrics", None, None).await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.content_type().starts_with("text/plain"));
+    let text = reply.text;
+    assert!(text.contains(r#"ringtrain_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"ringtrain_http_requests_total{method="GET",route="/v1/jobs/{id}",status="404"} 1"#),
+        "{text}"
+    );
+    assert!(text
+        .contains("ringtrain_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le=\"+Inf\"} 1"));
+    assert!(text.contains("ringtrain_jobs{state=\"queued\"} 1"), "{text}");
+    assert!(text.contains("ringtrain_queue_depth 1"));
+}
+
+async fn responses_carry_request_ids_and_compress(app: TestApp) {
+    let team = app.team("alpha").await;
+    for i in 0..5 {
+        app.submit(&team.member, &spec(&format!("compress-{i}"))).await;
+    }
+    let request = Request::builder()
+        .uri("/v1/jobs")
+        .header(header::AUTHORIZATION, format!("Bearer {}", team.member))
+        .header(header::ACCEPT_ENCODING, "gzip")
+        .header("x-request-id", "abc-123")
+        .body(Body::empty())
+        .unwrap();
+    let reply = app.send(request).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.headers["x-request-id"], "abc-123");
+    assert_eq!(reply.headers[header::CONTENT_ENCODING], "gzip");
+    let generated = app.get("/healthz", &team.member).await;
+    assert!(generated.headers.contains_key("x-request-id"));
+}
+
+fn safetensors_file(samples: usize, label: impl Fn(usize) -> i64) -> Vec<u8> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let x: Vec<u8> = (0..samples * 4).flat_map(|i| (i as f32 / 10.0).to_le_bytes()).collect();
+    let y: Vec<u8> = (0..samples).flat_map(|i| label(i).to_le_bytes()).collect();
+    let tensors = vec![
+        ("x", TensorView::new(Dtype::F32, vec![samples, 1, 2, 2], &x).unwrap()),
+        ("y", TensorView::new(Dtype::I64, vec![samples], &y).unwrap()),
+    ];
+    safetensors::serialize(tensors, &None).unwrap()
+}
+
+async fn datasets_upload_check_and_isolate(app: TestApp) {
+    let team = app.team("alpha").await;
+    let other = app.team("beta").await;
+    let upload = |token: &str, name: &str, bytes: Vec<u8>, content_type: &str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri(format!("/v1/datasets?name={name}"))
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(bytes))
+            .unwrap()
+    };
+    let reply = app
+        .send(upload(&team.member, "tiny", safetensors_file(100, |i| (i % 3) as i64), "application/octet-stream"))
+        .await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    assert_eq!(reply.body["train_samples"], 100);
+    assert_eq!(reply.body["sample_shape"], json!([1, 2, 2]));
+    assert_eq!(reply.body["num_classes"], 3);
+    let id = reply.body["id"].as_str().unwrap().to_string();
+    let stored = std::path::Path::new(reply.body["path"].as_str().unwrap());
+    assert!(stored.starts_with(app.dir.path()) && stored.exists());
+
+    let listed = app.get("/v1/datasets", &team.viewer).await;
+    assert_eq!(listed.body["datasets"][0]["id"], id.as_str());
+    assert_eq!(app.get("/v1/datasets", &other.member).await.body["datasets"], json!([]));
+
+    // A job on the uploaded dataset gets its size; another team cannot use it.
+    let mut on_upload = spec("uploaded");
+    on_upload["dataset"] = json!(id);
+    on_upload["workers"] = json!(1);
+    on_upload["per_worker_batch"] = json!(10);
+    let job = app.post("/v1/jobs", &team.member, &on_upload).await;
+    assert_eq!(job.status, 201, "{}", job.text);
+    assert_eq!(job.body["effective"]["iterations_per_epoch"], 10);
+    assert_eq!(app.post("/v1/jobs", &other.member, &on_upload).await.problem(422), vec!["dataset"]);
+
+    // Bad uploads are refused with the tensor named, and leave no file behind.
+    let negative =
+        app.send(upload(&team.member, "neg", safetensors_file(10, |i| i as i64 - 1), "application/octet-stream")).await;
+    assert_eq!(negative.problem(422), vec!["y"]);
+    let garbage = app.send(upload(&team.member, "junk", b"not safetensors".to_vec(), "application/octet-stream")).await;
+    assert_eq!(garbage.problem(422), vec![""]);
+    app.send(upload(&team.member, "json", b"{}".to_vec(), "application/json")).await.problem(415);
+    app.send(upload(&team.viewer, "v", safetensors_file(10, |_| 0), "application/octet-stream")).await.problem(403);
+    let big = app.send(upload(&team.member, "big", vec![0u8; (1 << 20) + 10], "application/octet-stream")).await;
+    big.problem(413);
+    let files: Vec<_> = std::fs::read_dir(app.dir.path().join("datasets")).unwrap().collect();
+    assert_eq!(files.len(), 1, "only the accepted upload stays");
+}
+
+on_both_backends!(
+    openapi_lists_every_route,
+    health_readiness_and_prometheus,
+    responses_carry_request_ids_and_compress,
+    datasets_upload_check_and_isolate,
+);

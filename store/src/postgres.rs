@@ -1,0 +1,94 @@
+//! The Postgres store: production, several server replicas against one database.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use crate::error::{StoreError, StoreResult};
+use crate::model::{Backend, Job};
+use crate::rows::{self, JobRow, JOB_COLUMNS};
+use crate::shared::{impl_store, lease_expiry};
+
+/// The migrations of this build, embedded at compile time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    const BACKEND: Backend = Backend::Postgres;
+
+    /// Connects and applies the migrations.
+    pub async fn connect(url: &str) -> StoreResult<PgStore> {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await
+            .map_err(StoreError::Database)?;
+        Self::from_pool(pool).await
+    }
+
+    /// Wraps an existing pool (tests get one from `#[sqlx::test]`) and applies the migrations.
+    pub async fn from_pool(pool: PgPool) -> StoreResult<PgStore> {
+        MIGRATOR.run(&pool).await?;
+        Ok(PgStore { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn ready_impl(&self) -> StoreResult<()> {
+        let applied: Vec<(i64,)> = sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::Database)?;
+        check_migrations(&MIGRATOR, applied.into_iter().map(|(v,)| v))
+    }
+
+    /// One statement: lock up to `limit` queued rows nobody else has locked (`SKIP LOCKED`, so concurrent
+    /// claimers split the queue instead of waiting on or double-taking a row), move them to `scheduled`, and
+    /// write their events. The pick is a materialized CTE, not `WHERE id IN (SELECT ... LIMIT n)`: as a
+    /// semi-join the planner may run that subquery more than once and claim more than n rows.
+    async fn claim_queued_impl(&self, owner: &str, limit: i64, lease: Duration) -> StoreResult<Vec<Job>> {
+        let sql = format!(
+            "WITH picked AS MATERIALIZED ( \
+                SELECT id AS picked_id FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq LIMIT $4 \
+                FOR UPDATE SKIP LOCKED), \
+             claimed AS ( \
+                UPDATE jobs SET state = 'scheduled', attempt = attempt + 1, lease_owner = $1, lease_expires = $2, \
+                    updated_at = $3 \
+                FROM picked WHERE jobs.id = picked.picked_id AND jobs.state = 'queued' RETURNING {JOB_COLUMNS}), \
+             events AS ( \
+                INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
+                SELECT id, $3, 'state', 'queued', 'scheduled', attempt, 'claimed by ' || $1 FROM claimed) \
+             SELECT {JOB_COLUMNS} FROM claimed"
+        );
+        let rows: Vec<JobRow> = sqlx::query_as(&sql)
+            .bind(owner)
+            .bind(lease_expiry(lease))
+            .bind(crate::now())
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows::jobs(rows)
+    }
+}
+
+/// Ready means every migration this build knows was applied (an older binary against a newer schema is
+/// fine; a newer binary whose migrations failed is not).
+pub(crate) fn check_migrations(
+    migrator: &sqlx::migrate::Migrator,
+    applied: impl Iterator<Item = i64>,
+) -> StoreResult<()> {
+    let applied: std::collections::HashSet<i64> = applied.collect();
+    match migrator.iter().find(|m| !applied.contains(&m.version)) {
+        Some(missing) => Err(StoreError::Config(format!("migration {} is not applied", missing.version))),
+        None => Ok(()),
+    }
+}
+
+impl_store!(PgStore, sqlx::Postgres);

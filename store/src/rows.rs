@@ -1,0 +1,326 @@
+//! Raw rows as both databases return them, and their conversion into the model types. The row structs hold
+//! only types that decode the same way on Postgres and SQLite (states are TEXT, JSON is `Json<Value>`).
+
+use chrono::{DateTime, Utc};
+use ringtrain_core::{JobId, JobState};
+use serde_json::Value;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::error::StoreError;
+use crate::model::*;
+
+/// The columns every job query returns, in [`JobRow`]'s order.
+pub(crate) const JOB_COLUMNS: &str = "seq, id, team_id, created_by, name, spec, effective, dataset_size, state, \
+     priority, device, workers, attempt, max_restarts, lease_owner, lease_expires, created_at, updated_at, \
+     started_at, finished_at, result, error";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct JobRow {
+    seq: i64,
+    id: Uuid,
+    team_id: Uuid,
+    created_by: Option<Uuid>,
+    name: Option<String>,
+    spec: Json<Value>,
+    effective: Option<Json<Value>>,
+    dataset_size: Option<i64>,
+    state: String,
+    priority: i32,
+    device: String,
+    workers: i32,
+    attempt: i32,
+    max_restarts: i32,
+    lease_owner: Option<String>,
+    lease_expires: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    started_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    result: Option<Json<Value>>,
+    error: Option<String>,
+}
+
+pub(crate) fn parse_state(text: &str) -> Result<JobState, StoreError> {
+    text.parse().map_err(StoreError::Corrupt)
+}
+
+impl TryFrom<JobRow> for Job {
+    type Error = StoreError;
+
+    fn try_from(row: JobRow) -> Result<Self, Self::Error> {
+        Ok(Job {
+            id: JobId(row.id),
+            seq: row.seq,
+            team_id: row.team_id,
+            created_by: row.created_by,
+            name: row.name,
+            spec: row.spec.0,
+            effective: row.effective.map(|j| j.0),
+            dataset_size: row.dataset_size,
+            state: parse_state(&row.state)?,
+            priority: row.priority,
+            device: row.device,
+            workers: row.workers,
+            attempt: row.attempt,
+            max_restarts: row.max_restarts,
+            lease_owner: row.lease_owner,
+            lease_expires: row.lease_expires,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            started_at: row.started_at,
+            finished_at: row.finished_at,
+            result: row.result.map(|j| j.0),
+            error: row.error,
+        })
+    }
+}
+
+pub(crate) fn jobs(rows: Vec<JobRow>) -> Result<Vec<Job>, StoreError> {
+    rows.into_iter().map(Job::try_from).collect()
+}
+
+pub(crate) const TEAM_COLUMNS: &str = "id, name, gpu_quota, cpu_quota, created_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct TeamRow {
+    id: Uuid,
+    name: String,
+    gpu_quota: i32,
+    cpu_quota: i32,
+    created_at: DateTime<Utc>,
+}
+
+impl From<TeamRow> for Team {
+    fn from(row: TeamRow) -> Self {
+        Team {
+            id: row.id,
+            name: row.name,
+            gpu_quota: row.gpu_quota,
+            cpu_quota: row.cpu_quota,
+            created_at: row.created_at,
+        }
+    }
+}
+
+pub(crate) const TOKEN_COLUMNS: &str = "id, role, team_id, label, created_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct TokenRow {
+    id: Uuid,
+    role: String,
+    team_id: Option<Uuid>,
+    label: Option<String>,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<TokenRow> for TokenInfo {
+    type Error = StoreError;
+
+    fn try_from(row: TokenRow) -> Result<Self, Self::Error> {
+        let role = Role::parse(&row.role).ok_or_else(|| StoreError::Corrupt(format!("unknown role {:?}", row.role)))?;
+        Ok(TokenInfo { id: row.id, role, team_id: row.team_id, label: row.label, created_at: row.created_at })
+    }
+}
+
+pub(crate) const EVENT_COLUMNS: &str = "seq, job_id, at, kind, from_state, to_state, attempt, reason";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct EventRow {
+    seq: i64,
+    job_id: Uuid,
+    at: DateTime<Utc>,
+    kind: String,
+    from_state: Option<String>,
+    to_state: Option<String>,
+    attempt: i32,
+    reason: Option<String>,
+}
+
+impl From<EventRow> for JobEvent {
+    fn from(row: EventRow) -> Self {
+        JobEvent {
+            seq: row.seq,
+            job_id: row.job_id,
+            at: row.at,
+            kind: row.kind,
+            from_state: row.from_state,
+            to_state: row.to_state,
+            attempt: row.attempt,
+            reason: row.reason,
+        }
+    }
+}
+
+pub(crate) const METRIC_COLUMNS: &str = "kind, rank, epoch, iteration, attempt, fields";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct MetricRow {
+    kind: String,
+    rank: i32,
+    epoch: i64,
+    iteration: i64,
+    attempt: i32,
+    fields: Json<serde_json::Map<String, Value>>,
+}
+
+impl From<MetricRow> for MetricPoint {
+    fn from(row: MetricRow) -> Self {
+        MetricPoint {
+            kind: row.kind,
+            rank: row.rank,
+            epoch: row.epoch,
+            iteration: row.iteration,
+            attempt: row.attempt,
+            fields: row.fields.0,
+        }
+    }
+}
+
+pub(crate) const NODE_COLUMNS: &str = "id, name, agent_token_id, address, state, registered_at, last_heartbeat";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct NodeRow {
+    pub(crate) id: Uuid,
+    name: String,
+    agent_token_id: Uuid,
+    address: Option<String>,
+    state: String,
+    registered_at: DateTime<Utc>,
+    last_heartbeat: DateTime<Utc>,
+}
+
+impl NodeRow {
+    pub(crate) fn with_devices(self, devices: Vec<Device>) -> Node {
+        Node {
+            id: self.id,
+            name: self.name,
+            agent_token_id: self.agent_token_id,
+            address: self.address,
+            state: self.state,
+            registered_at: self.registered_at,
+            last_heartbeat: self.last_heartbeat,
+            devices,
+        }
+    }
+}
+
+pub(crate) const DEVICE_COLUMNS: &str = "id, node_id, idx, kind, name, memory_bytes";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DeviceRow {
+    id: Uuid,
+    pub(crate) node_id: Uuid,
+    idx: i32,
+    kind: String,
+    name: String,
+    memory_bytes: Option<i64>,
+}
+
+impl From<DeviceRow> for Device {
+    fn from(row: DeviceRow) -> Self {
+        Device { id: row.id, index: row.idx, kind: row.kind, name: row.name, memory_bytes: row.memory_bytes }
+    }
+}
+
+pub(crate) const ASSIGNMENT_COLUMNS: &str =
+    "id, job_id, attempt, node_id, device_id, rank, world_size, state, created_at, updated_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct AssignmentRow {
+    id: Uuid,
+    job_id: Uuid,
+    attempt: i32,
+    node_id: Uuid,
+    device_id: Uuid,
+    rank: i32,
+    world_size: i32,
+    state: String,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<AssignmentRow> for Assignment {
+    fn from(row: AssignmentRow) -> Self {
+        Assignment {
+            id: row.id,
+            job_id: row.job_id,
+            attempt: row.attempt,
+            node_id: row.node_id,
+            device_id: row.device_id,
+            rank: row.rank,
+            world_size: row.world_size,
+            state: row.state,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+pub(crate) const CHECKPOINT_COLUMNS: &str =
+    "id, job_id, attempt, epoch, iteration, path, size_bytes, sha256, is_final, created_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct CheckpointRow {
+    id: Uuid,
+    job_id: Uuid,
+    attempt: i32,
+    epoch: i64,
+    iteration: i64,
+    path: String,
+    size_bytes: i64,
+    sha256: String,
+    is_final: bool,
+    created_at: DateTime<Utc>,
+}
+
+impl From<CheckpointRow> for Checkpoint {
+    fn from(row: CheckpointRow) -> Self {
+        Checkpoint {
+            id: row.id,
+            job_id: row.job_id,
+            attempt: row.attempt,
+            epoch: row.epoch,
+            iteration: row.iteration,
+            path: row.path,
+            size_bytes: row.size_bytes,
+            sha256: row.sha256,
+            is_final: row.is_final,
+            created_at: row.created_at,
+        }
+    }
+}
+
+pub(crate) const DATASET_COLUMNS: &str =
+    "id, team_id, name, path, size_bytes, sha256, train_samples, sample_shape, num_classes, created_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DatasetRow {
+    id: Uuid,
+    team_id: Uuid,
+    name: String,
+    path: String,
+    size_bytes: i64,
+    sha256: String,
+    train_samples: i64,
+    sample_shape: Json<Vec<i64>>,
+    num_classes: i32,
+    created_at: DateTime<Utc>,
+}
+
+impl From<DatasetRow> for Dataset {
+    fn from(row: DatasetRow) -> Self {
+        Dataset {
+            id: row.id,
+            team_id: row.team_id,
+            name: row.name,
+            path: row.path,
+            size_bytes: row.size_bytes,
+            sha256: row.sha256,
+            train_samples: row.train_samples,
+            sample_shape: row.sample_shape.0,
+            num_classes: row.num_classes,
+            created_at: row.created_at,
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The store on both databases: guarded transitions, concurrent claims, leases, metrics de-duplication.
+//! Postgres tests use `#[sqlx::test]` (a fresh database each; they fail when Postgres is unreachable).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringtrain_core::{JobId, JobState};
+use ringtrain_store::*;
+use serde_json::json;
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[sqlx::test(migrations = false)]
+            async fn postgres(pool: sqlx::PgPool) {
+                let store = ringtrain_store::PgStore::from_pool(pool).await.unwrap();
+                super::$name(std::sync::Arc::new(store)).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let dir = tempfile::tempdir().unwrap();
+                let url = format!("sqlite:{}", dir.path().join("store.db").display());
+                let store = ringtrain_store::SqliteStore::connect(&url).await.unwrap();
+                super::$name(std::sync::Arc::new(store)).await
+            }
+        }
+    )*};
+}
+
+async fn team(store: &Arc<dyn Store>) -> Team {
+    store.create_team(NewTeam { name: "t".into(), gpu_quota: 1, cpu_quota: 4 }).await.unwrap()
+}
+
+fn new_job(team: &Team, name: &str, priority: i32) -> NewJob {
+    NewJob {
+        id: JobId::new(),
+        team_id: team.id,
+        created_by: None,
+        name: Some(name.into()),
+        spec: json!({"name": name}),
+        effective: None,
+        dataset_size: None,
+        priority,
+        device: "cpu".into(),
+        workers: 1,
+        max_restarts: 3,
+    }
+}
+
+async fn submit(store: &Arc<dyn Store>, job: NewJob) -> Job {
+    match store.submit_job(job, None).await.unwrap() {
+        Submitted::Created(job) => job,
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn guarded_transitions_refuse_stale_writers(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let job = submit(&store, new_job(&team, "a", 0)).await;
+    let claimed = store.claim_queued("owner-a", 1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].lease_owner.as_deref(), Some("owner-a"));
+    assert_eq!(claimed[0].attempt, 1);
+
+    // A stale owner, a stale state or a stale attempt changes nothing.
+    let stale_owner = Transition::new(job.id, JobState::Scheduled, JobState::Running, "x").owned_by("owner-b");
+    assert!(store.transition(&stale_owner).await.unwrap().is_none());
+    let stale_state = Transition::new(job.id, JobState::Queued, JobState::Scheduled, "x");
+    assert!(store.transition(&stale_state).await.unwrap().is_none());
+    let stale_attempt = Transition::new(job.id, JobState::Scheduled, JobState::Running, "x").at_attempt(0);
+    assert!(store.transition(&stale_attempt).await.unwrap().is_none());
+    let unchanged = store.get_job(job.id).await.unwrap().unwrap();
+    assert_eq!(unchanged.state, JobState::Scheduled);
+    assert_eq!(unchanged.updated_at, claimed[0].updated_at);
+    assert_eq!(store.list_events(job.id, 0, 100).await.unwrap().len(), 2, "no event for refused transitions");
+
+    let running =
+        Transition::new(job.id, JobState::Scheduled, JobState::Running, "started").owned_by("owner-a").at_attempt(1);
+    let job_now = store.transition(&running).await.unwrap().expect("the owner wins");
+    assert_eq!(job_now.state, JobState::Running);
+    assert!(job_now.started_at.is_some());
+    assert_eq!(job_now.lease_owner.as_deref(), Some("owner-a"), "Keep keeps the lease");
+    // The life cycle is enforced before any SQL runs.
+    let backwards = Transition::new(job.id, JobState::Running, JobState::Scheduled, "x");
+    assert!(matches!(store.transition(&backwards).await, Err(StoreError::InvalidTransition(_))));
+
+    // Two concurrent finishers: exactly one wins.
+    let succeed = Transition::new(job.id, JobState::Running, JobState::Succeeded, "a");
+    let fail = Transition::new(job.id, JobState::Running, JobState::Failed, "b");
+    let (a, b) = tokio::join!(store.transition(&succeed), store.transition(&fail));
+    assert_eq!(u8::from(a.unwrap().is_some()) + u8::from(b.unwrap().is_some()), 1);
+    let finished = store.get_job(job.id).await.unwrap().unwrap();
+    assert!(finished.state.is_terminal() && finished.finished_at.is_some() && finished.lease_owner.is_none());
+}
+
+async fn concurrent_claims_never_share_a_job(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let mut ids = HashSet::new();
+    for i in 0..10 {
+        ids.insert(submit(&store, new_job(&team, &format!("j{i}"), 0)).await.id);
+    }
+    let mut claimers = Vec::new();
+    for c in 0..20 {
+        let store = store.clone();
+        claimers.push(tokio::spawn(async move {
+            store.claim_queued(&format!("claimer-{c}"), 1, Duration::from_secs(60)).await.unwrap()
+        }));
+    }
+    let mut claimed = Vec::new();
+    for claimer in claimers {
+        claimed.extend(claimer.await.unwrap());
+    }
+    let unique: HashSet<JobId> = claimed.iter().map(|j| j.id).collect();
+    assert_eq!(claimed.len(), 10, "every job claimed once");
+    assert_eq!(unique, ids);
+    for job in &claimed {
+        let events = store.list_events(job.id, 0, 10).await.unwrap();
+        assert_eq!(events.len(), 2);
+        let expected = format!("claimed by {}", job.lease_owner.as_deref().unwrap());
+        assert_eq!(events[1].reason.as_deref(), Some(expected.as_str()));
+    }
+    assert!(store.claim_queued("late", 5, Duration::from_secs(60)).await.unwrap().is_empty());
+}
+
+async fn claims_take_priority_then_age(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let low = submit(&store, new_job(&team, "low", 0)).await;
+    let high = submit(&store, new_job(&team, "high", 5)).await;
+    let low2 = submit(&store, new_job(&team, "low2", 0)).await;
+    let first = store.claim_queued("s", 2, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), vec![high.id, low.id]);
+    let rest = store.claim_queued("s", 2, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(rest.iter().map(|j| j.id).collect::<Vec<_>>(), vec![low2.id]);
+}
+
+async fn leases_renew_and_expire(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let job = submit(&store, new_job(&team, "lease", 0)).await;
+    store.claim_queued("owner", 1, Duration::from_millis(1)).await.unwrap();
+    assert!(!store.renew_lease(job.id, "someone-else", Duration::from_secs(60)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let expired = store.expired_leases(now(), 10).await.unwrap();
+    assert_eq!(expired.iter().map(|j| j.id).collect::<Vec<_>>(), vec![job.id]);
+    assert!(store.renew_lease(job.id, "owner", Duration::from_secs(60)).await.unwrap());
+    assert!(store.expired_leases(now(), 10).await.unwrap().is_empty());
+    // Requeueing clears the lease; a later claim is a new attempt.
+    let requeue = Transition::new(job.id, JobState::Scheduled, JobState::Queued, "lease lost").owned_by("owner");
+    let requeued = store.transition(&requeue).await.unwrap().unwrap();
+    assert!(requeued.lease_owner.is_none() && requeued.lease_expires.is_none());
+    assert_eq!(store.claim_queued("owner-2", 1, Duration::from_secs(60)).await.unwrap()[0].attempt, 2);
+}
+
+fn point(kind: &str, rank: i32, iteration: i64, attempt: i32, loss: f64) -> MetricPoint {
+    let fields = json!({"loss": loss, "lr": 0.1}).as_object().unwrap().clone();
+    MetricPoint { kind: kind.into(), rank, epoch: iteration / 10, iteration, attempt, fields }
+}
+
+async fn metrics_deduplicate_across_attempts(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let job = submit(&store, new_job(&team, "m", 0)).await;
+    let first: Vec<MetricPoint> = (0..30).map(|i| point("iteration", 0, i, 1, 1.0)).collect();
+    store.record_metrics(job.id, &first).await.unwrap();
+    // Attempt 2 resumes from iteration 20 and re-reports 20..40; an old attempt-1 straggler for 25 arrives late.
+    let second: Vec<MetricPoint> = (20..40).map(|i| point("iteration", 0, i, 2, 2.0)).collect();
+    store.record_metrics(job.id, &second).await.unwrap();
+    store.record_metrics(job.id, &[point("iteration", 0, 25, 1, 9.0)]).await.unwrap();
+    // Duplicates inside one batch keep the last.
+    store.record_metrics(job.id, &[point("epoch", 0, 9, 2, 5.0), point("epoch", 0, 9, 2, 6.0)]).await.unwrap();
+    let query = MetricsQuery { kind: Some("iteration".into()), stride: 1, limit: 1000, ..Default::default() };
+    let points = store.query_metrics(job.id, &query).await.unwrap();
+    assert_eq!(points.len(), 40, "no double counting");
+    assert_eq!(points[19].fields["loss"], 1.0);
+    assert_eq!(points[25].fields["loss"], 2.0, "the newer attempt wins; the stale one is ignored");
+    assert_eq!(points[25].attempt, 2);
+    assert_eq!(store.count_metrics(job.id, &query).await.unwrap(), 40);
+    let epoch = MetricsQuery { kind: Some("epoch".into()), stride: 1, limit: 10, ..Default::default() };
+    assert_eq!(store.query_metrics(job.id, &epoch).await.unwrap()[0].fields["loss"], 6.0);
+    // Large batches are chunked.
+    let many: Vec<MetricPoint> = (0..2000).map(|i| point("iteration", 1, i, 1, 0.5)).collect();
+    assert_eq!(store.record_metrics(job.id, &many).await.unwrap(), 2000);
+    let downsampled = MetricsQuery { rank: Some(1), stride: 100, limit: 1000, ..Default::default() };
+    let points = store.query_metrics(job.id, &downsampled).await.unwrap();
+    assert_eq!(points.iter().map(|p| p.iteration).collect::<Vec<_>>(), (0..2000).step_by(100).collect::<Vec<_>>());
+}
+
+async fn idempotent_submits_race_to_one_job(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let store = store.clone();
+        let job = new_job(&team, "same", 0);
+        tasks.push(tokio::spawn(async move {
+            let key = IdempotencyKey { key: "k".into(), request_hash: "h".into() };
+            store.submit_job(job, Some(key)).await.unwrap()
+        }));
+    }
+    let mut created = 0;
+    let mut ids = HashSet::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Submitted::Created(job) => {
+                created += 1;
+                ids.insert(job.id);
+            }
+            Submitted::Replayed(job) => {
+                ids.insert(job.id);
+            }
+            Submitted::KeyReused => panic!("same hash"),
+        }
+    }
+    assert_eq!((created, ids.len()), (1, 1));
+    let all = store.list_jobs(team.id, &JobFilter { limit: 100, ..Default::default() }).await.unwrap();
+    assert_eq!(all.len(), 1);
+    let key = IdempotencyKey { key: "k".into(), request_hash: "other".into() };
+    assert!(matches!(store.submit_job(new_job(&team, "x", 0), Some(key)).await.unwrap(), Submitted::KeyReused));
+}
+
+async fn tokens_teams_and_readiness(store: Arc<dyn Store>) {
+    store.ready().await.unwrap();
+    let team = team(&store).await;
+    assert!(matches!(
+        store.create_team(NewTeam { name: "t".into(), gpu_quota: 0, cpu_quota: 0 }).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let token = generate_token();
+    let info = store
+        .create_token(NewToken {
+            token_hash: hash_token(&token),
+            role: Role::Viewer,
+            team_id: Some(team.id),
+            label: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.find_token(&hash_token(&token)).await.unwrap(), Some(info));
+    assert_eq!(store.find_token(&hash_token("nope")).await.unwrap(), None);
+    assert_eq!(store.get_team_by_name("t").await.unwrap().unwrap().cpu_quota, 4);
+}
+
+on_both_backends!(
+    guarded_transitions_refuse_stale_writers,
+    concurrent_claims_never_share_a_job,
+    claims_take_priority_then_age,
+    leases_renew_and_expire,
+    metrics_deduplicate_across_attempts,
+    idempotent_submits_race_to_one_job,
+    tokens_teams_and_readiness,
+);
