@@ -25,6 +25,9 @@ enum Command {
     Serve(commands::serve::Args),
     /// Train: one rank of a job (--rank/--world/--rendezvous), or K local rank processes (--local K).
     Train(commands::train::Args),
+    /// Benchmarks, printed next to their reference (`--json` for one object per measurement).
+    #[command(subcommand)]
+    Bench(commands::bench::Bench),
 }
 
 fn main() -> ExitCode {
@@ -33,5 +36,6 @@ fn main() -> ExitCode {
         Command::Schedule(args) => commands::schedule::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Train(args) => commands::train::run(args),
+        Command::Bench(bench) => commands::bench::run(bench),
     }
 }

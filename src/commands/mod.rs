@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod schedule;
 pub mod serve;
 pub mod train;

@@ -399,9 +399,10 @@ impl<'c> Trainer<'c> {
         Ok((f64::from(counts[0]) / seen, f64::from(counts[2]) / seen))
     }
 
-    /// Every rank's BatchNorm statistics, gathered on all ranks (an all-reduce of a zeroed table in which
-    /// each rank fills its own slots). Indexed by virtual rank.
-    fn gather_batch_norm(&mut self) -> Result<Vec<f32>> {
+    /// Every rank's BatchNorm running statistics (name-sorted buffers, flattened), gathered on all ranks
+    /// with an all-reduce of a zeroed table in which each rank fills its own slots. Indexed by virtual rank:
+    /// rank r's table is `[r * len .. (r + 1) * len]`.
+    pub fn gather_batch_norm(&mut self) -> Result<Vec<f32>> {
         let b = self.bn.len();
         let mut all = vec![0.0f32; b * self.total_ranks];
         let first = self.comm.rank() * self.virtual_ranks();
