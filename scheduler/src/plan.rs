@@ -1,0 +1,284 @@
+//! One pass of the policy: [`plan`].
+//!
+//! Each device kind is a separate pool and is planned on its own, in two walks over its queue:
+//!
+//! 1. **Guarantees.** Teams below their guarantee, most underserved first, start the jobs that fit in what is
+//!    left of their guarantee (priority order, skipping larger ones). A job that does not fit on the free
+//!    devices reclaims: devices of jobs already being preempted, then borrowed devices of other teams
+//!    (preempting a minimal set of victims), then free devices make up its k; they are reserved for it and it
+//!    starts in a later pass, once the victims have checkpointed and stopped.
+//! 2. **Fair share.** Every team's remaining jobs, in [`ShareKey`](crate::fairness::ShareKey) order
+//!    re-ranked after each start, may use any free device: beyond a guarantee this is borrowing. The first job
+//!    that cannot start gets the head-of-line reservation; later jobs only backfill around it.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+use crate::fairness::{job_order, kind_index, ShareKey, TeamBook};
+use crate::index::ClusterIndex;
+use crate::model::{
+    ClusterView, DeviceKind, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind, Start,
+};
+use crate::placement::Slot;
+use crate::preemption::Victims;
+use crate::reservation::reserve_head_of_line;
+
+/// Decides which queued jobs start where, which running jobs are preempted, and which devices are reserved.
+/// Pure and deterministic: the same view (in any list order) gives the same plan.
+pub fn plan(view: &ClusterView) -> Plan {
+    let mut index = ClusterIndex::new(view);
+    let mut book = TeamBook::new(&view.teams, &view.queued, &view.running);
+    let mut plan = Plan::default();
+    for kind in [DeviceKind::Gpu, DeviceKind::Cpu] {
+        KindPass::new(kind, view, &mut index, &mut book, &mut plan).run();
+    }
+    plan.too_large.sort_unstable();
+    plan
+}
+
+/// A team's queue of one kind, in `job_order`.
+#[derive(Debug)]
+struct TeamQueue<'a> {
+    jobs: Vec<&'a QueuedJob>,
+    /// Started or reserved in this pass.
+    done: Vec<bool>,
+}
+
+#[derive(Debug)]
+struct KindPass<'v, 'i> {
+    kind: DeviceKind,
+    index: &'i mut ClusterIndex<'v>,
+    book: &'i mut TeamBook,
+    plan: &'i mut Plan,
+    /// Per team (by `TeamBook` position).
+    queues: Vec<TeamQueue<'v>>,
+    /// Devices of jobs being preempted, not yet promised to a reclaim in this pass.
+    pending: Vec<Slot>,
+    /// Busy devices promised to reclaims in this pass.
+    claimed: BTreeSet<Slot>,
+    victims: Victims,
+    /// The smallest k a reclaim failed for: resources only shrink during a pass, so any k at least this large
+    /// fails too (this bounds the work of a pass when many teams are below their guarantee).
+    reclaim_fails_from: u32,
+}
+
+impl<'v, 'i> KindPass<'v, 'i> {
+    fn new(
+        kind: DeviceKind,
+        view: &'v ClusterView,
+        index: &'i mut ClusterIndex<'v>,
+        book: &'i mut TeamBook,
+        plan: &'i mut Plan,
+    ) -> Self {
+        let capacity = index.kinds[kind_index(kind)].capacity;
+        let mut queues: Vec<TeamQueue<'v>> =
+            book.accounts.iter().map(|_| TeamQueue { jobs: Vec::new(), done: Vec::new() }).collect();
+        for job in view.queued.iter().filter(|j| j.kind == kind && j.devices > 0) {
+            if u64::from(job.devices) > capacity {
+                plan.too_large.push(job.id);
+            } else {
+                queues[book.index(job.team)].jobs.push(job);
+            }
+        }
+        for queue in &mut queues {
+            queue.jobs.sort_by(|a, b| job_order(a, b));
+            queue.done = vec![false; queue.jobs.len()];
+        }
+        let busy = &index.kinds[kind_index(kind)].busy;
+        let mut pending: Vec<Slot> = Vec::new();
+        for (node, devices) in busy.iter().enumerate() {
+            for &(device, job) in devices {
+                if index.running[job].preempting {
+                    pending.push((node as u32, device));
+                }
+            }
+        }
+        // taken from the back: keep the lowest slots last so they are promised first
+        pending.reverse();
+        let victims = Victims::new(kind, index, book);
+        KindPass {
+            kind,
+            index,
+            book,
+            plan,
+            queues,
+            pending,
+            claimed: BTreeSet::new(),
+            victims,
+            reclaim_fails_from: u32::MAX,
+        }
+    }
+
+    fn run(&mut self) {
+        self.guarantee_walk();
+        self.fair_share_walk();
+    }
+
+    fn key(&self, team: usize) -> ShareKey {
+        self.book.accounts[team].key(self.kind)
+    }
+
+    fn kind_slot(&self) -> usize {
+        kind_index(self.kind)
+    }
+
+    /// Walk 1: jobs within their team's unused guarantee, placed or reclaimed.
+    fn guarantee_walk(&mut self) {
+        let mut cursor = vec![0usize; self.queues.len()];
+        let mut heap: BinaryHeap<Reverse<(ShareKey, usize)>> = (0..self.queues.len())
+            .filter(|&t| !self.queues[t].jobs.is_empty() && self.book.accounts[t].unused_guarantee(self.kind) > 0)
+            .map(|t| Reverse((self.key(t), t)))
+            .collect();
+        while let Some(Reverse((_, team))) = heap.pop() {
+            let nothing_to_gain = self.index.kinds[self.kind_slot()].pool.total() == 0
+                && self.pending.is_empty()
+                && self.victims.untaken_frees() == 0;
+            if nothing_to_gain {
+                break;
+            }
+            // what is left of the guarantee only shrinks, so a job skipped as too large stays skipped
+            let room = self.book.accounts[team].unused_guarantee(self.kind);
+            let queue = &self.queues[team];
+            while cursor[team] < queue.jobs.len() && queue.jobs[cursor[team]].devices > room {
+                cursor[team] += 1;
+            }
+            let Some(&job) = queue.jobs.get(cursor[team]) else { continue };
+            let position = cursor[team];
+            cursor[team] += 1;
+
+            let placed = self.try_start(team, position);
+            if !placed && job.devices < self.reclaim_fails_from {
+                if self.try_reclaim(team, job) {
+                    self.queues[team].done[position] = true;
+                } else {
+                    self.reclaim_fails_from = job.devices;
+                }
+            }
+            if cursor[team] < self.queues[team].jobs.len() && self.book.accounts[team].unused_guarantee(self.kind) > 0
+            {
+                heap.push(Reverse((self.key(team), team)));
+            }
+        }
+    }
+
+    /// Walk 2: everything left, in fair-share order; the first job that cannot start is reserved for.
+    fn fair_share_walk(&mut self) {
+        let mut cursor = vec![0usize; self.queues.len()];
+        let mut heap: BinaryHeap<Reverse<(ShareKey, usize)>> = (0..self.queues.len())
+            .filter(|&t| self.queues[t].done.iter().any(|d| !d))
+            .map(|t| Reverse((self.key(t), t)))
+            .collect();
+        let mut head_of_line_decided = false;
+        while let Some(Reverse((_, team))) = heap.pop() {
+            if head_of_line_decided && self.index.kinds[self.kind_slot()].pool.total() == 0 {
+                break; // nothing can start any more
+            }
+            let queue = &self.queues[team];
+            while cursor[team] < queue.jobs.len() && queue.done[cursor[team]] {
+                cursor[team] += 1;
+            }
+            let Some(&job) = queue.jobs.get(cursor[team]) else { continue };
+            let position = cursor[team];
+            cursor[team] += 1;
+
+            if !self.try_start(team, position) && !head_of_line_decided {
+                head_of_line_decided = true;
+                let kind = &mut self.index.kinds[kind_index(self.kind)];
+                if let Some((held, awaiting)) = reserve_head_of_line(job.devices, kind, &self.claimed) {
+                    self.plan.reservations.push(Reservation {
+                        job: job.id,
+                        kind: ReservationKind::HeadOfLine,
+                        held: self.index.slots(&held),
+                        awaiting: self.index.slots(&awaiting),
+                    });
+                }
+            }
+            if cursor[team] < self.queues[team].jobs.len() {
+                heap.push(Reverse((self.key(team), team)));
+            }
+        }
+    }
+
+    /// Starts the job if k free devices exist; records the start and the team's usage.
+    fn try_start(&mut self, team: usize, position: usize) -> bool {
+        let job = self.queues[team].jobs[position];
+        let k = self.kind_slot();
+        let Some(slots) = self.index.kinds[k].pool.take(job.devices) else { return false };
+        let account = &mut self.book.accounts[team];
+        let guarantee = account.guarantee(self.kind);
+        let usage = account.usage[k];
+        let borrowed = (usage + job.devices).saturating_sub(guarantee) - usage.saturating_sub(guarantee);
+        account.usage[k] += job.devices;
+        self.queues[team].done[position] = true;
+        self.plan.starts.push(Start { job: job.id, team: job.team, devices: self.index.slots(&slots), borrowed });
+        true
+    }
+
+    /// Reserves k devices for a job within its team's guarantee, preempting borrowers when the free and
+    /// already-freeing devices are not enough. False, and nothing changed, when even that is not enough.
+    fn try_reclaim(&mut self, team: usize, job: &QueuedJob) -> bool {
+        let k = job.devices;
+        let slot = self.kind_slot();
+        let free = self.index.kinds[slot].pool.total();
+        let pending = self.pending.len() as u64;
+        let (victims, use_pending) = if free + pending >= u64::from(k) {
+            (Vec::new(), k.min(pending as u32))
+        } else {
+            let need = (u64::from(k) - free - pending) as u32;
+            match self.victims.choose(need, self.book) {
+                Some(victims) => (victims, pending as u32),
+                None => return false,
+            }
+        };
+
+        let mut awaiting: Vec<Slot> = Vec::new();
+        for _ in 0..use_pending {
+            awaiting.push(self.pending.pop().expect("counted"));
+        }
+        for victim in &victims {
+            let running = self.index.running[victim.running];
+            for device in &running.devices {
+                let Some(node) = self.index.node_position(device.node) else { continue };
+                // only what it holds in this pool; a victim's devices beyond k are left for anyone next pass
+                if awaiting.len() < k as usize && self.index.kinds[slot].is_held_by(node, device.index, victim.running)
+                {
+                    awaiting.push((node, device.index));
+                }
+            }
+            self.book.accounts[victim.team].usage[slot] -= victim.holds;
+            self.plan.preemptions.push(Preempt {
+                job: running.id,
+                reason: PreemptReason::Reclaim { team: job.team, for_job: job.id },
+            });
+        }
+        self.claimed.extend(awaiting.iter().copied());
+
+        // the rest from free devices, on the awaited nodes first so the job lands on few nodes
+        let mut held_needed = k.saturating_sub(awaiting.len() as u32);
+        let mut held: Vec<Slot> = Vec::new();
+        let mut awaited_nodes: Vec<(u32, u32)> = Vec::new(); // (devices awaited there, node)
+        for &(node, _) in &awaiting {
+            match awaited_nodes.iter_mut().find(|(_, n)| *n == node) {
+                Some((count, _)) => *count += 1,
+                None => awaited_nodes.push((1, node)),
+            }
+        }
+        awaited_nodes.sort_unstable_by_key(|&(count, node)| (Reverse(count), node));
+        let pool = &mut self.index.kinds[slot].pool;
+        for &(_, node) in &awaited_nodes {
+            held_needed -= pool.take_on_node(node, held_needed, &mut held);
+        }
+        if held_needed > 0 {
+            held.extend(pool.take(held_needed).expect("free + pending + victims >= k"));
+        }
+
+        self.book.accounts[team].usage[slot] += k;
+        self.plan.reservations.push(Reservation {
+            job: job.id,
+            kind: ReservationKind::Reclaim,
+            held: self.index.slots(&held),
+            awaiting: self.index.slots(&awaiting),
+        });
+        true
+    }
+}
