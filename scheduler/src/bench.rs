@@ -31,7 +31,15 @@ pub struct BenchConfig {
 
 impl Default for BenchConfig {
     fn default() -> Self {
-        BenchConfig { queued: 10_000, nodes: 1_000, devices_per_node: 8, teams: 20, passes: 10, busy_fraction: 0.5, seed: 7 }
+        BenchConfig {
+            queued: 10_000,
+            nodes: 1_000,
+            devices_per_node: 8,
+            teams: 20,
+            passes: 10,
+            busy_fraction: 0.5,
+            seed: 7,
+        }
     }
 }
 
@@ -105,7 +113,10 @@ pub fn generate(config: &BenchConfig) -> ClusterView {
             let share = t as u64 + 1;
             Team {
                 id: TeamId(rng.uuid()),
-                guarantee: PerKind { gpu: (gpus * 8 / 10 * share / share_total) as u32, cpu: (cpus * 8 / 10 * share / share_total) as u32 },
+                guarantee: PerKind {
+                    gpu: (gpus * 8 / 10 * share / share_total) as u32,
+                    cpu: (cpus * 8 / 10 * share / share_total) as u32,
+                },
                 weight: 1 + (t % 4) as u32,
             }
         })

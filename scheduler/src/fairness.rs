@@ -139,15 +139,16 @@ mod tests {
 
     #[test]
     fn share_keys_order_teams() {
-        // (usage, guarantee, weight) pairs: the first must be served before the second
-        let before: &[((u32, u32, u32), (u32, u32, u32))] = &[
-            ((3, 4, 1), (0, 0, 1)),   // below its guarantee beats any borrower, even one holding nothing
-            ((1, 4, 1), (2, 4, 1)),   // further below its guarantee first
-            ((2, 8, 1), (1, 2, 1)),   // 2/8 of its guarantee before 1/2
-            ((5, 4, 1), (6, 4, 1)),   // borrows 1 before borrows 2
-            ((6, 4, 2), (5, 4, 1)),   // borrows 2 at weight 2 (1 per weight) before 1 at weight 1 ... tie
-            ((10, 4, 3), (7, 4, 1)),  // 6/3 = 2 before 3/1 = 3
-            ((4, 4, 0), (5, 4, 1)),   // weight 0 counts as 1
+        // pairs of standings: the first must be served before the second
+        type Standing = (u32, u32, u32); // usage, guarantee, weight
+        let before: &[(Standing, Standing)] = &[
+            ((3, 4, 1), (0, 0, 1)),  // below its guarantee beats any borrower, even one holding nothing
+            ((1, 4, 1), (2, 4, 1)),  // further below its guarantee first
+            ((2, 8, 1), (1, 2, 1)),  // 2/8 of its guarantee before 1/2
+            ((5, 4, 1), (6, 4, 1)),  // borrows 1 before borrows 2
+            ((6, 4, 2), (5, 4, 1)),  // 2 borrowed at weight 2 ties with 1 at weight 1: team id
+            ((10, 4, 3), (7, 4, 1)), // 6/3 = 2 before 3/1 = 3
+            ((4, 4, 0), (5, 4, 1)),  // weight 0 counts as 1
         ];
         for &((u1, g1, w1), (u2, g2, w2)) in before {
             let a = ShareKey::new(team(1), u1, g1, w1);

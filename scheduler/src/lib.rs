@@ -19,7 +19,7 @@ mod preemption;
 mod reservation;
 
 pub use model::{
-    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason,
-    QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
+    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason, QueuedJob,
+    Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
 };
 pub use plan::plan;

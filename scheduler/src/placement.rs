@@ -103,14 +103,15 @@ mod tests {
     #[test]
     fn placement_table() {
         // (free devices per node, k, expected nodes used, or None when it must not place)
-        let cases: &[(&[u32], u32, Option<&[u32]>)] = &[
-            (&[8, 8], 8, Some(&[0])),            // whole job on one node
-            (&[8, 3, 5], 3, Some(&[1])),         // best fit: the node with exactly 3, not the 8
-            (&[8, 4, 5], 4, Some(&[1])),         // best fit among several that fit
-            (&[2, 6, 4], 9, Some(&[1, 2])),      // two nodes: the largest whole, then best fit (4 ≥ 3)
+        type Case<'a> = (&'a [u32], u32, Option<&'a [u32]>);
+        let cases: &[Case] = &[
+            (&[8, 8], 8, Some(&[0])),             // whole job on one node
+            (&[8, 3, 5], 3, Some(&[1])),          // best fit: the node with exactly 3, not the 8
+            (&[8, 4, 5], 4, Some(&[1])),          // best fit among several that fit
+            (&[2, 6, 4], 9, Some(&[1, 2])),       // two nodes: the largest whole, then best fit (4 ≥ 3)
             (&[3, 3, 3, 3], 7, Some(&[0, 1, 2])), // needs three nodes whatever we do
-            (&[5, 2, 2, 4], 9, Some(&[0, 3])),   // 5 + 4, not 5 + 2 + 2
-            (&[4, 4], 9, None),                  // gang: 8 free < 9, nothing is taken
+            (&[5, 2, 2, 4], 9, Some(&[0, 3])),    // 5 + 4, not 5 + 2 + 2
+            (&[4, 4], 9, None),                   // gang: 8 free < 9, nothing is taken
             (&[], 1, None),
         ];
         for (free, k, expected) in cases {

@@ -154,8 +154,7 @@ impl<'v, 'i> KindPass<'v, 'i> {
                     self.reclaim_fails_from = job.devices;
                 }
             }
-            if cursor[team] < self.queues[team].jobs.len() && self.book.accounts[team].unused_guarantee(self.kind) > 0
-            {
+            if cursor[team] < self.queues[team].jobs.len() && self.book.accounts[team].unused_guarantee(self.kind) > 0 {
                 heap.push(Reverse((self.key(team), team)));
             }
         }
@@ -246,10 +245,9 @@ impl<'v, 'i> KindPass<'v, 'i> {
                 }
             }
             self.book.accounts[victim.team].usage[slot] -= victim.holds;
-            self.plan.preemptions.push(Preempt {
-                job: running.id,
-                reason: PreemptReason::Reclaim { team: job.team, for_job: job.id },
-            });
+            self.plan
+                .preemptions
+                .push(Preempt { job: running.id, reason: PreemptReason::Reclaim { team: job.team, for_job: job.id } });
         }
         self.claimed.extend(awaiting.iter().copied());
 

@@ -55,9 +55,9 @@ fn a_job_gets_only_devices_of_its_kind() {
 fn placement_prefers_one_node_then_best_fit_then_fewest_nodes() {
     // nodes 1..=3 with 4, 8 and 6 free GPUs; (k, expected nodes)
     let cases: &[(u32, &[u128])] = &[
-        (8, &[2]),    // the only node that holds it whole
-        (6, &[3]),    // best fit: the 6, keeping the 8 whole
-        (3, &[1]),    // best fit: the 4
+        (8, &[2]),     // the only node that holds it whole
+        (6, &[3]),     // best fit: the 6, keeping the 8 whole
+        (3, &[1]),     // best fit: the 4
         (12, &[2, 1]), // two nodes: the 8 whole and the rest on the smallest that holds 4
         (14, &[2, 3]),
         (18, &[1, 2, 3]),
@@ -133,8 +133,8 @@ fn teams_are_served_by_weighted_fair_share_and_guarantees_first() {
 fn priority_orders_jobs_within_a_team_then_submission() {
     // (jobs as (id, priority), expected first start) on one free GPU
     let cases: &[(&[(u128, i32)], u128)] = &[
-        (&[(1, 0), (2, 5)], 2),  // higher priority first though submitted later
-        (&[(1, 3), (2, 3)], 1),  // equal priority: earlier submission
+        (&[(1, 0), (2, 5)], 2), // higher priority first though submitted later
+        (&[(1, 3), (2, 3)], 1), // equal priority: earlier submission
         (&[(1, -1), (2, 0), (3, -5)], 2),
     ];
     for &(jobs, first) in cases {
@@ -170,11 +170,11 @@ fn borrowed_pool(k: u32, priorities: [i32; 4]) -> Cluster {
 fn reclaim_preempts_a_minimal_set_of_borrowers() {
     // (k, victims' priorities, expected victims)
     let cases: &[(u32, [i32; 4], &[u128])] = &[
-        (2, [0, 0, 0, 0], &[24]),     // equal priority: the most recent start
+        (2, [0, 0, 0, 0], &[24]), // equal priority: the most recent start
         (4, [0, 0, 0, 0], &[23, 24]),
-        (2, [0, -1, 0, 0], &[22]),    // lowest priority first
+        (2, [0, -1, 0, 0], &[22]), // lowest priority first
         (4, [5, 0, 5, -2], &[22, 24]),
-        (1, [0, 0, 0, 0], &[24]),     // a whole gang job goes even when one device is needed
+        (1, [0, 0, 0, 0], &[24]), // a whole gang job goes even when one device is needed
     ];
     for &(k, priorities, expected) in cases {
         let plan = borrowed_pool(k, priorities).plan();

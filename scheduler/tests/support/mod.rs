@@ -3,8 +3,7 @@
 
 use ringtrain_core::JobId;
 use ringtrain_scheduler::{
-    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, QueuedJob, RunningJob, Team,
-    TeamId,
+    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, QueuedJob, RunningJob, Team, TeamId,
 };
 use uuid::Uuid;
 
@@ -54,7 +53,14 @@ impl Cluster {
     }
 
     pub fn queue_full(mut self, j: u128, t: u128, k: u32, kind: DeviceKind, priority: i32) -> Self {
-        self.view.queued.push(QueuedJob { id: job(j), team: team(t), priority, kind, devices: k, submit_seq: j as u64 });
+        self.view.queued.push(QueuedJob {
+            id: job(j),
+            team: team(t),
+            priority,
+            kind,
+            devices: k,
+            submit_seq: j as u64,
+        });
         self
     }
 
