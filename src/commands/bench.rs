@@ -22,6 +22,26 @@ pub enum Bench {
     Allreduce(AllreduceArgs),
     /// Training throughput and time per step by phase.
     Train(TrainArgs),
+    /// Time of one placement-policy pass on a synthetic cluster (pure CPU, no database).
+    Scheduler(SchedulerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SchedulerArgs {
+    #[arg(long, default_value_t = 10_000)]
+    jobs: usize,
+    #[arg(long, default_value_t = 1_000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 8)]
+    devices_per_node: u32,
+    #[arg(long, default_value_t = 20)]
+    teams: usize,
+    /// Timed passes (after one warm-up pass); min and median are reported.
+    #[arg(long, default_value_t = 20)]
+    passes: usize,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -63,6 +83,7 @@ pub fn run(bench: Bench) -> ExitCode {
     let outcome = match bench {
         Bench::Allreduce(args) => allreduce(&args),
         Bench::Train(args) => train(&args),
+        Bench::Scheduler(args) => scheduler(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -274,6 +295,48 @@ fn train(args: &TrainArgs) -> Result<()> {
             if row["reference"] == true { "   (reference: one rank, no communication)" } else { "" }
         );
     }
+    Ok(())
+}
+
+fn scheduler(args: &SchedulerArgs) -> Result<()> {
+    let config = ringtrain_scheduler::bench::BenchConfig {
+        queued: args.jobs,
+        nodes: args.nodes,
+        devices_per_node: args.devices_per_node,
+        teams: args.teams,
+        passes: args.passes,
+        ..Default::default()
+    };
+    let report = ringtrain_scheduler::bench::run(&config);
+    if args.json {
+        let mut object = serde_json::to_value(&report)?;
+        object["bench"] = json!("scheduler");
+        println!("{object}");
+        return Ok(());
+    }
+    println!(
+        "placement policy, one pass: {} queued jobs, {} nodes x {} devices, {} teams, {} running jobs ({:.0}% busy)",
+        config.queued,
+        config.nodes,
+        config.devices_per_node,
+        config.teams,
+        report.running,
+        config.busy_fraction * 100.0
+    );
+    println!(
+        "{:>8} {:>10} {:>10} {:>10} {:>8} {:>12} {:>13}",
+        "passes", "min ms", "median ms", "max ms", "starts", "preemptions", "reservations"
+    );
+    println!(
+        "{:>8} {:>10.2} {:>10.2} {:>10.2} {:>8} {:>12} {:>13}",
+        config.passes,
+        report.min_ms,
+        report.median_ms,
+        report.max_ms,
+        report.starts,
+        report.preemptions,
+        report.reservations
+    );
     Ok(())
 }
 
