@@ -104,8 +104,12 @@ impl TeamBook {
     pub(crate) fn new(teams: &[Team], queued: &[QueuedJob], running: &[RunningJob]) -> Self {
         let mut listed: BTreeMap<TeamId, (PerKind, u32)> = BTreeMap::new();
         for team in teams {
-            // a duplicated id keeps the first row in id-then-input order; inputs are not expected to repeat
-            listed.entry(team.id).or_insert((team.guarantee, team.weight));
+            // ids are unique in the database; should one repeat anyway, the larger row wins, whatever the order
+            let row = (team.guarantee, team.weight);
+            let entry = listed.entry(team.id).or_insert(row);
+            if (row.0.gpu, row.0.cpu, row.1) > (entry.0.gpu, entry.0.cpu, entry.1) {
+                *entry = row;
+            }
         }
         for id in queued.iter().map(|j| j.team).chain(running.iter().map(|j| j.team)) {
             listed.entry(id).or_insert((PerKind::default(), 1));

@@ -44,7 +44,11 @@ impl<'a> ClusterIndex<'a> {
         for node in &view.nodes {
             let devices = listed.entry(node.id).or_default();
             for device in &node.devices {
-                devices.entry(device.index).or_insert(device.kind);
+                // a device listed twice with two kinds (bad input) is a GPU, whatever the order
+                let kind = devices.entry(device.index).or_insert(device.kind);
+                if device.kind == DeviceKind::Gpu {
+                    *kind = DeviceKind::Gpu;
+                }
             }
         }
         let nodes: Vec<NodeId> = listed.keys().copied().collect();

@@ -239,9 +239,12 @@ impl<'v, 'i> KindPass<'v, 'i> {
             for device in &running.devices {
                 let Some(node) = self.index.node_position(device.node) else { continue };
                 // only what it holds in this pool; a victim's devices beyond k are left for anyone next pass
-                if awaiting.len() < k as usize && self.index.kinds[slot].is_held_by(node, device.index, victim.running)
+                let device = (node, device.index);
+                if awaiting.len() < k as usize
+                    && self.index.kinds[slot].is_held_by(device.0, device.1, victim.running)
+                    && !awaiting.contains(&device)
                 {
-                    awaiting.push((node, device.index));
+                    awaiting.push(device);
                 }
             }
             self.book.accounts[victim.team].usage[slot] -= victim.holds;

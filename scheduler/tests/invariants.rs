@@ -18,7 +18,8 @@ type TeamSpec = (u32, u32, u32); // gpu guarantee, cpu guarantee, weight
 type RunningSpec = (u128, i32, bool, u8); // team, priority, preemptible, preempting when 0
 type QueuedSpec = (u128, bool, u32, i32); // team, gpu?, k, priority
 
-/// Builds a consistent view: `owners[d]` picks, for the d-th device of the pool, a running job (0..6) or none.
+/// Builds a consistent view: `owners[d]` picks, for the d-th device of the pool, a running job (0..8 of
+/// `running`) or none (8, 9), cycling through `owners`; busy pools make reclaims and reservations likely.
 fn build(
     nodes: &[NodeSpec],
     teams: &[TeamSpec],
@@ -204,20 +205,64 @@ fn reordered(view: &ClusterView, rotate: usize) -> ClusterView {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
     #[test]
     fn every_plan_respects_the_invariants(
         nodes in prop::collection::vec((0u32..7, 0u32..4), 1..5),
         teams in prop::collection::vec((0u32..9, 0u32..5, 0u32..4), 1..4),
         owners in prop::collection::vec(0usize..10, 1..40),
-        running in prop::collection::vec((0u128..4, -1i32..3, any::<bool>(), 0u8..4), 6),
-        queued in prop::collection::vec((0u128..4, any::<bool>(), 1u32..9, -1i32..3), 0..16),
+        running in prop::collection::vec((0u128..4, -1i32..3, any::<bool>(), 0u8..6), 8),
+        queued in prop::collection::vec((0u128..4, any::<bool>(), 1u32..7, -1i32..3), 0..16),
         rotate in 0usize..7,
     ) {
         let view = build(&nodes, &teams, &owners, &running, &queued);
         let plan = ringtrain_scheduler::plan(&view);
         check(&view, &plan)?;
         prop_assert_eq!(&ringtrain_scheduler::plan(&reordered(&view, rotate)), &plan, "input order leaked into the plan");
+    }
+
+    /// Liveness of reclaim: on a full GPU pool, team 0 (below its guarantee, holding nothing) gets its job
+    /// reserved by preemption whenever the other teams borrow at least k devices between them, and nobody
+    /// is preempted unless that makes the job fit.
+    #[test]
+    fn a_team_below_its_guarantee_reclaims_whenever_enough_is_borrowed(
+        nodes in prop::collection::vec((1u32..7, 0u32..1), 1..4),
+        guarantees in prop::collection::vec(0u32..6, 1..4),
+        owners in prop::collection::vec(0usize..8, 1..40),
+        running in prop::collection::vec((1u128..4, -1i32..3, Just(true), Just(1u8)), 8),
+        team0_guarantee in 1u32..9,
+        k_choice in 0u32..8,
+    ) {
+        let k = 1 + k_choice % team0_guarantee; // within team 0's guarantee
+        let mut teams: Vec<TeamSpec> = vec![(team0_guarantee, 0, 1)];
+        teams.extend(guarantees.iter().map(|&g| (g, 0, 1)));
+        // every device busy: owners only name running jobs
+        let mut view = build(&nodes, &teams, &owners, &running, &[(0, true, k, 0)]);
+        // team indices wrap over the teams built; team 0 must hold nothing
+        let team0 = team(0);
+        view.running.retain(|r| r.team != team0);
+        let busy: u32 = view.running.iter().map(|r| r.devices.len() as u32).sum();
+        let devices: u32 = view.nodes.iter().map(|n| n.devices.len() as u32).sum();
+        let free = devices - busy;
+        let borrowed: u32 = view
+            .teams
+            .iter()
+            .map(|t| usage(&view, t.id, DeviceKind::Gpu).saturating_sub(t.guarantee.gpu))
+            .sum();
+        let plan = ringtrain_scheduler::plan(&view);
+        check(&view, &plan)?;
+        if free >= k {
+            prop_assert_eq!(plan.starts.first().map(|s| s.job), Some(job(0)));
+            prop_assert!(plan.preemptions.is_empty());
+        } else if free + borrowed >= k {
+            // the greedy takes from each borrowing team until it is back at its guarantee, so it always finds
+            // at least what is borrowed (more when a gang job straddles a team's guarantee)
+            prop_assert!(plan.reservations.iter().any(|r| r.job == job(0) && r.kind == ReservationKind::Reclaim), "{:?}", plan);
+            prop_assert!(!plan.preemptions.is_empty());
+        } else if !plan.preemptions.is_empty() {
+            // never a preemption that does not make the job fit
+            prop_assert!(plan.reservations.iter().any(|r| r.job == job(0) && r.kind == ReservationKind::Reclaim));
+        }
     }
 }
