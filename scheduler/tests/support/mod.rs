@@ -1,6 +1,8 @@
 //! A small builder for cluster views, with numbered ids so tests read like tables.
 #![allow(dead_code)]
 
+pub mod check;
+
 use ringtrain_core::JobId;
 use ringtrain_scheduler::{
     ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, QueuedJob, RunningJob, Team, TeamId,
