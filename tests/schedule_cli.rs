@@ -70,3 +70,19 @@ fn unknown_dataset_size_asks_for_it() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("dataset: the size of idx:/data/imagenet is not known"));
 }
+
+#[test]
+fn every_example_spec_is_valid() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir("examples").unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            if let Err(errors) = ringtrain_core::JobSpec::from_json(&text) {
+                panic!("{} is invalid: {errors:?}", path.display());
+            }
+            seen += 1;
+        }
+    }
+    assert!(seen >= 4, "only {seen} example specs found");
+}
