@@ -34,7 +34,11 @@ pub(crate) struct Victims {
     kind: DeviceKind,
     /// In preference order.
     candidates: Vec<Candidate>,
+    /// Chosen, or out of the running for the rest of the pass (its team no longer borrows).
     taken: Vec<bool>,
+    /// Every candidate before this one is taken: each attempt starts here, so a pass costs O(candidates +
+    /// victims) however many reclaims it makes.
+    first_untaken: usize,
     /// Devices the untaken candidates would free: an upper bound for a quick "cannot reclaim".
     untaken_frees: u64,
 }
@@ -67,7 +71,7 @@ impl Victims {
         });
         let untaken_frees = candidates.iter().map(|c| u64::from(c.frees)).sum();
         let taken = vec![false; candidates.len()];
-        Victims { kind, candidates, taken, untaken_frees }
+        Victims { kind, candidates, taken, first_untaken: 0, untaken_frees }
     }
 
     pub(crate) fn untaken_frees(&self) -> u64 {
@@ -85,12 +89,22 @@ impl Victims {
         let mut chosen_from: Vec<(usize, u32)> = Vec::new();
         let mut chosen: Vec<usize> = Vec::new();
         let mut freed = 0u32;
-        for (position, candidate) in self.candidates.iter().enumerate() {
+        while self.first_untaken < self.candidates.len() && self.taken[self.first_untaken] {
+            self.first_untaken += 1;
+        }
+        for position in self.first_untaken..self.candidates.len() {
             if self.taken[position] {
                 continue;
             }
-            let already = chosen_from.iter().find(|(t, _)| *t == candidate.team).map_or(0, |(_, n)| *n);
+            let candidate = &self.candidates[position];
             let account = &book.accounts[candidate.team];
+            if account.usage[k] <= account.guarantee(self.kind) {
+                // its team is back within its guarantee, and in this walk a victim's team only shrinks
+                self.taken[position] = true;
+                self.untaken_frees -= u64::from(candidate.frees);
+                continue;
+            }
+            let already = chosen_from.iter().find(|(t, _)| *t == candidate.team).map_or(0, |(_, n)| *n);
             let still_borrowing = account.usage[k].saturating_sub(already) > account.guarantee(self.kind);
             if !still_borrowing {
                 continue;
