@@ -2,6 +2,7 @@
 //! binary, so handler tests drive it with `tower::ServiceExt::oneshot` and `ringtrain serve` just binds it.
 
 pub mod auth;
+pub mod bench;
 pub mod bootstrap;
 pub mod error;
 pub mod extract;

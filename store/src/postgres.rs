@@ -19,6 +19,8 @@ pub struct PgStore {
 
 impl PgStore {
     const BACKEND: Backend = Backend::Postgres;
+    /// The collation clause that makes text comparisons byte order.
+    const BYTE_ORDER: &'static str = "COLLATE \"C\"";
 
     /// Connects and applies the migrations.
     pub async fn connect(url: &str) -> StoreResult<PgStore> {

@@ -16,6 +16,20 @@ pub(crate) fn dedup_points(points: &[crate::MetricPoint]) -> Vec<&crate::MetricP
     kept
 }
 
+/// The smallest string greater than every string starting with `prefix` (its last character incremented),
+/// or None when there is none.
+pub(crate) fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 pub(crate) fn lease_expiry(lease: std::time::Duration) -> chrono::DateTime<chrono::Utc> {
     crate::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::days(1))
 }
@@ -190,8 +204,13 @@ macro_rules! impl_store {
                     q.push(" AND state = ").push_bind(state.as_str());
                 }
                 if let Some(prefix) = &filter.name_prefix {
-                    // substr rather than LIKE: LIKE's wildcards would need escaping, and SQLite's LIKE
-                    // ignores case where Postgres's does not.
+                    // A byte-order range (served by the jobs_team_name index) narrows the rows; substr then
+                    // checks the prefix exactly. Not LIKE: its wildcards would need escaping, and SQLite's
+                    // LIKE ignores case where Postgres's does not.
+                    q.push(format!(" AND name {} >= ", Self::BYTE_ORDER)).push_bind(prefix.clone());
+                    if let Some(upper) = $crate::shared::prefix_upper_bound(prefix) {
+                        q.push(format!(" AND name {} < ", Self::BYTE_ORDER)).push_bind(upper);
+                    }
                     q.push(" AND substr(name, 1, ")
                         .push_bind(i32::try_from(prefix.chars().count()).unwrap_or(i32::MAX))
                         .push(") = ")
@@ -703,3 +722,17 @@ macro_rules! impl_store {
 }
 
 pub(crate) use impl_store;
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_upper_bound;
+
+    #[test]
+    fn upper_bounds_cover_exactly_the_prefix() {
+        assert_eq!(prefix_upper_bound("bench-1").as_deref(), Some("bench-2"));
+        assert_eq!(prefix_upper_bound("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_upper_bound("\u{10FFFF}"), None);
+        // The surrogate gap is skipped.
+        assert_eq!(prefix_upper_bound("\u{D7FF}").as_deref(), Some("\u{E000}"));
+    }
+}

@@ -20,6 +20,8 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     const BACKEND: Backend = Backend::Sqlite;
+    /// The collation clause that makes text comparisons byte order.
+    const BYTE_ORDER: &'static str = "";
 
     /// Opens (creating if needed) the database file of a `sqlite:` URL and applies the migrations.
     ///

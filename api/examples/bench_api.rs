@@ -1,0 +1,56 @@
+//! Runs the API benchmark against a server: `cargo run --release -p ringtrain-api --example bench_api --
+//! ADDRESS ADMIN_TOKEN [SUBMISSIONS] [CONCURRENCY] [HISTORY] [PAGES]`. Prints one JSON report.
+//!
+//! `bench_api serve ADDRESS DATABASE_URL ADMIN_TOKEN` runs the server itself (the same app as `ringtrain
+//! serve`, in its own process), so a release-built server can be measured without building libtorch.
+
+use std::sync::Arc;
+
+use ringtrain_api::bench::{run, BenchOptions};
+use ringtrain_api::{app, ApiConfig, AppState};
+
+async fn serve(address: &str, url: &str, token: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let store = ringtrain_store::connect(url).await?;
+    ringtrain_api::bootstrap::bootstrap(store.as_ref(), Some(token)).await?;
+    let dir = std::env::temp_dir().join("ringtrain-bench-api");
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    eprintln!("listening on {}", listener.local_addr()?);
+    axum::serve(listener, app(AppState::new(Arc::clone(&store), ApiConfig::new(dir)))).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("serve") {
+        let [_, address, url, token] = args.as_slice() else {
+            eprintln!("usage: bench_api serve ADDRESS DATABASE_URL ADMIN_TOKEN");
+            std::process::exit(2);
+        };
+        if let Err(err) = serve(address, url, token).await {
+            eprintln!("error: {err}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let number = |i: usize, default: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let (Some(address), Some(token)) = (args.first(), args.get(1)) else {
+        eprintln!("usage: bench_api ADDRESS ADMIN_TOKEN [SUBMISSIONS] [CONCURRENCY] [HISTORY] [PAGES]");
+        std::process::exit(2);
+    };
+    let options = BenchOptions {
+        address: address.clone(),
+        admin_token: token.clone(),
+        submissions: number(2, 2000),
+        concurrency: number(3, 16),
+        history: number(4, 100_000),
+        pages: number(5, 200),
+    };
+    match run(&options).await {
+        Ok(report) => println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default()),
+        Err(err) => {
+            eprintln!("error: {err}");
+            std::process::exit(1);
+        }
+    }
+}
