@@ -152,4 +152,65 @@ proptest! {
             prop_assert!(plan.reservations.iter().any(|r| r.job == job(0) && r.kind == ReservationKind::Reclaim));
         }
     }
+
+    /// Weighted max-min with whole devices: when a team gets a device in a pass, it was the team with the
+    /// least usage per weight at that moment, so afterwards no team that got one is more than one device
+    /// ahead of any other: (u_a − 1) / w_a ≤ u_b / w_b.
+    #[test]
+    fn idle_capacity_is_divided_by_weighted_max_min(
+        weights in prop::collection::vec(0u32..5, 2..6),
+        held in prop::collection::vec(0u32..6, 2..6),
+        free in 1u32..40,
+    ) {
+        let mut view = ClusterView::default();
+        let busy: u32 = held.iter().take(weights.len()).sum();
+        view.nodes.push(Node {
+            id: node(0),
+            devices: (0..free + busy).map(|index| NodeDevice { index, kind: DeviceKind::Gpu }).collect(),
+        });
+        let mut next_busy = 0;
+        for (t, &weight) in weights.iter().enumerate() {
+            view.teams.push(Team { id: team(t as u128), guarantee: Default::default(), weight });
+            let h = held.get(t).copied().unwrap_or(0);
+            if h > 0 {
+                view.running.push(RunningJob {
+                    id: job(1000 + t as u128),
+                    team: team(t as u128),
+                    priority: 0,
+                    kind: DeviceKind::Gpu,
+                    devices: (next_busy..next_busy + h).map(|index| DeviceSlot { node: node(0), index }).collect(),
+                    started: 0,
+                    preemptible: true,
+                    preempting: false,
+                });
+                next_busy += h;
+            }
+            for j in 0..40 {
+                view.queued.push(QueuedJob {
+                    id: job(100 * t as u128 + j),
+                    team: team(t as u128),
+                    priority: 0,
+                    kind: DeviceKind::Gpu,
+                    devices: 1,
+                    submit_seq: j as u64,
+                });
+            }
+        }
+        let plan = ringtrain_scheduler::plan(&view);
+        prop_assert_eq!(plan.starts.len() as u32, free, "every idle device is given out");
+        let usage_after = |t: usize| {
+            usage(&view, team(t as u128), DeviceKind::Gpu)
+                + plan.starts.iter().filter(|s| s.team == team(t as u128)).count() as u32
+        };
+        for a in 0..weights.len() {
+            let got = plan.starts.iter().any(|s| s.team == team(a as u128));
+            for b in 0..weights.len() {
+                let (wa, wb) = (u64::from(weights[a].max(1)), u64::from(weights[b].max(1)));
+                let (ua, ub) = (u64::from(usage_after(a)), u64::from(usage_after(b)));
+                if got {
+                    prop_assert!((ua - 1) * wb <= ub * wa, "team {} ({}/{}) vs team {} ({}/{})", a, ua, wa, b, ub, wb);
+                }
+            }
+        }
+    }
 }
