@@ -236,7 +236,9 @@ async fn agents_are_isolated(app: TestApp) {
     // Another agent cannot take over the node's name.
     let takeover = app.post("/v1/agent/nodes", &intruder, &json!({"name": "node-a", "devices": devices(1)})).await;
     takeover.problem(409);
-    let dup = json!({"name": "node-b", "devices": [{"index": 0, "kind": "cpu", "name": "a"}, {"index": 0, "kind": "tpu", "name": "b"}]});
+    let dup = json!({"name": "node-b", "devices": [
+        {"index": 0, "kind": "cpu", "name": "a"},
+        {"index": 0, "kind": "tpu", "name": "b"}]});
     let mut paths = app.post("/v1/agent/nodes", &agent, &dup).await.problem(422);
     paths.sort();
     assert_eq!(paths, vec!["devices[1].index", "devices[1].kind"]);

@@ -75,6 +75,48 @@ async fn openapi_lists_every_route(app: TestApp) {
     }
     // Problem documents are described.
     assert!(doc["components"]["schemas"]["Problem"].is_object());
+    assert_document_is_consistent(&doc);
+}
+
+/// The structural rules of OpenAPI 3.1 that a generated document can break: every `$ref` resolves, operation
+/// ids are unique, and every `{param}` of a path is declared as a required path parameter.
+fn assert_document_is_consistent(doc: &serde_json::Value) {
+    fn refs<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(target)) = map.get("$ref") {
+                    out.push(target);
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut targets = Vec::new();
+    refs(doc, &mut targets);
+    assert!(!targets.is_empty());
+    for target in targets {
+        let pointer = target.strip_prefix('#').unwrap_or_else(|| panic!("external $ref {target}"));
+        assert!(doc.pointer(pointer).is_some(), "dangling $ref {target}");
+    }
+    let mut operation_ids = std::collections::HashSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let id = operation["operationId"].as_str().unwrap_or_else(|| panic!("{method} {path} has no operationId"));
+            assert!(operation_ids.insert(id.to_string()), "duplicate operationId {id}");
+            let declared: Vec<&str> = operation["parameters"]
+                .as_array()
+                .map(|ps| ps.iter().filter(|p| p["in"] == "path" && p["required"] == true))
+                .into_iter()
+                .flatten()
+                .map(|p| p["name"].as_str().unwrap())
+                .collect();
+            let in_path: Vec<&str> =
+                path.split('/').filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}'))).collect();
+            assert_eq!(declared, in_path, "{method} {path}: path parameters");
+        }
+    }
 }
 
 async fn health_readiness_and_prometheus(app: TestApp) {

@@ -198,7 +198,10 @@ macro_rules! impl_store {
             ) -> $crate::StoreResult<Vec<$crate::Job>> {
                 // Built per request so each filter combination gets a plan that uses its index
                 // (team, [state,] seq DESC) instead of one generic plan full of `$n IS NULL OR ...`.
-                let mut q = sqlx::QueryBuilder::<$db>::new(format!("SELECT {} FROM jobs WHERE team_id = ", $crate::rows::JOB_COLUMNS));
+                let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                    "SELECT {} FROM jobs WHERE team_id = ",
+                    $crate::rows::JOB_COLUMNS
+                ));
                 q.push_bind(team_id);
                 if let Some(state) = filter.state {
                     q.push(" AND state = ").push_bind(state.as_str());
@@ -519,7 +522,10 @@ macro_rules! impl_store {
                 let row: Option<$crate::rows::NodeRow> =
                     sqlx::query_as(&sql).bind(id).fetch_optional(&self.pool).await?;
                 let Some(row) = row else { return Ok(None) };
-                let sql = format!("SELECT {} FROM devices WHERE node_id = $1 ORDER BY idx", $crate::rows::DEVICE_COLUMNS);
+                let sql = format!(
+                    "SELECT {} FROM devices WHERE node_id = $1 ORDER BY idx",
+                    $crate::rows::DEVICE_COLUMNS
+                );
                 let devices: Vec<$crate::rows::DeviceRow> =
                     sqlx::query_as(&sql).bind(id).fetch_all(&self.pool).await?;
                 Ok(Some(row.with_devices(devices.into_iter().map(Into::into).collect())))

@@ -78,7 +78,8 @@ fn validate_node(body: &RegisterNode) -> Result<(), Vec<FieldError>> {
 /// Register (or re-register) this agent's node and its devices.
 #[utoipa::path(post, path = "/v1/agent/nodes", tag = "agent", request_body = RegisterNode,
     responses((status = 200, body = Node), (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The name belongs to another agent", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The name belongs to another agent",
+            body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn register_node(
@@ -120,7 +121,8 @@ pub struct HeartbeatAck {
 
 /// The node is alive.
 #[utoipa::path(post, path = "/v1/agent/nodes/{id}/heartbeat", tag = "agent", params(("id" = Uuid, Path)),
-    responses((status = 200, body = HeartbeatAck), (status = 404, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = HeartbeatAck),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn heartbeat(
     State(state): State<AppState>,
@@ -203,7 +205,8 @@ pub struct AssignmentUpdate {
 /// Move one of this node's assignments along (delivered → running → done | failed).
 #[utoipa::path(post, path = "/v1/agent/assignments/{id}/state", tag = "agent", params(("id" = Uuid, Path)),
     request_body = AssignmentUpdate,
-    responses((status = 200, body = Assignment), (status = 404, body = Problem, content_type = "application/problem+json"),
+    responses((status = 200, body = Assignment),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
         (status = 409, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
@@ -258,9 +261,12 @@ pub struct AttemptBody {
 }
 
 /// The ranks of this attempt started: scheduled → running.
-#[utoipa::path(post, path = "/v1/agent/jobs/{id}/running", tag = "agent", params(("id" = Uuid, Path)), request_body = AttemptBody,
-    responses((status = 200, description = "Running"), (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Stale attempt or state", body = Problem, content_type = "application/problem+json")),
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/running", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = AttemptBody,
+    responses((status = 200, description = "Running"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Stale attempt or state",
+            body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn job_running(
     State(state): State<AppState>,
@@ -339,8 +345,10 @@ pub fn parse_report(
 
 /// A batch of metric reports from the ranks of one attempt. (kind, iteration, rank) is the de-duplication
 /// key: a resumed attempt's report replaces the earlier one instead of adding to it.
-#[utoipa::path(post, path = "/v1/agent/jobs/{id}/metrics", tag = "agent", params(("id" = Uuid, Path)), request_body = MetricsBatch,
-    responses((status = 200, body = MetricsAck), (status = 404, body = Problem, content_type = "application/problem+json"),
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/metrics", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = MetricsBatch,
+    responses((status = 200, body = MetricsAck),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn report_metrics(
@@ -385,8 +393,10 @@ pub struct CheckpointReport {
 }
 
 /// A checkpoint was written.
-#[utoipa::path(post, path = "/v1/agent/jobs/{id}/checkpoints", tag = "agent", params(("id" = Uuid, Path)), request_body = CheckpointReport,
-    responses((status = 201, body = ringtrain_store::Checkpoint), (status = 404, body = Problem, content_type = "application/problem+json"),
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/checkpoints", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = CheckpointReport,
+    responses((status = 201, body = ringtrain_store::Checkpoint),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn report_checkpoint(
@@ -456,9 +466,12 @@ pub struct ResultAck {
 
 /// The attempt ended. A retryable failure with restarts left requeues the job (it resumes from its last
 /// checkpoint); otherwise the job ends succeeded or failed.
-#[utoipa::path(post, path = "/v1/agent/jobs/{id}/result", tag = "agent", params(("id" = Uuid, Path)), request_body = ResultReport,
-    responses((status = 200, body = ResultAck), (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Stale attempt, or the job already ended", body = Problem, content_type = "application/problem+json")),
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/result", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = ResultReport,
+    responses((status = 200, body = ResultAck),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Stale attempt, or the job already ended",
+            body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn report_result(
     State(state): State<AppState>,

@@ -23,6 +23,7 @@ use crate::extract::ApiQuery;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UploadParams {
     /// A label for the dataset (1 to 200 characters).
@@ -108,7 +109,8 @@ impl Drop for PartialFile {
 
 /// Upload a dataset: the request body is the safetensors file (`Content-Type: application/octet-stream`).
 #[utoipa::path(post, path = "/v1/datasets", tag = "datasets", params(UploadParams),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A safetensors file with x and y"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+        description = "A safetensors file with x and y"),
     responses((status = 201, body = Dataset), (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 415, body = Problem, content_type = "application/problem+json"),
@@ -220,7 +222,8 @@ pub struct DatasetList {
 
 /// The team's uploaded datasets, newest first.
 #[utoipa::path(get, path = "/v1/datasets", tag = "datasets",
-    responses((status = 200, body = DatasetList), (status = 401, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = DatasetList),
+        (status = 401, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn list_datasets(State(state): State<AppState>, user: User) -> ApiResult<Json<DatasetList>> {
     Ok(Json(DatasetList { datasets: state.store.list_datasets(user.team_id).await? }))

@@ -23,7 +23,8 @@ pub async fn healthz() -> Json<Health> {
 
 /// The database answers and every migration is applied.
 #[utoipa::path(get, path = "/readyz", tag = "ops",
-    responses((status = 200, body = Health), (status = 503, body = Problem, content_type = "application/problem+json")))]
+    responses((status = 200, body = Health),
+        (status = 503, body = Problem, content_type = "application/problem+json")))]
 pub async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
     match state.store.ready().await {
         Ok(()) => Ok(Json(Health { status: "ready" })),

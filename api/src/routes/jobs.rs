@@ -125,7 +125,8 @@ const MAX_IDEMPOTENCY_KEY: usize = 255;
         (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Idempotency-Key reused with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Idempotency-Key reused with another body",
+            body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 415, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json"),
@@ -187,6 +188,7 @@ fn device_name(spec: &JobSpec) -> String {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListJobsQuery {
     /// queued | scheduled | running | succeeded | failed | cancelled
@@ -300,6 +302,7 @@ pub async fn cancel_job(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
     /// Only events after this sequence number (SSE also honours `Last-Event-ID`).
@@ -390,6 +393,7 @@ fn follow_events(state: AppState, job: JobId, after: i64) -> impl Stream<Item = 
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsParams {
     /// `iteration` or `epoch` reports only.
@@ -418,7 +422,8 @@ const MAX_METRICS_PAGE: u32 = 10_000;
 
 /// Per-iteration and per-epoch metrics (loss, lr, throughput, allreduce time, test error).
 #[utoipa::path(get, path = "/v1/jobs/{id}/metrics", tag = "jobs", params(("id" = Uuid, Path), MetricsParams),
-    responses((status = 200, body = MetricsPage), (status = 400, body = Problem, content_type = "application/problem+json"),
+    responses((status = 200, body = MetricsPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn job_metrics(
@@ -479,6 +484,7 @@ fn parse_metrics_cursor(cursor: &str) -> Option<(String, i64, i32)> {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleParams {
     /// Also list the lr of every iteration.
@@ -493,7 +499,8 @@ pub const MAX_PER_ITERATION: u64 = 2_000_000;
 #[utoipa::path(get, path = "/v1/jobs/{id}/schedule", tag = "jobs", params(("id" = Uuid, Path), ScheduleParams),
     responses((status = 200, description = "ScheduleView", body = Object),
         (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The dataset's size is not known yet", body = Problem, content_type = "application/problem+json")),
+        (status = 409, description = "The dataset's size is not known yet",
+            body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn job_schedule(
     State(state): State<AppState>,
@@ -530,7 +537,8 @@ pub struct CheckpointList {
 
 /// The job's checkpoints, oldest first; `is_final` marks the finished job's weights.
 #[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs", params(("id" = Uuid, Path)),
-    responses((status = 200, body = CheckpointList), (status = 404, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = CheckpointList),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn job_checkpoints(
     State(state): State<AppState>,

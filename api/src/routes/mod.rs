@@ -20,7 +20,8 @@ use crate::state::AppState;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "ringtrain", description = "Training as a service: Goyal et al.'s large-minibatch SGD on a shared worker pool. \
+    info(title = "ringtrain",
+        description = "Training as a service: Goyal et al.'s large-minibatch SGD on a shared worker pool. \
         Every error is RFC 7807 application/problem+json; validation errors list each field's JSON path in `errors`."),
     modifiers(&BearerAuth),
     components(schemas(Problem, FieldErrorDoc)),

@@ -17,6 +17,7 @@ use crate::routes::specs;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PreviewParams {
     /// Training samples, for `idx:` datasets (overrides a built-in size).
@@ -46,7 +47,8 @@ const MAX_WORLD_SIZES: usize = 16;
 /// PreviewComparison.
 #[utoipa::path(post, path = "/v1/schedules/preview", tag = "schedules", params(PreviewParams),
     request_body(content = Object, content_type = "application/json", description = "A job spec"),
-    responses((status = 200, description = "A ScheduleView, or a PreviewComparison when `workers` is given", body = PreviewComparison),
+    responses((status = 200, description = "A ScheduleView, or a PreviewComparison when `workers` is given",
+            body = PreviewComparison),
         (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]

@@ -73,7 +73,8 @@ pub struct TeamList {
 
 /// Every team (admin).
 #[utoipa::path(get, path = "/v1/teams", tag = "teams",
-    responses((status = 200, body = TeamList), (status = 403, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = TeamList),
+        (status = 403, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn list_teams(State(state): State<AppState>, user: User) -> ApiResult<Json<TeamList>> {
     user.require_admin()?;
@@ -110,8 +111,10 @@ fn check_label(label: &Option<String>) -> ApiResult<()> {
 }
 
 /// Create a token for a team (admin).
-#[utoipa::path(post, path = "/v1/teams/{id}/tokens", tag = "teams", params(("id" = Uuid, Path)), request_body = CreateToken,
-    responses((status = 201, body = CreatedToken), (status = 403, body = Problem, content_type = "application/problem+json"),
+#[utoipa::path(post, path = "/v1/teams/{id}/tokens", tag = "teams", params(("id" = Uuid, Path)),
+    request_body = CreateToken,
+    responses((status = 201, body = CreatedToken),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
@@ -153,7 +156,8 @@ pub struct CreateAgentToken {
 
 /// Create a node agent's token (admin).
 #[utoipa::path(post, path = "/v1/agent-tokens", tag = "teams", request_body = CreateAgentToken,
-    responses((status = 201, body = CreatedToken), (status = 403, body = Problem, content_type = "application/problem+json")),
+    responses((status = 201, body = CreatedToken),
+        (status = 403, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn create_agent_token(
     State(state): State<AppState>,
@@ -177,7 +181,8 @@ pub struct NodeList {
 
 /// The worker pool: nodes and their devices (any user token).
 #[utoipa::path(get, path = "/v1/nodes", tag = "teams",
-    responses((status = 200, body = NodeList), (status = 401, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = NodeList),
+        (status = 401, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn list_nodes(State(state): State<AppState>, _user: User) -> ApiResult<Json<NodeList>> {
     Ok(Json(NodeList { nodes: state.store.list_nodes().await? }))
