@@ -413,6 +413,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Moves up to `limit` queued jobs (highest priority, then oldest first) to `scheduled`, leased to
     /// `owner` for `lease`, attempt + 1. Concurrent claimers never get the same job.
     async fn claim_queued(&self, owner: &str, limit: i64, lease: Duration) -> StoreResult<Vec<Job>>;
+    /// Claims one queued job chosen by the caller (the placement policy picks which): queued → scheduled,
+    /// leased to `owner`, attempt + 1, with its event. None when it is no longer queued.
+    async fn claim_job(&self, id: JobId, owner: &str, lease: Duration) -> StoreResult<Option<Job>>;
+    /// The queue, highest priority then oldest first, without claiming anything.
+    async fn list_queued(&self, limit: i64) -> StoreResult<Vec<Job>>;
     /// Extends the lease of a job `owner` holds; false when it no longer does.
     async fn renew_lease(&self, id: JobId, owner: &str, lease: Duration) -> StoreResult<bool>;
     /// Non-terminal jobs whose lease expired before `now` (their owner died): the scheduler requeues them.
@@ -447,6 +452,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> StoreResult<Vec<Assignment>>;
     /// A node's assignments in any of `states`.
     async fn node_assignments(&self, node_id: Uuid, states: &[&str]) -> StoreResult<Vec<Assignment>>;
+    /// Every pending, delivered or running assignment: the devices in use.
+    async fn live_assignments(&self) -> StoreResult<Vec<Assignment>>;
+    /// Marks `up` nodes whose last heartbeat is older than `before` as `lost`; returns their ids.
+    async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>>;
     async fn get_assignment(&self, id: Uuid) -> StoreResult<Option<Assignment>>;
     async fn job_assignments(&self, job: JobId, attempt: i32) -> StoreResult<Vec<Assignment>>;
     /// Guarded assignment state change; false when it was not in `from`.

@@ -303,6 +303,54 @@ macro_rules! impl_store {
                 Ok(jobs)
             }
 
+            async fn claim_job(
+                &self,
+                id: ringtrain_core::JobId,
+                owner: &str,
+                lease: std::time::Duration,
+            ) -> $crate::StoreResult<Option<$crate::Job>> {
+                let now = $crate::now();
+                let mut tx = self.pool.begin().await?;
+                let sql = format!(
+                    "UPDATE jobs SET state = 'scheduled', attempt = attempt + 1, lease_owner = $2, \
+                     lease_expires = $3, updated_at = $4 WHERE id = $1 AND state = 'queued' RETURNING {}",
+                    $crate::rows::JOB_COLUMNS
+                );
+                let row: Option<$crate::rows::JobRow> = sqlx::query_as(&sql)
+                    .bind(id.0)
+                    .bind(owner)
+                    .bind($crate::shared::lease_expiry(lease))
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else {
+                    tx.rollback().await?;
+                    return Ok(None);
+                };
+                let job: $crate::Job = row.try_into()?;
+                sqlx::query(
+                    "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
+                     VALUES ($1, $2, 'state', 'queued', 'scheduled', $3, $4)",
+                )
+                .bind(id.0)
+                .bind(now)
+                .bind(job.attempt)
+                .bind(format!("claimed by {owner}"))
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(Some(job))
+            }
+
+            async fn list_queued(&self, limit: i64) -> $crate::StoreResult<Vec<$crate::Job>> {
+                let sql = format!(
+                    "SELECT {} FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq LIMIT $1",
+                    $crate::rows::JOB_COLUMNS
+                );
+                let rows: Vec<$crate::rows::JobRow> = sqlx::query_as(&sql).bind(limit).fetch_all(&self.pool).await?;
+                $crate::rows::jobs(rows)
+            }
+
             async fn renew_lease(
                 &self,
                 id: ringtrain_core::JobId,
@@ -599,6 +647,29 @@ macro_rules! impl_store {
                 q.push(") ORDER BY created_at, rank");
                 let rows: Vec<$crate::rows::AssignmentRow> = q.build_query_as().fetch_all(&self.pool).await?;
                 Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            async fn live_assignments(&self) -> $crate::StoreResult<Vec<$crate::Assignment>> {
+                let sql = format!(
+                    "SELECT {} FROM assignments WHERE state IN ('pending', 'delivered', 'running') \
+                     ORDER BY created_at, rank",
+                    $crate::rows::ASSIGNMENT_COLUMNS
+                );
+                let rows: Vec<$crate::rows::AssignmentRow> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            async fn mark_lost_nodes(
+                &self,
+                before: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::StoreResult<Vec<uuid::Uuid>> {
+                let rows: Vec<(uuid::Uuid,)> = sqlx::query_as(
+                    "UPDATE nodes SET state = 'lost' WHERE state = 'up' AND last_heartbeat < $1 RETURNING id",
+                )
+                .bind(before)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(|(id,)| id).collect())
             }
 
             async fn get_assignment(&self, id: uuid::Uuid) -> $crate::StoreResult<Option<$crate::Assignment>> {

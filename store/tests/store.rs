@@ -239,6 +239,39 @@ async fn tokens_teams_and_readiness(store: Arc<dyn Store>) {
     assert_eq!(store.get_team_by_name("t").await.unwrap().unwrap().cpu_quota, 4);
 }
 
+async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let a = submit(&store, new_job(&team, "a", 0)).await;
+    let b = submit(&store, new_job(&team, "b", 3)).await;
+    let queue: Vec<JobId> = store.list_queued(10).await.unwrap().iter().map(|j| j.id).collect();
+    assert_eq!(queue, vec![b.id, a.id]);
+    // The policy may pick the lower-priority job (it fits); a second claim of it gets nothing.
+    let claimed = store.claim_job(a.id, "sched", Duration::from_secs(30)).await.unwrap().unwrap();
+    assert_eq!((claimed.state, claimed.attempt), (JobState::Scheduled, 1));
+    assert!(store.claim_job(a.id, "other", Duration::from_secs(30)).await.unwrap().is_none());
+    assert_eq!(store.list_queued(10).await.unwrap().len(), 1);
+    assert_eq!(store.list_events(a.id, 0, 10).await.unwrap().len(), 2);
+
+    let agent = store
+        .create_token(NewToken { token_hash: hash_token("agent"), role: Role::Agent, team_id: None, label: None })
+        .await
+        .unwrap();
+    let devices = vec![NewDevice { index: 0, kind: "gpu".into(), name: "H100".into(), memory_bytes: Some(80 << 30) }];
+    let node =
+        store.register_node(agent.id, NodeRegistration { name: "n1".into(), address: None, devices }).await.unwrap();
+    let rank = NewAssignment { node_id: node.id, device_id: node.devices[0].id, rank: 0 };
+    store.create_assignments(a.id, 1, &[rank]).await.unwrap();
+    assert_eq!(store.live_assignments().await.unwrap().len(), 1);
+    store.end_job_assignments(a.id, "failed").await.unwrap();
+    assert!(store.live_assignments().await.unwrap().is_empty());
+
+    assert!(store.mark_lost_nodes(now() - chrono::Duration::seconds(60)).await.unwrap().is_empty());
+    assert_eq!(store.mark_lost_nodes(now() + chrono::Duration::seconds(1)).await.unwrap(), vec![node.id]);
+    assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, "lost");
+    assert!(store.heartbeat(node.id, agent.id).await.unwrap());
+    assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, "up");
+}
+
 on_both_backends!(
     guarded_transitions_refuse_stale_writers,
     concurrent_claims_never_share_a_job,
@@ -247,4 +280,5 @@ on_both_backends!(
     metrics_deduplicate_across_attempts,
     idempotent_submits_race_to_one_job,
     tokens_teams_and_readiness,
+    chosen_claims_queue_view_and_lost_nodes,
 );
