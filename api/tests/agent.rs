@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{spec, TestApp};
 use ringtrain_core::JobId;
 use ringtrain_store::NewAssignment;
-use serde_json::json;
+use serde_json::{json, Value};
 use uuid::Uuid;
 
 fn devices(n: usize) -> serde_json::Value {
@@ -165,13 +165,33 @@ async fn agent_runs_a_job_to_success(app: TestApp) {
     app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &json!({"attempt": attempt, "outcome": "failed"}))
         .await
         .problem(409);
-    // The finished job's assignments are done; nothing left to run.
+    // Nothing left to run; the agent is told the attempt is over and reports its ranks done.
     let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
     assert_eq!(poll.body["work"], json!([]));
+    let stop = poll.body["stop"].as_array().unwrap().clone();
+    assert_eq!(stop.len(), 2);
+    for id in &stop {
+        let uri = format!("/v1/agent/assignments/{}/state", id.as_str().unwrap());
+        assert_eq!(app.post(&uri, &agent, &json!({"from": "running", "to": "done"})).await.status, 200);
+    }
+    let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
+    assert_eq!(poll.body["stop"], json!([]));
+    assert!(app.store.live_assignments().await.unwrap().is_empty());
     let events = app.get(&format!("/v1/jobs/{job}/events"), &team.viewer).await;
     let states: Vec<&str> =
         events.body["events"].as_array().unwrap().iter().map(|e| e["to_state"].as_str().unwrap()).collect();
     assert_eq!(states, vec!["queued", "scheduled", "running", "succeeded"]);
+}
+
+/// Does what an agent does with a poll's `stop` list (ranks that never started): reports each cancelled.
+async fn stop_all(app: &TestApp, agent: &str, stop: &Value) -> usize {
+    let stop = stop.as_array().unwrap();
+    for id in stop {
+        let uri = format!("/v1/agent/assignments/{}/state", id.as_str().unwrap());
+        let reply = app.post(&uri, agent, &json!({"from": "delivered", "to": "cancelled"})).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
+    stop.len()
 }
 
 async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
@@ -179,6 +199,8 @@ async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
     let agent = app.agent_token().await;
     let job = app.submit(&team.member, &spec("retry")).await;
     let (node, attempt) = place(&app, &agent, &job).await;
+    let poll_uri = format!("/v1/agent/nodes/{node}/assignments");
+    assert_eq!(app.get(&poll_uri, &agent).await.body["work"].as_array().unwrap().len(), 2);
     app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await;
     let failed = app
         .post(
@@ -189,12 +211,12 @@ async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
         .await;
     assert_eq!(failed.status, 200, "{}", failed.text);
     assert_eq!(failed.body["state"], "queued");
-    // The requeued job's old assignments are over; a report from the old attempt after a new claim is refused.
+    // The next attempt is claimed; a report from the old attempt is refused.
     let second = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(second[0].attempt, 2);
     app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await.problem(409);
 
-    // Cancel while scheduled: the agent's next poll says stop.
+    // The old attempt's ranks hold their devices until the agent, told to stop them, says they ended.
     let node_id: Uuid = node.parse().unwrap();
     let node_info = app.store.get_node(node_id).await.unwrap().unwrap();
     let ranks: Vec<NewAssignment> = node_info
@@ -203,23 +225,29 @@ async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
         .enumerate()
         .map(|(rank, d)| NewAssignment { node_id, device_id: d.id, rank: rank as i32 })
         .collect();
-    let placed = app.store.create_assignments(JobId(job.parse().unwrap()), 2, &ranks).await.unwrap();
-    let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
-    assert_eq!(poll.body["work"].as_array().unwrap().len(), 2);
-    app.post(&format!("/v1/jobs/{job}/cancel"), &team.member, &json!({})).await;
-    let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
+    let job_id = JobId(job.parse().unwrap());
+    assert!(app.store.create_assignments(job_id, 2, &ranks).await.is_err(), "devices still busy");
+    let poll = app.get(&poll_uri, &agent).await;
     assert_eq!(poll.body["work"], json!([]));
-    // Cancelling ended the assignments, so they are no longer live; the devices are free again.
-    assert!(app.store.get_assignment(placed[0].id).await.unwrap().unwrap().state == "cancelled");
+    assert_eq!(stop_all(&app, &agent, &poll.body["stop"]).await, 2);
+    let placed = app.store.create_assignments(job_id, 2, &ranks).await.expect("freed devices can be placed again");
+
+    // Cancel while scheduled: the delivered ranks are to stop; a pending one is cancelled outright.
+    let poll = app.get(&poll_uri, &agent).await;
+    assert_eq!(poll.body["work"].as_array().unwrap().len(), 2);
+    let cancelled = app.post(&format!("/v1/jobs/{job}/cancel"), &team.member, &json!({})).await;
+    assert_eq!(cancelled.body["state"], "cancelled");
+    let poll = app.get(&poll_uri, &agent).await;
+    assert_eq!(poll.body["work"], json!([]));
+    assert_eq!(stop_all(&app, &agent, &poll.body["stop"]).await, 2);
+    assert_eq!(app.store.get_assignment(placed[0].id).await.unwrap().unwrap().state, "cancelled");
     let other = app.submit(&team.member, &spec("next")).await;
     let claimed = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(claimed[0].id.to_string(), other);
-    app.store.create_assignments(claimed[0].id, 1, &ranks).await.expect("freed devices can be placed again");
-    // A device already busy cannot be placed twice.
-    let third = app.submit(&team.member, &spec("third")).await;
-    let claimed = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(claimed[0].id.to_string(), third);
-    assert!(app.store.create_assignments(claimed[0].id, 1, &ranks[..1]).await.is_err());
+    let pending = app.store.create_assignments(claimed[0].id, 1, &ranks).await.unwrap();
+    app.post(&format!("/v1/jobs/{other}/cancel"), &team.member, &json!({})).await;
+    assert_eq!(app.store.get_assignment(pending[0].id).await.unwrap().unwrap().state, "cancelled");
+    assert!(app.store.live_assignments().await.unwrap().is_empty());
 }
 
 async fn agents_are_isolated(app: TestApp) {

@@ -460,8 +460,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn job_assignments(&self, job: JobId, attempt: i32) -> StoreResult<Vec<Assignment>>;
     /// Guarded assignment state change; false when it was not in `from`.
     async fn set_assignment_state(&self, id: Uuid, from: &str, to: &str) -> StoreResult<bool>;
-    /// Ends every live assignment of a job's attempts (after cancel, failure or requeue).
+    /// Ends every live assignment of a job (pending, delivered or running) as `to`: for the scheduler, when
+    /// the ranks are known to be gone (their node was lost).
     async fn end_job_assignments(&self, job: JobId, to: &str) -> StoreResult<u64>;
+    /// Cancels the job's assignments no agent has picked up yet. Delivered and running ones stay live (their
+    /// devices busy) until their agent, told to stop them by its next poll, reports them ended.
+    async fn cancel_pending_assignments(&self, job: JobId) -> StoreResult<u64>;
+    /// Ends every live assignment on a node as `to` (the node was lost).
+    async fn end_node_assignments(&self, node_id: Uuid, to: &str) -> StoreResult<u64>;
 
     // --- checkpoints and datasets ---
     async fn add_checkpoint(&self, checkpoint: NewCheckpoint) -> StoreResult<Checkpoint>;

@@ -718,6 +718,30 @@ macro_rules! impl_store {
                 Ok(done.rows_affected())
             }
 
+            async fn cancel_pending_assignments(&self, job: ringtrain_core::JobId) -> $crate::StoreResult<u64> {
+                let done = sqlx::query(
+                    "UPDATE assignments SET state = 'cancelled', updated_at = $2 WHERE job_id = $1 AND state = 'pending'",
+                )
+                .bind(job.0)
+                .bind($crate::now())
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn end_node_assignments(&self, node_id: uuid::Uuid, to: &str) -> $crate::StoreResult<u64> {
+                let done = sqlx::query(
+                    "UPDATE assignments SET state = $2, updated_at = $3 \
+                     WHERE node_id = $1 AND state IN ('pending', 'delivered', 'running')",
+                )
+                .bind(node_id)
+                .bind(to)
+                .bind($crate::now())
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected())
+            }
+
             async fn add_checkpoint(&self, c: $crate::NewCheckpoint) -> $crate::StoreResult<$crate::Checkpoint> {
                 let sql = format!(
                     "INSERT INTO checkpoints (id, job_id, attempt, epoch, iteration, path, size_bytes, sha256, \

@@ -260,10 +260,17 @@ async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
     let node =
         store.register_node(agent.id, NodeRegistration { name: "n1".into(), address: None, devices }).await.unwrap();
     let rank = NewAssignment { node_id: node.id, device_id: node.devices[0].id, rank: 0 };
-    store.create_assignments(a.id, 1, &[rank]).await.unwrap();
+    let placed = store.create_assignments(a.id, 1, std::slice::from_ref(&rank)).await.unwrap();
     assert_eq!(store.live_assignments().await.unwrap().len(), 1);
-    store.end_job_assignments(a.id, "failed").await.unwrap();
+    assert!(store.set_assignment_state(placed[0].id, "pending", "delivered").await.unwrap());
+    assert_eq!(store.cancel_pending_assignments(a.id).await.unwrap(), 0, "delivered ranks wait for their agent");
+    assert_eq!(store.end_node_assignments(node.id, "failed").await.unwrap(), 1);
     assert!(store.live_assignments().await.unwrap().is_empty());
+    let again = store.create_assignments(a.id, 1, std::slice::from_ref(&rank)).await;
+    assert!(again.is_err(), "(job, attempt, rank) is unique");
+    store.create_assignments(a.id, 2, &[rank]).await.unwrap();
+    assert_eq!(store.cancel_pending_assignments(a.id).await.unwrap(), 1);
+    assert_eq!(store.end_job_assignments(a.id, "failed").await.unwrap(), 0);
 
     assert!(store.mark_lost_nodes(now() - chrono::Duration::seconds(60)).await.unwrap().is_empty());
     assert_eq!(store.mark_lost_nodes(now() + chrono::Duration::seconds(1)).await.unwrap(), vec![node.id]);

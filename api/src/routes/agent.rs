@@ -151,7 +151,9 @@ pub struct Poll {
     /// Ranks to run (pending ones are marked delivered by this poll; delivered ones are repeated so a
     /// restarted agent finds them again).
     pub work: Vec<Work>,
-    /// Assignments whose ranks must be stopped: their job was cancelled, failed, or requeued.
+    /// Assignments that are over on the server's side (their job finished, was cancelled or failed, or this
+    /// attempt was requeued): stop their ranks if they still run, then report each one ended (done, failed
+    /// or cancelled), which frees its device.
     pub stop: Vec<Uuid>,
 }
 
@@ -198,11 +200,11 @@ pub async fn poll_assignments(
 pub struct AssignmentUpdate {
     /// The state the agent saw (`delivered`, `running`).
     pub from: String,
-    /// `running`, `done` or `failed`.
+    /// `running`, `done`, `failed`, or `cancelled` (stopped because a poll said so).
     pub to: String,
 }
 
-/// Move one of this node's assignments along (delivered → running → done | failed).
+/// Move one of this node's assignments along (delivered → running → done | failed | cancelled).
 #[utoipa::path(post, path = "/v1/agent/assignments/{id}/state", tag = "agent", params(("id" = Uuid, Path)),
     request_body = AssignmentUpdate,
     responses((status = 200, body = Assignment),
@@ -218,12 +220,12 @@ pub async fn update_assignment(
 ) -> ApiResult<Json<Assignment>> {
     let allowed = matches!(
         (body.from.as_str(), body.to.as_str()),
-        ("delivered", "running") | ("delivered", "failed") | ("running", "done") | ("running", "failed")
+        ("delivered", "running" | "failed" | "cancelled") | ("running", "done" | "failed" | "cancelled")
     );
     if !allowed {
         return Err(ApiError::validation(vec![FieldError::new(
             "to",
-            format!("{} -> {} is not allowed (delivered -> running -> done | failed)", body.from, body.to),
+            format!("{} -> {} is not allowed (delivered -> running -> done | failed | cancelled)", body.from, body.to),
         )]));
     }
     let assignment =
@@ -486,18 +488,13 @@ pub async fn report_result(
     if !matches!(job.state, JobState::Scheduled | JobState::Running) || job.attempt != body.attempt {
         return Err(ApiError::conflict(format!("job {id} attempt {} is no longer running", body.attempt)));
     }
-    let (to, reason, assignments_end) = match body.outcome {
-        Outcome::Succeeded => (JobState::Succeeded, format!("attempt {} succeeded", body.attempt), "done"),
-        Outcome::Failed if body.retryable && job.attempt <= job.max_restarts => (
-            JobState::Queued,
-            format!("attempt {} failed, retrying: {}", body.attempt, body.error.as_deref().unwrap_or("unknown error")),
-            "failed",
-        ),
-        Outcome::Failed => (
-            JobState::Failed,
-            format!("attempt {} failed: {}", body.attempt, body.error.as_deref().unwrap_or("unknown error")),
-            "failed",
-        ),
+    let error = body.error.as_deref().unwrap_or("unknown error");
+    let (to, reason) = match body.outcome {
+        Outcome::Succeeded => (JobState::Succeeded, format!("attempt {} succeeded", body.attempt)),
+        Outcome::Failed if body.retryable && job.attempt <= job.max_restarts => {
+            (JobState::Queued, format!("attempt {} failed, retrying: {error}", body.attempt))
+        }
+        Outcome::Failed => (JobState::Failed, format!("attempt {} failed: {error}", body.attempt)),
     };
     let mut transition = Transition::new(job.id, job.state, to, reason).at_attempt(body.attempt);
     transition.lease = LeaseChange::Clear;
@@ -508,7 +505,9 @@ pub async fn report_result(
     }
     match state.store.transition(&transition).await? {
         Some(updated) => {
-            state.store.end_job_assignments(job.id, assignments_end).await?;
+            // Every agent holding a rank of this attempt learns from its next poll that the attempt is over
+            // and reports its assignments ended, which frees their devices.
+            state.store.cancel_pending_assignments(job.id).await?;
             Ok(Json(ResultAck { state: updated.state }))
         }
         None => Err(ApiError::conflict(format!("job {id} changed state meanwhile; attempt {} is stale", body.attempt))),

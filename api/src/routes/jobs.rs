@@ -269,7 +269,7 @@ pub async fn get_job(
     Ok(Json(JobView::from(&team_job(&state, &user, id).await?)))
 }
 
-/// Cancel a job that has not finished; its ranks are told to stop.
+/// Cancel a job that has not finished; its ranks are told to stop (by their agents' next poll).
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = Uuid, Path)),
     responses((status = 200, body = JobView), (status = 403, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
@@ -293,7 +293,9 @@ pub async fn cancel_job(
         if let Some(cancelled) =
             state.store.transition(&Transition::new(job.id, job.state, JobState::Cancelled, reason)).await?
         {
-            state.store.end_job_assignments(job.id, "cancelled").await?;
+            // Ranks already handed to agents keep their devices until the agents, told by their next poll,
+            // stop them and say so; ranks not yet picked up are simply cancelled.
+            state.store.cancel_pending_assignments(job.id).await?;
             return Ok(Json(JobView::from(&cancelled)));
         }
         job = team_job(&state, &user, id).await?;
