@@ -16,7 +16,7 @@ start_throwaway_postgres() {
   local as=()
   # initdb refuses to run as root: run the cluster as the postgres system user then.
   if [ "$(id -u)" -eq 0 ]; then chown postgres "$dir"; as=(runuser -u postgres --); fi
-  "${as[@]}" "$bindir/initdb" -q -D "$dir/data" -A trust -U postgres >/dev/null
+  "${as[@]}" "$bindir/initdb" -D "$dir/data" -A trust -U postgres >/dev/null
   "${as[@]}" "$bindir/pg_ctl" -s -D "$dir/data" -l "$dir/log" -w \
     -o "-h 127.0.0.1 -p $port -k $dir -c fsync=off -c max_connections=300" start
   # shellcheck disable=SC2064

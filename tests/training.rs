@@ -314,3 +314,25 @@ fn two_ranks_learn_fashion_mnist() {
     assert_eq!(result["schedule"]["effective"]["scaled_lr"], 0.1);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint() {
+    let dir = scratch("nan");
+    let mut spec = mlp_spec(2, 8, "goyal");
+    spec["epochs"] = 3.into();
+    spec["checkpoint_every_epochs"] = 1.into();
+    spec["lr"]["warmup"]["epochs"] = 1.into();
+    let spec_path = write_spec(&dir, &spec);
+    let out = dir.join("out");
+    // rank 1 gets NaN inputs at iteration 25 (epoch 2): the loss all-reduce carries the NaN to rank 0 too
+    let children = spawn_ranks(&spec_path, 2, &out, &[], Some(("RINGTRAIN_NAN", "1:25")));
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    for (rank, output) in outputs.iter().enumerate() {
+        assert!(!output.status.success(), "rank {rank} must stop");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("the training loss became NaN at iteration 25"), "rank {rank}: {stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(out.join("checkpoints/latest")).unwrap().trim(), "epoch-0002");
+    assert!(!out.join("result.json").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -24,6 +24,33 @@ pub enum Bench {
     Train(TrainArgs),
     /// Time of one placement-policy pass on a synthetic cluster (pure CPU, no database).
     Scheduler(SchedulerArgs),
+    /// REST API load: job submissions per second with p50/p99 latency, and `GET /v1/jobs` page latency with a
+    /// large run history, against a running `ringtrain serve` (use Postgres for the figures that matter).
+    Api(ApiArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApiArgs {
+    /// The server, HOST:PORT (loopback: this is a local benchmark).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    server: String,
+    /// An admin token (the benchmark creates its own team).
+    #[arg(long, env = "RINGTRAIN_TOKEN")]
+    token: String,
+    /// Timed submissions.
+    #[arg(long, default_value_t = 2000)]
+    submissions: usize,
+    /// Parallel connections.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Jobs in the team's history before pages are timed.
+    #[arg(long, default_value_t = 100_000)]
+    history: usize,
+    /// Pages timed per kind of page.
+    #[arg(long, default_value_t = 200)]
+    pages: usize,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -84,6 +111,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Allreduce(args) => allreduce(&args),
         Bench::Train(args) => train(&args),
         Bench::Scheduler(args) => scheduler(&args),
+        Bench::Api(args) => api(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -337,6 +365,28 @@ fn scheduler(args: &SchedulerArgs) -> Result<()> {
         report.preemptions,
         report.reservations
     );
+    Ok(())
+}
+
+fn api(args: &ApiArgs) -> Result<()> {
+    let options = ringtrain_api::bench::BenchOptions {
+        address: args.server.clone(),
+        admin_token: args.token.clone(),
+        submissions: args.submissions,
+        concurrency: args.concurrency,
+        history: args.history,
+        pages: args.pages,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(ringtrain_api::bench::run(&options)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut value = serde_json::to_value(&report)?;
+    value["bench"] = json!("api");
+    if args.json {
+        println!("{value}");
+    } else {
+        println!("REST API against {} ({} connections)", args.server, args.concurrency);
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    }
     Ok(())
 }
 

@@ -106,7 +106,8 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         bucket_bytes: args.bucket_mb.max(1) << 20,
         device,
         dataset_file: args.dataset_file.clone(),
-        crash_at_iteration: crash_injection(rank),
+        crash_at_iteration: fault_injection("RINGTRAIN_CRASH", rank),
+        nan_inputs_at_iteration: fault_injection("RINGTRAIN_NAN", rank),
         ..Default::default()
     };
     if let Some(out) = &args.out {
@@ -124,9 +125,10 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     Ok(())
 }
 
-/// Test-only fault injection: `RINGTRAIN_CRASH=RANK:ITERATION` makes that rank abort at that iteration.
-fn crash_injection(rank: usize) -> Option<u64> {
-    let value = std::env::var("RINGTRAIN_CRASH").ok()?;
+/// Test-only fault injection, `VARIABLE=RANK:ITERATION`: `RINGTRAIN_CRASH` makes that rank abort at that
+/// iteration; `RINGTRAIN_NAN` feeds it NaN inputs there.
+fn fault_injection(variable: &str, rank: usize) -> Option<u64> {
+    let value = std::env::var(variable).ok()?;
     let (r, iteration) = value.split_once(':')?;
     (r.parse::<usize>().ok()? == rank).then(|| iteration.parse().ok()).flatten()
 }

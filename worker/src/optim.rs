@@ -134,7 +134,8 @@ impl Sgd {
         tch::no_grad(|| {
             for ((p, u), g) in self.params.iter_mut().zip(self.momentum.iter_mut()).zip(grads) {
                 // out of place: `grads` may be the parameters' own .grad tensors
-                let g = if p.decay && c.weight_decay != 0.0 { g + &p.tensor * c.weight_decay } else { g.shallow_clone() };
+                let g =
+                    if p.decay && c.weight_decay != 0.0 { g + &p.tensor * c.weight_decay } else { g.shallow_clone() };
                 let update = match c.form {
                     MomentumForm::Pytorch => {
                         *u *= c.momentum;

@@ -40,6 +40,8 @@ pub struct TrainOptions {
     /// Fault injection for tests: abort this process (like a crash or kill -9: no clean-up, no unwinding)
     /// when it is about to take this global iteration.
     pub crash_at_iteration: Option<u64>,
+    /// Fault injection for tests: feed this process NaN inputs at this global iteration (bad data).
+    pub nan_inputs_at_iteration: Option<u64>,
 }
 
 impl Default for TrainOptions {
@@ -53,6 +55,7 @@ impl Default for TrainOptions {
             dataset_file: None,
             eval_batch: 1000,
             crash_at_iteration: None,
+            nan_inputs_at_iteration: None,
         }
     }
 }
@@ -332,9 +335,11 @@ impl<'c> Trainer<'c> {
             if v > 1 {
                 self.bn.restore(&self.bn.tables[j]);
             }
-            let (x, y) = self
-                .data
-                .train_batch(batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n), device);
+            let indices = batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n);
+            let (mut x, y) = self.data.train_batch(indices, device);
+            if self.options.nan_inputs_at_iteration == Some(iteration) {
+                x *= f64::NAN;
+            }
             let started = Instant::now();
             let logits = self.model.forward_t(&x, true);
             let loss = logits.cross_entropy_for_logits(&y);
