@@ -59,17 +59,33 @@ pub struct Normalizer {
 }
 
 impl Normalizer {
+    /// Per-channel mean and standard deviation, accumulated in f64 over chunks of samples so that fitting
+    /// on 60k images costs a few MB, not a double-precision copy of the whole split per rank.
     fn fit(x: &Tensor) -> Normalizer {
+        const CHUNK: i64 = 4096;
         let scale = if x.kind() == Kind::Uint8 { 1.0 / 255.0 } else { 1.0 };
-        let xf = x.to_kind(Kind::Double) * scale;
-        let (mean, std) = if x.dim() == 4 {
-            let per_channel = xf.transpose(0, 1).flatten(1, -1);
-            (per_channel.mean_dim(1, false, Kind::Double), per_channel.std_correction(1, 0, false))
-        } else {
-            (xf.mean(Kind::Double).view([1]), xf.std(false).view([1]))
-        };
-        let shape: Vec<i64> = if x.dim() == 4 { vec![1, -1, 1, 1] } else { vec![1, -1] };
-        let std = std.clamp_min(1e-6);
+        let image = x.dim() == 4;
+        // reduce over every dimension but the channel (images) or over everything (flat data)
+        let dims: Vec<i64> = if image { vec![0, 2, 3] } else { vec![0, 1] };
+        let n = x.size()[0];
+        let (mut sum, mut squares, mut count) = (None::<Tensor>, None::<Tensor>, 0.0);
+        let mut start = 0;
+        while start < n {
+            let len = CHUNK.min(n - start);
+            let chunk = x.narrow(0, start, len).to_kind(Kind::Double) * scale;
+            let s = chunk.sum_dim_intlist(dims.as_slice(), false, Kind::Double);
+            let q = chunk.square().sum_dim_intlist(dims.as_slice(), false, Kind::Double);
+            sum = Some(sum.map_or(s.shallow_clone(), |acc| acc + &s));
+            squares = Some(squares.map_or(q.shallow_clone(), |acc| acc + &q));
+            count += (chunk.numel() as i64 / s.numel() as i64) as f64;
+            start += len;
+        }
+        let count = count.max(1.0);
+        let zeros = || Tensor::zeros([1], (Kind::Double, Device::Cpu));
+        let mean = sum.unwrap_or_else(zeros) / count;
+        let variance = (squares.unwrap_or_else(zeros) / count - mean.square()).clamp_min(0.0);
+        let std = variance.sqrt().clamp_min(1e-6);
+        let shape: Vec<i64> = if image { vec![1, -1, 1, 1] } else { vec![1, -1] };
         Normalizer {
             scale,
             mean: mean.to_kind(Kind::Float).view(shape.as_slice()),
@@ -215,6 +231,17 @@ mod tests {
         let (x, _) = data.train_batch(&all, Device::Cpu);
         assert!(x.mean(Kind::Double).double_value(&[]).abs() < 1e-4);
         assert!((x.std(false).double_value(&[]) - 1.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn fashion_mnist_loads_with_its_known_statistics() {
+        // Fashion-MNIST's pixel mean and standard deviation are 0.2860 and 0.3530 (over the training split)
+        let data = Dataset::load(&DatasetRef::FashionMnist, None, None).unwrap();
+        assert_eq!((data.train.len(), data.test.len(), data.classes), (60_000, 10_000, 10));
+        assert_eq!(data.sample_shape(), vec![1, 28, 28]);
+        let mean = data.normalizer.mean.double_value(&[0, 0, 0, 0]);
+        let std = data.normalizer.std.double_value(&[0, 0, 0, 0]);
+        assert!((mean - 0.2860).abs() < 1e-3 && (std - 0.3530).abs() < 1e-3, "mean {mean}, std {std}");
     }
 
     #[test]
