@@ -14,8 +14,9 @@ for crate in ringtrain-core ringtrain-store ringtrain-api ringtrain-scheduler; d
   fi
 done
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  # doc tests first (nextest does not run them), so the run ends with nextest's summary of every test
   cargo test --workspace --doc --quiet
+  cargo nextest run --workspace --no-fail-fast "$@"
 else
   cargo test --workspace --no-fail-fast "$@"
 fi
