@@ -43,14 +43,6 @@ impl PgStore {
         &self.pool
     }
 
-    async fn ready_impl(&self) -> StoreResult<()> {
-        let applied: Vec<(i64,)> = sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(StoreError::Database)?;
-        check_migrations(&MIGRATOR, applied.into_iter().map(|(v,)| v))
-    }
-
     /// One statement: lock up to `limit` queued rows nobody else has locked (`SKIP LOCKED`, so concurrent
     /// claimers split the queue instead of waiting on or double-taking a row), move them to `scheduled`, and
     /// write their events. The pick is a materialized CTE, not `WHERE id IN (SELECT ... LIMIT n)`: as a
@@ -80,17 +72,4 @@ impl PgStore {
     }
 }
 
-/// Ready means every migration this build knows was applied (an older binary against a newer schema is
-/// fine; a newer binary whose migrations failed is not).
-pub(crate) fn check_migrations(
-    migrator: &sqlx::migrate::Migrator,
-    applied: impl Iterator<Item = i64>,
-) -> StoreResult<()> {
-    let applied: std::collections::HashSet<i64> = applied.collect();
-    match migrator.iter().find(|m| !applied.contains(&m.version)) {
-        Some(missing) => Err(StoreError::Config(format!("migration {} is not applied", missing.version))),
-        None => Ok(()),
-    }
-}
-
-impl_store!(PgStore, sqlx::Postgres);
+impl_store!(PgStore, sqlx::Postgres, MIGRATOR);

@@ -1,7 +1,7 @@
 //! The [`Store`](crate::Store) methods whose SQL is the same on Postgres and SQLite, written once and
 //! instantiated for each backend by [`impl_store!`]. (A macro rather than generic code: sqlx's generic
 //! executor bounds are far noisier than the SQL, and a macro keeps the SQL readable.) Each backend supplies
-//! `self.pool` and the inherent methods `ready_impl` and `claim_queued_impl`.
+//! `self.pool`, its migrator and the inherent method `claim_queued_impl`.
 
 /// Most metric points written per INSERT: 8 parameters each stays far under both databases' limits.
 pub(crate) const METRICS_CHUNK: usize = 500;
@@ -34,8 +34,21 @@ pub(crate) fn lease_expiry(lease: std::time::Duration) -> chrono::DateTime<chron
     crate::now() + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::days(1))
 }
 
+/// Ready means every migration this build knows was applied (an older binary against a newer schema is
+/// fine; a newer binary whose migrations failed is not).
+pub(crate) fn check_migrations(
+    migrator: &sqlx::migrate::Migrator,
+    applied: impl Iterator<Item = i64>,
+) -> crate::StoreResult<()> {
+    let applied: std::collections::HashSet<i64> = applied.collect();
+    match migrator.iter().find(|m| !applied.contains(&m.version)) {
+        Some(missing) => Err(crate::StoreError::Config(format!("migration {} is not applied", missing.version))),
+        None => Ok(()),
+    }
+}
+
 macro_rules! impl_store {
-    ($store:ty, $db:ty) => {
+    ($store:ty, $db:ty, $migrator:expr) => {
         #[async_trait::async_trait]
         impl $crate::Store for $store {
             fn backend(&self) -> $crate::Backend {
@@ -43,7 +56,11 @@ macro_rules! impl_store {
             }
 
             async fn ready(&self) -> $crate::StoreResult<()> {
-                self.ready_impl().await
+                let applied: Vec<(i64,)> = sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success")
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err($crate::StoreError::Database)?;
+                $crate::shared::check_migrations(&$migrator, applied.into_iter().map(|(v,)| v))
             }
 
             async fn create_team(&self, team: $crate::NewTeam) -> $crate::StoreResult<$crate::Team> {

@@ -7,7 +7,6 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 
 use crate::error::{StoreError, StoreResult};
 use crate::model::{Backend, Job};
-use crate::postgres::check_migrations;
 use crate::rows::{self, JobRow, JOB_COLUMNS};
 use crate::shared::{impl_store, lease_expiry};
 
@@ -55,14 +54,6 @@ impl SqliteStore {
         &self.pool
     }
 
-    async fn ready_impl(&self) -> StoreResult<()> {
-        let applied: Vec<(i64,)> = sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(StoreError::Database)?;
-        check_migrations(&MIGRATOR, applied.into_iter().map(|(v,)| v))
-    }
-
     /// SQLite has one writer at a time, so the claiming UPDATE cannot interleave with another: no row locks
     /// are needed, just `UPDATE ... WHERE seq IN (SELECT ... LIMIT n) RETURNING`. Its events go in the same
     /// transaction (SQLite has no writable CTEs).
@@ -100,4 +91,4 @@ impl SqliteStore {
     }
 }
 
-impl_store!(SqliteStore, sqlx::Sqlite);
+impl_store!(SqliteStore, sqlx::Sqlite, MIGRATOR);

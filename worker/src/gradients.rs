@@ -58,7 +58,8 @@ impl GradientReducer {
         let mut reduced = Vec::with_capacity(params.len());
         let mut comm_time = Duration::ZERO;
         let last = self.buckets.len().saturating_sub(1);
-        for (b, range) in self.buckets.clone().into_iter().enumerate() {
+        for b in 0..self.buckets.len() {
+            let range = self.buckets[b].clone();
             let grads: Vec<Tensor> =
                 params[range.clone()].iter().map(|p| grad_or_zeros(&p.tensor).flatten(0, -1)).collect();
             let flat = Tensor::cat(&grads, 0).to_kind(Kind::Float).to_device(tch::Device::Cpu);
