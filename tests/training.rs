@@ -266,6 +266,46 @@ fn a_crashed_run_resumes_bit_for_bit_from_its_checkpoint() {
 }
 
 #[test]
+fn a_run_stopped_on_request_mid_epoch_resumes_bit_for_bit() {
+    let dir = scratch("stop");
+    let mut spec = resnet_spec(2);
+    spec["epochs"] = 3.into();
+    spec["checkpoint_every_epochs"] = 1.into();
+    spec["log_every_iterations"] = 1.into();
+    spec["dataset"] = "synthetic:240".into(); // 15 iterations per epoch
+    let spec_path = write_spec(&dir, &spec);
+    let whole = dir.join("whole");
+    let uninterrupted = metrics(&train_local(&spec_path, 2, &[], &whole).stdout);
+
+    // rank 1 asks to stop at iteration 20 (the sixth step of epoch 1), as a preempting agent would
+    let stopped = dir.join("stopped");
+    let children = spawn_ranks(&spec_path, 2, &stopped, &[], Some(("RINGTRAIN_STOP", "1:20")));
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    for (rank, output) in outputs.iter().enumerate() {
+        assert_eq!(output.status.code(), Some(4), "rank {rank}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let latest = std::fs::read_to_string(stopped.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "epoch-0001-iter-0000000021", "a checkpoint of exactly where every rank stopped");
+    let before_stop = metrics(&outputs[0].stdout);
+    assert_eq!(losses(&before_stop).last().map(|l| l.0), Some(20));
+
+    let resumed_out = dir.join("resumed");
+    let resume_from = stopped.join("checkpoints");
+    let resumed =
+        metrics(&train_local(&spec_path, 2, &["--resume", resume_from.to_str().unwrap()], &resumed_out).stdout);
+    let mut stitched_losses = losses(&before_stop);
+    stitched_losses.extend(losses(&resumed));
+    assert_eq!(stitched_losses, losses(&uninterrupted), "every iteration once, with the same loss and lr");
+    // The interrupted epoch's record (its running sums were in the checkpoint) matches too.
+    let mut stitched = epoch_records(&before_stop);
+    stitched.extend(epoch_records(&resumed));
+    assert_eq!(stitched, epoch_records(&uninterrupted));
+    let worst = worst_relative_difference(&final_model(&resumed_out), &final_model(&whole));
+    assert_eq!(worst, 0.0, "final weights must be bit-identical");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn a_killed_rank_fails_the_others_quickly_with_its_number() {
     let dir = scratch("killed");
     let mut spec = resnet_spec(3);

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::JobSpec;
 use ringtrain_worker::metrics::Metric;
-use ringtrain_worker::{RendezvousConfig, RingCollective, TrainOptions, Trainer};
+use ringtrain_worker::{JobError, RendezvousConfig, RingCollective, Stopped, TrainOptions, Trainer};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -54,7 +54,21 @@ pub struct Args {
     /// The safetensors file of an uploaded dataset.
     #[arg(long)]
     dataset_file: Option<PathBuf>,
+    /// Exit as soon as the process that started this one is gone (agents set it, so a killed agent leaves no
+    /// ranks behind).
+    #[arg(long)]
+    exit_with_parent: bool,
+    /// When this file appears, every rank stops after the current iteration, with a checkpoint of it
+    /// (exit status 4). Agents use it to preempt a job without losing work.
+    #[arg(long)]
+    stop_file: Option<PathBuf>,
 }
+
+/// The exit status of a rank whose job cannot succeed by retrying (see [`JobError`]); agents report it as a
+/// final failure rather than restarting the job.
+pub const EXIT_JOB_ERROR: u8 = 3;
+/// The exit status of a rank that stopped on request (`--stop-file`) after a checkpoint of where it stopped.
+pub const EXIT_STOPPED: u8 = 4;
 
 pub fn run(args: Args) -> ExitCode {
     let outcome = match (args.local, args.rank) {
@@ -67,7 +81,13 @@ pub fn run(args: Args) -> ExitCode {
         Err(err) => {
             let who = args.rank.map_or_else(|| "train".to_string(), |r| format!("rank {r}"));
             eprintln!("{who}: error: {err:#}");
-            ExitCode::FAILURE
+            if err.downcast_ref::<JobError>().is_some() {
+                ExitCode::from(EXIT_JOB_ERROR)
+            } else if err.downcast_ref::<Stopped>().is_some() {
+                ExitCode::from(EXIT_STOPPED)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -76,11 +96,14 @@ fn load_spec(path: &PathBuf) -> Result<JobSpec> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     JobSpec::from_json(&text).map_err(|errors| {
         let lines: Vec<String> = errors.iter().map(|e| format!("  {e}")).collect();
-        anyhow::anyhow!("invalid spec {}:\n{}", path.display(), lines.join("\n"))
+        JobError(format!("invalid spec {}:\n{}", path.display(), lines.join("\n"))).into()
     })
 }
 
 fn run_rank(args: &Args, rank: usize) -> Result<()> {
+    if args.exit_with_parent {
+        exit_with_parent();
+    }
     let spec = load_spec(&args.spec)?;
     let device = match spec.device {
         DeviceKind::Cpu => tch::Device::Cpu,
@@ -108,6 +131,8 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         dataset_file: args.dataset_file.clone(),
         crash_at_iteration: fault_injection("RINGTRAIN_CRASH", rank),
         nan_inputs_at_iteration: fault_injection("RINGTRAIN_NAN", rank),
+        stop_file: args.stop_file.clone(),
+        stop_at_iteration: fault_injection("RINGTRAIN_STOP", rank),
         ..Default::default()
     };
     if let Some(out) = &args.out {
@@ -125,8 +150,21 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     Ok(())
 }
 
+/// Watches the parent process from a thread: when it dies this process is re-parented, and exits. (No
+/// `prctl(PR_SET_PDEATHSIG)`: that needs unsafe code, and a one-second poll is cheap.)
+fn exit_with_parent() {
+    let parent = std::os::unix::process::parent_id();
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_secs(1));
+        if std::os::unix::process::parent_id() != parent {
+            eprintln!("the process that started this rank is gone: exiting");
+            std::process::exit(1);
+        }
+    });
+}
+
 /// Test-only fault injection, `VARIABLE=RANK:ITERATION`: `RINGTRAIN_CRASH` makes that rank abort at that
-/// iteration; `RINGTRAIN_NAN` feeds it NaN inputs there.
+/// iteration; `RINGTRAIN_NAN` feeds it NaN inputs there; `RINGTRAIN_STOP` makes it ask for a stop there.
 fn fault_injection(variable: &str, rank: usize) -> Option<u64> {
     let value = std::env::var(variable).ok()?;
     let (r, iteration) = value.split_once(':')?;
@@ -169,14 +207,17 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
 }
 
 /// Waits for every rank; when one fails, stops the others at once (they would fail on their own once the
-/// ring breaks, but there is no reason to wait for that).
+/// ring breaks, but there is no reason to wait for that). Ranks that stopped on request are waited for
+/// (rank 0 may still be writing the checkpoint), and the run then ends as stopped.
 fn wait_all(mut children: Vec<(usize, Child)>) -> Result<()> {
     let mut failed: Vec<String> = Vec::new();
+    let mut stopped = false;
     while !children.is_empty() {
         let mut still_running = Vec::new();
         for (rank, mut child) in children {
             match child.try_wait()? {
                 Some(status) if status.success() => {}
+                Some(status) if status.code() == Some(i32::from(EXIT_STOPPED)) => stopped = true,
                 Some(status) => failed.push(format!("rank {rank} exited with {status}")),
                 None => still_running.push((rank, child)),
             }
@@ -190,6 +231,10 @@ fn wait_all(mut children: Vec<(usize, Child)>) -> Result<()> {
             bail!("{}", failed.join("; "));
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if stopped {
+        return Err(anyhow::Error::new(Stopped { next_iteration: None })
+            .context("--resume OUT/checkpoints continues where they stopped"));
     }
     Ok(())
 }

@@ -31,6 +31,18 @@ pub struct CheckpointState {
     /// Total ranks k (virtual ranks included) that wrote it: its BN statistics are per rank.
     pub world: usize,
     pub history: Vec<EpochRecord>,
+    /// Set when the checkpoint was taken mid-epoch (a stop on request): the interrupted epoch's sums.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<PartialEpoch>,
+}
+
+/// The running sums of an epoch interrupted by a stop, so that its record comes out as if it had not been.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct PartialEpoch {
+    pub loss_sum: f64,
+    pub wrong_sum: f64,
+    /// Seconds the epoch ran before the stop.
+    pub seconds: f64,
 }
 
 /// The named tensors of a checkpoint, by file.
@@ -41,14 +53,18 @@ pub struct CheckpointTensors {
     pub batch_norm: Vec<(String, Tensor)>,
 }
 
-/// `epoch-0007` for a checkpoint after 7 epochs.
-fn dir_name(epochs_done: u64) -> String {
-    format!("epoch-{epochs_done:04}")
+/// `epoch-0007` for a checkpoint after 7 epochs; `epoch-0007-iter-0000000450` for one taken mid-epoch,
+/// before iteration 450. Names sort in training order.
+fn dir_name(state: &CheckpointState) -> String {
+    match state.partial {
+        None => format!("epoch-{:04}", state.epochs_done),
+        Some(_) => format!("epoch-{:04}-iter-{:010}", state.epochs_done, state.next_iteration),
+    }
 }
 
 pub fn write(root: &Path, state: &CheckpointState, tensors: &CheckpointTensors) -> Result<PathBuf> {
     std::fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
-    let name = dir_name(state.epochs_done);
+    let name = dir_name(state);
     let tmp = root.join(format!("{name}.tmp"));
     let done = root.join(&name);
     if tmp.exists() {
@@ -144,6 +160,7 @@ mod tests {
                 seed: 1,
                 world: 2,
                 history: vec![],
+                partial: None,
             };
             let tensors = CheckpointTensors {
                 model: vec![("w".into(), Tensor::from_slice(&[epoch as f32]))],

@@ -11,4 +11,4 @@ pub mod optim;
 pub mod trainer;
 
 pub use collective::{Collective, RendezvousConfig, RingCollective, SoloCollective};
-pub use trainer::{TrainOptions, Trainer};
+pub use trainer::{JobError, Stopped, TrainOptions, Trainer};

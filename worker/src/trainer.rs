@@ -9,12 +9,12 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use ringtrain_core::{Effective, JobSpec};
 use tch::nn::{ModuleT, VarStore};
 use tch::{Device, Kind, Tensor};
 
-use crate::checkpoint::{self, CheckpointState, CheckpointTensors};
+use crate::checkpoint::{self, CheckpointState, CheckpointTensors, PartialEpoch};
 use crate::collective::Collective;
 use crate::data::shuffle::{batch_indices, epoch_permutation};
 use crate::data::Dataset;
@@ -22,6 +22,39 @@ use crate::gradients::{GradientReducer, DEFAULT_BUCKET_BYTES};
 use crate::metrics::{EpochRecord, Metric, RunResult};
 use crate::models;
 use crate::optim::{Sgd, SgdConfig};
+
+/// A failure of the job itself (its spec does not fit its dataset, its loss diverged): retrying it on other
+/// devices would fail the same way, unlike a lost peer or a killed process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobError(pub String);
+
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for JobError {}
+
+/// Every rank stopped at the same iteration because one was asked to (`TrainOptions::stop_file`), after
+/// rank 0 wrote a checkpoint of exactly that point: resuming from it continues as if nothing happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// The next iteration, where a resumed run starts (when known: a launcher of several ranks only knows
+    /// that they stopped).
+    pub next_iteration: Option<u64>,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.next_iteration {
+            Some(next) => write!(f, "stopped on request with a checkpoint before iteration {next}"),
+            None => write!(f, "stopped on request with a checkpoint of where the ranks stopped"),
+        }
+    }
+}
+
+impl std::error::Error for Stopped {}
 
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
@@ -42,6 +75,11 @@ pub struct TrainOptions {
     pub crash_at_iteration: Option<u64>,
     /// Fault injection for tests: feed this process NaN inputs at this global iteration (bad data).
     pub nan_inputs_at_iteration: Option<u64>,
+    /// When this file exists, this rank asks every rank to stop after the current iteration with a
+    /// checkpoint of it (the agent creates it on preemption). Looked at once per iteration.
+    pub stop_file: Option<PathBuf>,
+    /// For tests: ask to stop (as if the stop file appeared) at this global iteration.
+    pub stop_at_iteration: Option<u64>,
 }
 
 impl Default for TrainOptions {
@@ -56,6 +94,8 @@ impl Default for TrainOptions {
             eval_batch: 1000,
             crash_at_iteration: None,
             nan_inputs_at_iteration: None,
+            stop_file: None,
+            stop_at_iteration: None,
         }
     }
 }
@@ -87,6 +127,8 @@ pub struct StepOutcome {
     /// Misclassified samples over all k ranks.
     pub wrong: f64,
     pub allreduce: Duration,
+    /// Some rank asked to stop after this iteration (the same answer on every rank).
+    pub stop: bool,
 }
 
 /// The running BatchNorm statistics: per rank, never synchronised (Goyal §2.3). With virtual ranks each
@@ -139,6 +181,16 @@ impl BatchNormState {
     }
 }
 
+/// A u64 as four 16-bit pieces, each exact in an f32: how exact integers and f64 bits travel through the
+/// f32 broadcast.
+fn pack_u64(value: u64) -> [f32; 4] {
+    [0, 16, 32, 48].map(|shift| ((value >> shift) & 0xFFFF) as f32)
+}
+
+fn unpack_u64(pieces: &[f32]) -> u64 {
+    pieces.iter().zip([0, 16, 32, 48]).fold(0, |acc, (&p, shift)| acc | ((p as u64) << shift))
+}
+
 fn flatten<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> Vec<f32> {
     let mut out = Vec::new();
     for t in tensors {
@@ -180,6 +232,10 @@ pub struct Trainer<'c> {
     pub times: PhaseTimes,
     history: Vec<EpochRecord>,
     start_epoch: u64,
+    /// Where training starts: `start_epoch * iterations_per_epoch`, or later when resuming mid-epoch.
+    start_iteration: u64,
+    /// The interrupted epoch's running sums when resuming mid-epoch.
+    start_partial: PartialEpoch,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -205,7 +261,7 @@ impl<'c> Trainer<'c> {
             None => Dataset::load(&spec.dataset, spec.train_samples, spec.test_samples)?,
         };
         let effective = Effective::new(spec, data.train.len() as u64)
-            .map_err(|errors| anyhow::anyhow!("invalid spec for this dataset: {}", join(&errors)))?;
+            .map_err(|errors| JobError(format!("invalid spec for this dataset: {}", join(&errors))))?;
 
         tch::manual_seed(spec.seed as i64);
         let vs = VarStore::new(options.device);
@@ -228,6 +284,8 @@ impl<'c> Trainer<'c> {
             times: PhaseTimes::default(),
             history: Vec::new(),
             start_epoch: 0,
+            start_iteration: 0,
+            start_partial: PartialEpoch::default(),
         };
         trainer.synchronise_start()?;
         Ok(trainer)
@@ -256,9 +314,23 @@ impl<'c> Trainer<'c> {
                 }
             }
         }
-        let mut header = [loaded.as_ref().map_or(0.0, |(s, _)| s.epochs_done as f32)];
+        // Where to start, bit-exact: the next iteration and the interrupted epoch's sums, as 16-bit pieces.
+        let (next, partial) = loaded
+            .as_ref()
+            .map_or((0, PartialEpoch::default()), |(s, _)| (s.next_iteration, s.partial.unwrap_or_default()));
+        let mut header = [next, partial.loss_sum.to_bits(), partial.wrong_sum.to_bits(), partial.seconds.to_bits()]
+            .iter()
+            .flat_map(|&v| pack_u64(v))
+            .collect::<Vec<f32>>();
         self.comm.broadcast(&mut header, 0)?;
-        self.start_epoch = header[0] as u64;
+        let words: Vec<u64> = header.chunks(4).map(unpack_u64).collect();
+        self.start_iteration = words[0];
+        self.start_partial = PartialEpoch {
+            loss_sum: f64::from_bits(words[1]),
+            wrong_sum: f64::from_bits(words[2]),
+            seconds: f64::from_bits(words[3]),
+        };
+        self.start_epoch = self.start_iteration / self.effective.iterations_per_epoch.max(1);
 
         if let Some((state, tensors)) = &loaded {
             ensure!(
@@ -286,13 +358,12 @@ impl<'c> Trainer<'c> {
         self.comm.broadcast(&mut flat, 0)?;
         unflatten_into(&flat, params.iter());
 
-        if self.start_epoch > 0 {
+        if self.start_iteration > 0 {
             let momentum: Vec<Tensor> = self.opt.state().into_iter().map(|(_, t)| t).collect();
             let mut flat = flatten(momentum.iter());
             self.comm.broadcast(&mut flat, 0)?;
             unflatten_into(&flat, momentum.iter());
-            let next_iteration = self.start_epoch * self.effective.iterations_per_epoch;
-            self.opt.set_last_lr(next_iteration.checked_sub(1).map(|t| self.effective.lr_at(t)));
+            self.opt.set_last_lr(self.start_iteration.checked_sub(1).map(|t| self.effective.lr_at(t)));
 
             let b = self.bn.len();
             let mut all = vec![0.0f32; b * self.total_ranks];
@@ -353,24 +424,36 @@ impl<'c> Trainer<'c> {
                 self.bn.tables[j] = self.bn.snapshot();
             }
         }
-        // the loss sum and the error count ride along with the gradients
-        let mut extras = [rank_loss as f32, wrong as f32];
+        // the loss sum, the error count and the stop request ride along with the gradients
+        let mut extras = [rank_loss as f32, wrong as f32, f32::from(u8::from(self.stop_requested(iteration)))];
         let (grads, allreduce) =
             self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &mut extras)?;
         self.times.allreduce += allreduce;
         let loss = f64::from(extras[0]) / self.total_ranks as f64;
         if !loss.is_finite() {
-            bail!(
+            return Err(JobError(format!(
                 "the training loss became {loss} at iteration {iteration} (lr {}): stopping; the last good checkpoint is kept",
                 self.effective.lr_at(iteration)
-            );
+            ))
+            .into());
         }
         let lr = self.effective.lr_at(iteration);
         let started = Instant::now();
         self.opt.step(lr, &grads);
         self.times.optimizer += started.elapsed();
         self.times.steps += 1;
-        Ok(StepOutcome { lr, loss, rank_loss: rank_loss / v as f64, wrong: f64::from(extras[1]), allreduce })
+        Ok(StepOutcome {
+            lr,
+            loss,
+            rank_loss: rank_loss / v as f64,
+            wrong: f64::from(extras[1]),
+            allreduce,
+            stop: extras[2] > 0.0,
+        })
+    }
+
+    fn stop_requested(&self, iteration: u64) -> bool {
+        self.options.stop_at_iteration == Some(iteration) || self.options.stop_file.as_ref().is_some_and(|f| f.exists())
     }
 
     /// Top-1 error and mean loss on the whole test split, split across processes, with rank 0's BatchNorm
@@ -418,7 +501,11 @@ impl<'c> Trainer<'c> {
         Ok(all)
     }
 
-    fn write_checkpoint(&mut self, epochs_done: u64) -> Result<()> {
+    /// Rank 0 writes a checkpoint from which training resumes at `next_iteration` (an epoch boundary, or
+    /// mid-epoch with the interrupted epoch's `partial` sums); every rank takes part in gathering the
+    /// BatchNorm statistics.
+    fn write_checkpoint(&mut self, next_iteration: u64, partial: Option<PartialEpoch>) -> Result<()> {
+        let epochs_done = next_iteration / self.effective.iterations_per_epoch.max(1);
         let all_bn = self.gather_batch_norm()?;
         let Some(out) = self.options.out_dir.clone().filter(|_| self.is_root()) else { return Ok(()) };
         let b = self.bn.len();
@@ -438,13 +525,12 @@ impl<'c> Trainer<'c> {
         }
         let state = CheckpointState {
             epochs_done,
-            next_iteration: epochs_done * self.effective.iterations_per_epoch,
-            last_lr: (epochs_done * self.effective.iterations_per_epoch)
-                .checked_sub(1)
-                .map(|t| self.effective.lr_at(t)),
+            next_iteration,
+            last_lr: next_iteration.checked_sub(1).map(|t| self.effective.lr_at(t)),
             seed: self.spec.seed,
             world: self.total_ranks,
             history: self.history.clone(),
+            partial,
         };
         let tensors = CheckpointTensors { model, optimizer: self.opt.state(), batch_norm };
         checkpoint::write(&out.join("checkpoints"), &state, &tensors)?;
@@ -465,9 +551,14 @@ impl<'c> Trainer<'c> {
         for epoch in self.start_epoch..u64::from(eff.epochs) {
             let epoch_started = Instant::now();
             let permutation = epoch_permutation(self.spec.seed, epoch, self.data.train.len());
-            let (mut loss_sum, mut wrong_sum) = (0.0, 0.0);
+            // A run resumed mid-epoch continues the interrupted epoch's sums and step.
+            let resumed = epoch == self.start_epoch;
+            let first_step = if resumed { (self.start_iteration - epoch * ipe as u64) as usize } else { 0 };
+            let carried = if resumed { self.start_partial } else { PartialEpoch::default() };
+            let (mut loss_sum, mut wrong_sum) = (carried.loss_sum, carried.wrong_sum);
             let mut window = (Instant::now(), 0u64, Duration::ZERO);
-            for t in 0..ipe {
+            let mut stop = false;
+            for t in first_step..ipe {
                 let iteration = epoch * ipe as u64 + t as u64;
                 let outcome = self.train_step(iteration, t, &permutation)?;
                 loss_sum += outcome.loss;
@@ -488,9 +579,15 @@ impl<'c> Trainer<'c> {
                     });
                     window = (Instant::now(), 0, Duration::ZERO);
                 }
+                stop = outcome.stop;
+                if stop && t + 1 < ipe {
+                    let seconds = carried.seconds + epoch_started.elapsed().as_secs_f64();
+                    self.write_checkpoint(iteration + 1, Some(PartialEpoch { loss_sum, wrong_sum, seconds }))?;
+                    return Err(Stopped { next_iteration: Some(iteration + 1) }.into());
+                }
             }
             training_time += epoch_started.elapsed();
-            trained_steps += ipe as u64;
+            trained_steps += (ipe - first_step) as u64;
             let (test_error, test_loss) = self.evaluate()?;
             let record = EpochRecord {
                 rank,
@@ -500,14 +597,18 @@ impl<'c> Trainer<'c> {
                 train_error: wrong_sum / (ipe as f64 * global_batch),
                 test_error,
                 test_loss,
-                seconds: epoch_started.elapsed().as_secs_f64(),
+                seconds: carried.seconds + epoch_started.elapsed().as_secs_f64(),
             };
             sink(&Metric::Epoch(record.clone()));
             self.history.push(record);
             let done = epoch + 1;
             let every = u64::from(self.spec.checkpoint_every_epochs);
-            if done == u64::from(eff.epochs) || (every > 0 && done % every == 0) {
-                self.write_checkpoint(done)?;
+            // A stop asked for in an epoch's last step is served by the epoch's checkpoint.
+            if done == u64::from(eff.epochs) || (every > 0 && done % every == 0) || stop {
+                self.write_checkpoint(done * ipe as u64, None)?;
+            }
+            if stop && done < u64::from(eff.epochs) {
+                return Err(Stopped { next_iteration: Some(done * ipe as u64) }.into());
             }
         }
         let result = RunResult {
