@@ -114,8 +114,10 @@ pub struct Job {
     /// `cpu` or `gpu`.
     pub device: String,
     pub workers: i32,
-    /// Attempts started so far; a claim makes it one more.
+    /// Placements so far: every start (a claim) makes it one more, and it guards every agent report.
     pub attempt: i32,
+    /// Placements that ended in a preemption: not failures, so they use none of the restart budget.
+    pub preemptions: i32,
     pub max_restarts: i32,
     pub lease_owner: Option<String>,
     pub lease_expires: Option<DateTime<Utc>>,
@@ -125,6 +127,20 @@ pub struct Job {
     pub finished_at: Option<DateTime<Utc>>,
     pub result: Option<Value>,
     pub error: Option<String>,
+}
+
+impl Job {
+    /// The attempt as users count it: 1 for the first run, one more per failure-restart. A preempted run that
+    /// resumes elsewhere continues the same attempt.
+    pub fn user_attempt(&self) -> i32 {
+        self.attempt - self.preemptions
+    }
+
+    /// Whether a failed placement may be retried: restarts used so far (failures, not preemptions) are below
+    /// `max_restarts`.
+    pub fn may_restart(&self) -> bool {
+        self.user_attempt() <= self.max_restarts
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -317,6 +333,10 @@ pub struct Assignment {
     pub world_size: i32,
     /// pending | delivered | running | done | failed | cancelled
     pub state: String,
+    /// Rank 0's rendezvous address (HOST:PORT), once its agent reported it.
+    pub endpoint: Option<String>,
+    /// The scheduler preempted this placement: stop the rank after a checkpoint, not at once.
+    pub preempted: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -413,9 +433,36 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Moves up to `limit` queued jobs (highest priority, then oldest first) to `scheduled`, leased to
     /// `owner` for `lease`, attempt + 1. Concurrent claimers never get the same job.
     async fn claim_queued(&self, owner: &str, limit: i64, lease: Duration) -> StoreResult<Vec<Job>>;
-    /// Claims one queued job chosen by the caller (the placement policy picks which): queued → scheduled,
-    /// leased to `owner`, attempt + 1, with its event. None when it is no longer queued.
-    async fn claim_job(&self, id: JobId, owner: &str, lease: Duration) -> StoreResult<Option<Job>>;
+    /// Starts a queued job on the devices the placement policy chose, in one transaction: queued → scheduled,
+    /// leased to `owner`, attempt + 1, with its event, and one pending assignment per rank. None when the job
+    /// is no longer queued; Conflict (and nothing written) when a device is busy after all.
+    async fn start_job(
+        &self,
+        id: JobId,
+        owner: &str,
+        lease: Duration,
+        ranks: &[NewAssignment],
+    ) -> StoreResult<Option<(Job, Vec<Assignment>)>>;
+    /// Requeues a scheduled or running placement whose devices are being reclaimed: back to `queued` with
+    /// `preemptions` + 1 (not a failure), its pending assignments cancelled and its delivered or running ones
+    /// marked `preempted` (their agents checkpoint, then stop them). None when `attempt` is no longer the
+    /// job's current, running placement.
+    async fn preempt_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>>;
+    /// Jobs holding devices: scheduled or running.
+    async fn active_jobs(&self) -> StoreResult<Vec<Job>>;
+    /// Extends the lease of every active job with a live assignment on this node (its agent is alive).
+    async fn renew_node_leases(&self, node_id: Uuid, lease: Duration) -> StoreResult<u64>;
+    /// Records rank 0's rendezvous address on its assignment; false when it is no longer live.
+    async fn set_assignment_endpoint(&self, id: Uuid, endpoint: &str) -> StoreResult<bool>;
+    /// Whether this process is the scheduler leader: on Postgres, holds (or now took) a session advisory lock
+    /// on a connection kept for that purpose; the single SQLite server always is.
+    async fn try_lead(&self) -> StoreResult<bool>;
+    /// Tells every server sharing the database that jobs or assignments changed (Postgres NOTIFY; nothing on
+    /// SQLite, whose one server is told in-process).
+    async fn notify_changes(&self) -> StoreResult<()>;
+    /// Calls `on_change` for each notification of another server, until the connection fails (Postgres
+    /// LISTEN). Returns at once on SQLite.
+    async fn listen_for_changes(&self, on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()>;
     /// The queue, highest priority then oldest first, without claiming anything.
     async fn list_queued(&self, limit: i64) -> StoreResult<Vec<Job>>;
     /// Extends the lease of a job `owner` holds; false when it no longer does.

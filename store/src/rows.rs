@@ -12,7 +12,7 @@ use crate::model::*;
 
 /// The columns every job query returns, in [`JobRow`]'s order.
 pub(crate) const JOB_COLUMNS: &str = "seq, id, team_id, created_by, name, spec, effective, dataset_size, state, \
-     priority, device, workers, attempt, max_restarts, lease_owner, lease_expires, created_at, updated_at, \
+     priority, device, workers, attempt, preemptions, max_restarts, lease_owner, lease_expires, created_at, updated_at, \
      started_at, finished_at, result, error";
 
 #[derive(Debug, sqlx::FromRow)]
@@ -30,6 +30,7 @@ pub(crate) struct JobRow {
     device: String,
     workers: i32,
     attempt: i32,
+    preemptions: i32,
     max_restarts: i32,
     lease_owner: Option<String>,
     lease_expires: Option<DateTime<Utc>>,
@@ -63,6 +64,7 @@ impl TryFrom<JobRow> for Job {
             device: row.device,
             workers: row.workers,
             attempt: row.attempt,
+            preemptions: row.preemptions,
             max_restarts: row.max_restarts,
             lease_owner: row.lease_owner,
             lease_expires: row.lease_expires,
@@ -224,7 +226,7 @@ impl From<DeviceRow> for Device {
 }
 
 pub(crate) const ASSIGNMENT_COLUMNS: &str =
-    "id, job_id, attempt, node_id, device_id, rank, world_size, state, created_at, updated_at";
+    "id, job_id, attempt, node_id, device_id, rank, world_size, state, endpoint, preempted, created_at, updated_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct AssignmentRow {
@@ -236,6 +238,8 @@ pub(crate) struct AssignmentRow {
     rank: i32,
     world_size: i32,
     state: String,
+    endpoint: Option<String>,
+    preempted: bool,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -251,6 +255,8 @@ impl From<AssignmentRow> for Assignment {
             rank: row.rank,
             world_size: row.world_size,
             state: row.state,
+            endpoint: row.endpoint,
+            preempted: row.preempted,
             created_at: row.created_at,
             updated_at: row.updated_at,
         }

@@ -1,7 +1,8 @@
 //! The [`Store`](crate::Store) methods whose SQL is the same on Postgres and SQLite, written once and
 //! instantiated for each backend by [`impl_store!`]. (A macro rather than generic code: sqlx's generic
 //! executor bounds are far noisier than the SQL, and a macro keeps the SQL readable.) Each backend supplies
-//! `self.pool`, its migrator and the inherent method `claim_queued_impl`.
+//! `self.pool`, its migrator and the inherent methods `claim_queued_impl`, `try_lead_impl`,
+//! `notify_changes_impl` and `listen_for_changes_impl`.
 
 /// Most metric points written per INSERT: 8 parameters each stays far under both databases' limits.
 pub(crate) const METRICS_CHUNK: usize = 500;
@@ -49,6 +50,64 @@ pub(crate) fn check_migrations(
 
 macro_rules! impl_store {
     ($store:ty, $db:ty, $migrator:expr) => {
+        impl $store {
+            /// Writes a job's state-change event inside the caller's transaction.
+            async fn insert_state_event(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                job: ringtrain_core::JobId,
+                at: chrono::DateTime<chrono::Utc>,
+                change: (&str, &str),
+                attempt: i32,
+                reason: &str,
+            ) -> $crate::StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
+                     VALUES ($1, $2, 'state', $3, $4, $5, $6)",
+                )
+                .bind(job.0)
+                .bind(at)
+                .bind(change.0)
+                .bind(change.1)
+                .bind(attempt)
+                .bind(reason)
+                .execute(&mut **tx)
+                .await?;
+                Ok(())
+            }
+
+            /// Writes one pending assignment per rank inside the caller's transaction.
+            async fn insert_assignments(
+                tx: &mut sqlx::Transaction<'_, $db>,
+                job: ringtrain_core::JobId,
+                attempt: i32,
+                ranks: &[$crate::NewAssignment],
+            ) -> $crate::StoreResult<Vec<$crate::Assignment>> {
+                let now = $crate::now();
+                let world_size = ranks.len() as i32;
+                let sql = format!(
+                    "INSERT INTO assignments (id, job_id, attempt, node_id, device_id, rank, world_size, state, \
+                     created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8) RETURNING {}",
+                    $crate::rows::ASSIGNMENT_COLUMNS
+                );
+                let mut placed = Vec::with_capacity(ranks.len());
+                for rank in ranks {
+                    let row: $crate::rows::AssignmentRow = sqlx::query_as(&sql)
+                        .bind(uuid::Uuid::new_v4())
+                        .bind(job.0)
+                        .bind(attempt)
+                        .bind(rank.node_id)
+                        .bind(rank.device_id)
+                        .bind(rank.rank)
+                        .bind(world_size)
+                        .bind(now)
+                        .fetch_one(&mut **tx)
+                        .await?;
+                    placed.push(row.into());
+                }
+                Ok(placed)
+            }
+        }
+
         #[async_trait::async_trait]
         impl $crate::Store for $store {
             fn backend(&self) -> $crate::Backend {
@@ -293,18 +352,8 @@ macro_rules! impl_store {
                     return Ok(None);
                 };
                 let job: $crate::Job = row.try_into()?;
-                sqlx::query(
-                    "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
-                     VALUES ($1, $2, 'state', $3, $4, $5, $6)",
-                )
-                .bind(t.job.0)
-                .bind(now)
-                .bind(t.from.as_str())
-                .bind(t.to.as_str())
-                .bind(job.attempt)
-                .bind(&t.reason)
-                .execute(&mut *tx)
-                .await?;
+                Self::insert_state_event(&mut tx, t.job, now, (t.from.as_str(), t.to.as_str()), job.attempt, &t.reason)
+                    .await?;
                 tx.commit().await?;
                 Ok(Some(job))
             }
@@ -320,12 +369,13 @@ macro_rules! impl_store {
                 Ok(jobs)
             }
 
-            async fn claim_job(
+            async fn start_job(
                 &self,
                 id: ringtrain_core::JobId,
                 owner: &str,
                 lease: std::time::Duration,
-            ) -> $crate::StoreResult<Option<$crate::Job>> {
+                ranks: &[$crate::NewAssignment],
+            ) -> $crate::StoreResult<Option<($crate::Job, Vec<$crate::Assignment>)>> {
                 let now = $crate::now();
                 let mut tx = self.pool.begin().await?;
                 let sql = format!(
@@ -345,18 +395,127 @@ macro_rules! impl_store {
                     return Ok(None);
                 };
                 let job: $crate::Job = row.try_into()?;
+                let nodes: std::collections::BTreeSet<uuid::Uuid> = ranks.iter().map(|r| r.node_id).collect();
+                let reason = format!("placed on {} device(s) of {} node(s) by {owner}", ranks.len(), nodes.len());
+                Self::insert_state_event(&mut tx, id, now, ("queued", "scheduled"), job.attempt, &reason).await?;
+                // A busy device fails the whole start (the unique index on live assignments), and dropping
+                // the transaction undoes the claim with it.
+                let placed = Self::insert_assignments(&mut tx, id, job.attempt, ranks).await?;
+                tx.commit().await?;
+                Ok(Some((job, placed)))
+            }
+
+            async fn preempt_job(
+                &self,
+                id: ringtrain_core::JobId,
+                attempt: i32,
+                reason: &str,
+            ) -> $crate::StoreResult<Option<$crate::Job>> {
+                let now = $crate::now();
+                let mut tx = self.pool.begin().await?;
+                let current: Option<(String,)> =
+                    sqlx::query_as("SELECT state FROM jobs WHERE id = $1 AND attempt = $2")
+                        .bind(id.0)
+                        .bind(attempt)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                let Some((from,)) = current.filter(|(s,)| s == "scheduled" || s == "running") else {
+                    tx.rollback().await?;
+                    return Ok(None);
+                };
+                // Guarded on the state just read: a concurrent finish or cancel wins and this changes nothing.
+                let sql = format!(
+                    "UPDATE jobs SET state = 'queued', preemptions = preemptions + 1, lease_owner = NULL, \
+                     lease_expires = NULL, updated_at = $3 \
+                     WHERE id = $1 AND attempt = $2 AND state = $4 RETURNING {}",
+                    $crate::rows::JOB_COLUMNS
+                );
+                let row: Option<$crate::rows::JobRow> = sqlx::query_as(&sql)
+                    .bind(id.0)
+                    .bind(attempt)
+                    .bind(now)
+                    .bind(&from)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else {
+                    tx.rollback().await?;
+                    return Ok(None);
+                };
+                let job: $crate::Job = row.try_into()?;
+                let reason = format!("preempted: {reason}");
+                Self::insert_state_event(&mut tx, id, now, (from.as_str(), "queued"), attempt, &reason).await?;
                 sqlx::query(
-                    "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
-                     VALUES ($1, $2, 'state', 'queued', 'scheduled', $3, $4)",
+                    "UPDATE assignments SET state = 'cancelled', updated_at = $2 WHERE job_id = $1 AND state = 'pending'",
                 )
                 .bind(id.0)
                 .bind(now)
-                .bind(job.attempt)
-                .bind(format!("claimed by {owner}"))
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE assignments SET preempted = TRUE, updated_at = $3 \
+                     WHERE job_id = $1 AND attempt = $2 AND state IN ('delivered', 'running')",
+                )
+                .bind(id.0)
+                .bind(attempt)
+                .bind(now)
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
                 Ok(Some(job))
+            }
+
+            async fn active_jobs(&self) -> $crate::StoreResult<Vec<$crate::Job>> {
+                let sql = format!(
+                    "SELECT {} FROM jobs WHERE state IN ('scheduled', 'running') ORDER BY seq",
+                    $crate::rows::JOB_COLUMNS
+                );
+                let rows: Vec<$crate::rows::JobRow> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+                $crate::rows::jobs(rows)
+            }
+
+            async fn renew_node_leases(
+                &self,
+                node_id: uuid::Uuid,
+                lease: std::time::Duration,
+            ) -> $crate::StoreResult<u64> {
+                let done = sqlx::query(
+                    "UPDATE jobs SET lease_expires = $2 WHERE state IN ('scheduled', 'running') \
+                     AND lease_owner IS NOT NULL AND id IN (SELECT job_id FROM assignments WHERE node_id = $1 \
+                     AND attempt = jobs.attempt AND state IN ('pending', 'delivered', 'running'))",
+                )
+                .bind(node_id)
+                .bind($crate::shared::lease_expiry(lease))
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn set_assignment_endpoint(&self, id: uuid::Uuid, endpoint: &str) -> $crate::StoreResult<bool> {
+                let done = sqlx::query(
+                    "UPDATE assignments SET endpoint = $2, updated_at = $3 \
+                     WHERE id = $1 AND state IN ('delivered', 'running')",
+                )
+                .bind(id)
+                .bind(endpoint)
+                .bind($crate::now())
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn try_lead(&self) -> $crate::StoreResult<bool> {
+                self.try_lead_impl().await
+            }
+
+            async fn notify_changes(&self) -> $crate::StoreResult<()> {
+                self.notify_changes_impl().await
+            }
+
+            async fn listen_for_changes(
+                &self,
+                on_change: Box<dyn Fn() + Send + Sync>,
+            ) -> $crate::StoreResult<()> {
+                self.listen_for_changes_impl(on_change).await
             }
 
             async fn list_queued(&self, limit: i64) -> $crate::StoreResult<Vec<$crate::Job>> {
@@ -620,29 +779,8 @@ macro_rules! impl_store {
                 attempt: i32,
                 ranks: &[$crate::NewAssignment],
             ) -> $crate::StoreResult<Vec<$crate::Assignment>> {
-                let now = $crate::now();
-                let world_size = ranks.len() as i32;
-                let sql = format!(
-                    "INSERT INTO assignments (id, job_id, attempt, node_id, device_id, rank, world_size, state, \
-                     created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8) RETURNING {}",
-                    $crate::rows::ASSIGNMENT_COLUMNS
-                );
                 let mut tx = self.pool.begin().await?;
-                let mut placed = Vec::with_capacity(ranks.len());
-                for rank in ranks {
-                    let row: $crate::rows::AssignmentRow = sqlx::query_as(&sql)
-                        .bind(uuid::Uuid::new_v4())
-                        .bind(job.0)
-                        .bind(attempt)
-                        .bind(rank.node_id)
-                        .bind(rank.device_id)
-                        .bind(rank.rank)
-                        .bind(world_size)
-                        .bind(now)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                    placed.push(row.into());
-                }
+                let placed = Self::insert_assignments(&mut tx, job, attempt, ranks).await?;
                 tx.commit().await?;
                 Ok(placed)
             }

@@ -54,6 +54,20 @@ impl SqliteStore {
         &self.pool
     }
 
+    /// One server owns a SQLite file, so it always leads.
+    async fn try_lead_impl(&self) -> StoreResult<bool> {
+        Ok(true)
+    }
+
+    /// The one server is told in-process.
+    async fn notify_changes_impl(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
+    async fn listen_for_changes_impl(&self, _on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// SQLite has one writer at a time, so the claiming UPDATE cannot interleave with another: no row locks
     /// are needed, just `UPDATE ... WHERE seq IN (SELECT ... LIMIT n) RETURNING`. Its events go in the same
     /// transaction (SQLite has no writable CTEs).

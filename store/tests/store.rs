@@ -245,10 +245,10 @@ async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
     let b = submit(&store, new_job(&team, "b", 3)).await;
     let queue: Vec<JobId> = store.list_queued(10).await.unwrap().iter().map(|j| j.id).collect();
     assert_eq!(queue, vec![b.id, a.id]);
-    // The policy may pick the lower-priority job (it fits); a second claim of it gets nothing.
-    let claimed = store.claim_job(a.id, "sched", Duration::from_secs(30)).await.unwrap().unwrap();
+    // The policy may pick the lower-priority job (it fits); a second start of it gets nothing.
+    let claimed = store.start_job(a.id, "sched", Duration::from_secs(30), &[]).await.unwrap().unwrap().0;
     assert_eq!((claimed.state, claimed.attempt), (JobState::Scheduled, 1));
-    assert!(store.claim_job(a.id, "other", Duration::from_secs(30)).await.unwrap().is_none());
+    assert!(store.start_job(a.id, "other", Duration::from_secs(30), &[]).await.unwrap().is_none());
     assert_eq!(store.list_queued(10).await.unwrap().len(), 1);
     assert_eq!(store.list_events(a.id, 0, 10).await.unwrap().len(), 2);
 
@@ -279,6 +279,75 @@ async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
     assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, "up");
 }
 
+/// A node of `slots` CPU devices registered under a fresh agent token.
+async fn cpu_node(store: &Arc<dyn Store>, name: &str, slots: i32) -> (TokenInfo, Node) {
+    let agent = store
+        .create_token(NewToken { token_hash: hash_token(name), role: Role::Agent, team_id: None, label: None })
+        .await
+        .unwrap();
+    let devices = (0..slots)
+        .map(|index| NewDevice { index, kind: "cpu".into(), name: format!("slot {index}"), memory_bytes: None })
+        .collect();
+    let node =
+        store.register_node(agent.id, NodeRegistration { name: name.into(), address: None, devices }).await.unwrap();
+    (agent, node)
+}
+
+async fn starts_are_atomic_and_preemptions_keep_the_restart_budget(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let (agent, node) = cpu_node(&store, "n1", 2).await;
+    let ranks = |devices: &[usize]| -> Vec<NewAssignment> {
+        devices
+            .iter()
+            .enumerate()
+            .map(|(rank, &d)| NewAssignment { node_id: node.id, device_id: node.devices[d].id, rank: rank as i32 })
+            .collect()
+    };
+    let a = submit(&store, new_job(&team, "a", 0)).await;
+    let b = submit(&store, new_job(&team, "b", 0)).await;
+    let lease = Duration::from_secs(30);
+    let (started, placed) = store.start_job(a.id, "sched", lease, &ranks(&[0])).await.unwrap().unwrap();
+    assert_eq!((started.state, started.attempt, placed.len()), (JobState::Scheduled, 1, 1));
+    assert!(store.start_job(a.id, "sched", lease, &ranks(&[1])).await.unwrap().is_none(), "not queued any more");
+
+    // Device 0 is busy: b's start fails as a whole and b stays queued with its attempt untouched.
+    let busy = store.start_job(b.id, "sched", lease, &ranks(&[1, 0])).await;
+    assert!(matches!(busy, Err(StoreError::Conflict(_))), "{busy:?}");
+    let b_now = store.get_job(b.id).await.unwrap().unwrap();
+    assert_eq!((b_now.state, b_now.attempt), (JobState::Queued, 0));
+    assert_eq!(store.live_assignments().await.unwrap().len(), 1);
+
+    // Leases are renewed by heartbeats of the nodes holding live ranks.
+    assert_eq!(store.renew_node_leases(node.id, Duration::from_secs(600)).await.unwrap(), 1);
+    let renewed = store.get_job(a.id).await.unwrap().unwrap().lease_expires.unwrap();
+    assert!(renewed > now() + chrono::Duration::seconds(500));
+
+    // Rank 0's endpoint is recorded on its (delivered) assignment only.
+    assert!(!store.set_assignment_endpoint(placed[0].id, "10.0.0.1:4000").await.unwrap(), "still pending");
+    assert!(store.set_assignment_state(placed[0].id, "pending", "delivered").await.unwrap());
+    assert!(store.set_assignment_endpoint(placed[0].id, "10.0.0.1:4000").await.unwrap());
+    assert_eq!(store.get_assignment(placed[0].id).await.unwrap().unwrap().endpoint.as_deref(), Some("10.0.0.1:4000"));
+
+    // A preemption requeues without spending the restart budget; a stale attempt changes nothing.
+    assert!(store.preempt_job(a.id, 7, "stale").await.unwrap().is_none());
+    let preempted = store.preempt_job(a.id, 1, "reclaimed").await.unwrap().unwrap();
+    assert_eq!((preempted.state, preempted.attempt, preempted.preemptions), (JobState::Queued, 1, 1));
+    assert_eq!(preempted.user_attempt(), 0);
+    assert!(preempted.lease_owner.is_none());
+    let events = store.list_events(a.id, 0, 10).await.unwrap();
+    assert!(events.last().unwrap().reason.as_deref().unwrap().contains("preempted: reclaimed"), "{events:?}");
+    assert_eq!(events.last().unwrap().from_state.as_deref(), Some("scheduled"));
+    // Its delivered rank keeps the device until the agent says it stopped.
+    assert_eq!(store.live_assignments().await.unwrap().len(), 1);
+    assert!(store.set_assignment_state(placed[0].id, "delivered", "cancelled").await.unwrap());
+
+    let (again, _) = store.start_job(a.id, "sched", lease, &ranks(&[0, 1])).await.unwrap().unwrap();
+    assert_eq!((again.attempt, again.user_attempt()), (2, 1), "the placement counter moves, the user's attempt not");
+    assert!(again.may_restart());
+    assert_eq!(store.active_jobs().await.unwrap().iter().map(|j| j.id).collect::<Vec<_>>(), vec![a.id]);
+    let _ = agent;
+}
+
 on_both_backends!(
     guarded_transitions_refuse_stale_writers,
     concurrent_claims_never_share_a_job,
@@ -288,4 +357,5 @@ on_both_backends!(
     idempotent_submits_race_to_one_job,
     tokens_teams_and_readiness,
     chosen_claims_queue_view_and_lost_nodes,
+    starts_are_atomic_and_preemptions_keep_the_restart_budget,
 );
