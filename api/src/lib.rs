@@ -4,9 +4,12 @@
 pub mod auth;
 pub mod bench;
 pub mod bootstrap;
+pub mod changes;
 pub mod error;
 pub mod extract;
+pub mod files;
 pub mod routes;
+pub mod scheduling;
 pub mod state;
 pub mod telemetry;
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ringtrain_store::Store;
 
+use crate::changes::Changes;
 use crate::telemetry::Telemetry;
 
 /// Limits and locations of the API.
@@ -17,10 +18,16 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// The largest dataset upload.
     pub max_dataset_bytes: u64,
+    /// The largest checkpoint archive an agent may upload.
+    pub max_checkpoint_bytes: u64,
     /// Requests (except streams after their headers) that take longer are answered 408.
     pub request_timeout: Duration,
     /// How often an SSE stream looks for new events.
     pub event_poll: Duration,
+    /// How long a job's placement lives without a heartbeat from any agent holding one of its ranks.
+    pub lease: Duration,
+    /// The longest an agent's poll waits for something to change (under `request_timeout`).
+    pub max_poll_wait: Duration,
 }
 
 impl ApiConfig {
@@ -29,8 +36,11 @@ impl ApiConfig {
             data_dir: data_dir.into(),
             max_body_bytes: 1 << 20,
             max_dataset_bytes: 512 << 20,
+            max_checkpoint_bytes: 8 << 30,
             request_timeout: Duration::from_secs(30),
             event_poll: Duration::from_millis(500),
+            lease: Duration::from_secs(30),
+            max_poll_wait: Duration::from_secs(20),
         }
     }
 }
@@ -40,10 +50,25 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub config: Arc<ApiConfig>,
     pub telemetry: Arc<Telemetry>,
+    pub changes: Arc<Changes>,
 }
 
 impl AppState {
     pub fn new(store: Arc<dyn Store>, config: ApiConfig) -> Self {
-        AppState { store, config: Arc::new(config), telemetry: Arc::new(Telemetry::default()) }
+        AppState {
+            store,
+            config: Arc::new(config),
+            telemetry: Arc::new(Telemetry::default()),
+            changes: Arc::new(Changes::default()),
+        }
+    }
+
+    /// Jobs or assignments changed: wake this server's scheduler loop and long polls, and tell the other
+    /// servers on the same database. Best effort: a lost notification only delays the next periodic pass.
+    pub async fn changed(&self) {
+        self.changes.bump();
+        if let Err(err) = self.store.notify_changes().await {
+            tracing::warn!(%err, "cannot notify other servers of a change");
+        }
     }
 }

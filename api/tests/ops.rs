@@ -18,6 +18,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/jobs/{id}/metrics"),
     ("get", "/v1/jobs/{id}/schedule"),
     ("get", "/v1/jobs/{id}/checkpoints"),
+    ("get", "/v1/jobs/{id}/checkpoints/{checkpoint}/archive"),
     ("post", "/v1/schedules/preview"),
     ("post", "/v1/datasets"),
     ("get", "/v1/datasets"),
@@ -29,6 +30,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/agent/nodes"),
     ("post", "/v1/agent/nodes/{id}/heartbeat"),
     ("get", "/v1/agent/nodes/{id}/assignments"),
+    ("post", "/v1/agent/assignments/{id}/endpoint"),
+    ("put", "/v1/agent/jobs/{id}/checkpoints/{name}"),
+    ("get", "/v1/agent/jobs/{id}/checkpoints/{checkpoint}/archive"),
+    ("get", "/v1/agent/datasets/{id}"),
     ("post", "/v1/agent/assignments/{id}/state"),
     ("post", "/v1/agent/jobs/{id}/running"),
     ("post", "/v1/agent/jobs/{id}/metrics"),
@@ -65,7 +70,10 @@ async fn openapi_lists_every_route(app: TestApp) {
             assert!(operation["security"].is_array(), "{method} {path} documents its auth");
         }
         // The router serves it: without a token a /v1 route answers 401, never the unknown-route 404.
-        let uri = path.replace("{id}", "00000000-0000-0000-0000-000000000001");
+        let uri = path
+            .replace("{id}", "00000000-0000-0000-0000-000000000001")
+            .replace("{checkpoint}", "00000000-0000-0000-0000-000000000002")
+            .replace("{name}", "epoch-0001");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let reply = app.call(method.clone(), &uri, None, None).await;
         assert_ne!(reply.body["detail"].as_str().unwrap_or("").get(..8), Some("no route"), "{method} {uri}");

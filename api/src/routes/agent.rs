@@ -3,22 +3,24 @@
 //! checkpoints, the result). Job-scoped reports are accepted only from an agent holding an assignment of
 //! that job's attempt, and every state change is guarded by the attempt, so a stale agent changes nothing.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::{FieldError, JobId, JobState};
 use ringtrain_store::{
-    Assignment, Job, LeaseChange, MetricPoint, NewCheckpoint, NewDevice, Node, NodeRegistration, Transition,
+    Assignment, Checkpoint, Job, LeaseChange, MetricPoint, NewCheckpoint, NewDevice, Node, NodeRegistration, Transition,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::auth::Agent;
 use crate::error::{ApiError, ApiResult, Problem};
-use crate::extract::{ApiPath, JsonBody};
+use crate::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -132,50 +134,84 @@ pub async fn heartbeat(
     if !state.store.heartbeat(id, agent.token.id).await? {
         return Err(ApiError::not_found(format!("no node {id} of this agent")));
     }
+    // The agent is alive, so the placements of the ranks it holds are too.
+    state.store.renew_node_leases(id, state.config.lease).await?;
     Ok(Json(HeartbeatAck { node_id: id, at: ringtrain_store::now() }))
 }
 
-/// One rank to start: its assignment and what it trains.
+/// One rank to run: its assignment and what it trains.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Work {
+    /// `delivered` (start it) or `running` (it should be running here; an agent that has no such process,
+    /// having restarted, reports it failed).
     pub assignment: Assignment,
     #[schema(value_type = Object)]
     pub spec: Value,
     #[schema(value_type = Option<Object>)]
     pub effective: Option<Value>,
     pub dataset_size: Option<i64>,
+    /// Rank 0's HOST:PORT, once its agent reported it: ranks above 0 wait for it.
+    pub rendezvous: Option<String>,
+    /// The checkpoint to resume from (the job's newest), for rank 0 to download and broadcast.
+    pub resume: Option<Checkpoint>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Poll {
-    /// Ranks to run (pending ones are marked delivered by this poll; delivered ones are repeated so a
-    /// restarted agent finds them again).
+    /// Pass it back as `since`: the poll then waits until something changed after this answer.
+    pub version: u64,
+    /// Ranks to run (pending ones are marked delivered by this poll; delivered and running ones are repeated,
+    /// so a restarted agent finds them again).
     pub work: Vec<Work>,
     /// Assignments that are over on the server's side (their job finished, was cancelled or failed, or this
-    /// attempt was requeued): stop their ranks if they still run, then report each one ended (done, failed
-    /// or cancelled), which frees its device.
+    /// placement was requeued): stop their ranks at once if they still run, then report each one ended
+    /// (done, failed or cancelled), which frees its device.
     pub stop: Vec<Uuid>,
+    /// Assignments of a placement the scheduler preempted: ask their ranks to stop after a checkpoint of where
+    /// they are (`ringtrain train --stop-file`), upload it (rank 0), then report them cancelled.
+    pub preempt: Vec<Uuid>,
 }
 
-/// What this node should run and stop.
-#[utoipa::path(get, path = "/v1/agent/nodes/{id}/assignments", tag = "agent", params(("id" = Uuid, Path)),
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PollQuery {
+    /// The `version` of the previous answer: wait until something changed since.
+    pub since: Option<u64>,
+    /// The longest to wait, in seconds (capped by the server, 20 s by default); 0 answers at once.
+    pub wait_s: Option<u64>,
+}
+
+/// What this node should run and stop. With `since`, a long poll: it answers as soon as jobs or assignments
+/// change, or after `wait_s`.
+#[utoipa::path(get, path = "/v1/agent/nodes/{id}/assignments", tag = "agent", params(("id" = Uuid, Path), PollQuery),
     responses((status = 200, body = Poll), (status = 404, body = Problem, content_type = "application/problem+json")),
     security(("bearer" = [])))]
 pub async fn poll_assignments(
     State(state): State<AppState>,
     agent: Agent,
     ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<PollQuery>,
 ) -> ApiResult<Json<Poll>> {
     own_node(&state, &agent, id).await?;
+    if let Some(since) = query.since {
+        let wait = Duration::from_secs(query.wait_s.unwrap_or(u64::MAX)).min(state.config.max_poll_wait);
+        state.changes.wait_past(since, wait).await;
+    }
+    let version = state.changes.version();
     let live = state.store.node_assignments(id, &["pending", "delivered", "running"]).await?;
-    let mut poll = Poll { work: Vec::new(), stop: Vec::new() };
+    let mut poll = Poll { version, work: Vec::new(), stop: Vec::new(), preempt: Vec::new() };
     for mut assignment in live {
         let job = state.store.get_job(JobId(assignment.job_id)).await?;
         let current = job
             .as_ref()
             .filter(|j| j.attempt == assignment.attempt && matches!(j.state, JobState::Scheduled | JobState::Running));
         let Some(job) = current else {
-            poll.stop.push(assignment.id);
+            if assignment.preempted {
+                poll.preempt.push(assignment.id);
+            } else {
+                poll.stop.push(assignment.id);
+            }
             continue;
         };
         if assignment.state == "pending"
@@ -183,16 +219,90 @@ pub async fn poll_assignments(
         {
             assignment.state = "delivered".into();
         }
-        if assignment.state == "delivered" {
-            poll.work.push(Work {
-                assignment,
-                spec: job.spec.clone(),
-                effective: job.effective.clone(),
-                dataset_size: job.dataset_size,
-            });
-        }
+        let rendezvous = if assignment.rank == 0 {
+            assignment.endpoint.clone()
+        } else {
+            let ranks = state.store.job_assignments(job.id, job.attempt).await?;
+            ranks.into_iter().find(|a| a.rank == 0).and_then(|a| a.endpoint)
+        };
+        let resume = if assignment.rank == 0 { latest_checkpoint(&state, job.id).await? } else { None };
+        poll.work.push(Work {
+            assignment,
+            spec: job.spec.clone(),
+            effective: job.effective.clone(),
+            dataset_size: job.dataset_size,
+            rendezvous,
+            resume,
+        });
     }
     Ok(Json(poll))
+}
+
+/// The newest checkpoint a resumed placement starts from (final ones too: a job whose last rank died
+/// after the final checkpoint resumes with nothing left to train).
+async fn latest_checkpoint(state: &AppState, job: JobId) -> ApiResult<Option<Checkpoint>> {
+    let checkpoints = state.store.list_checkpoints(job).await?;
+    Ok(checkpoints.into_iter().filter(|c| !c.is_final).max_by_key(|c| c.iteration))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointReport {
+    /// Where rank 0 listens for the other ranks: HOST:PORT.
+    pub address: String,
+}
+
+/// Checks HOST:PORT: a port from 1 to 65535 and a host of letters, digits, `.`, `-`, `:` or brackets.
+pub fn check_endpoint(address: &str) -> Result<(), FieldError> {
+    let bad = |reason: &str| FieldError::new("address", format!("{address:?} is not HOST:PORT: {reason}"));
+    let (host, port) = address.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return Err(bad("the port must be 1 to 65535"));
+    }
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+    if !host_ok {
+        return Err(bad("the host must be a name or an IP address"));
+    }
+    Ok(())
+}
+
+/// Rank 0's agent says where rank 0 listens; the other ranks' agents read it from their polls.
+#[utoipa::path(post, path = "/v1/agent/assignments/{id}/endpoint", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = EndpointReport,
+    responses((status = 200, body = Assignment),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not live any more", body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn report_endpoint(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    JsonBody(body): JsonBody<EndpointReport>,
+) -> ApiResult<Json<Assignment>> {
+    check_endpoint(&body.address).map_err(|e| ApiError::validation(vec![e]))?;
+    let assignment = own_assignment(&state, &agent, id).await?;
+    if assignment.rank != 0 {
+        return Err(ApiError::validation(vec![FieldError::new(
+            "address",
+            format!("assignment {id} is rank {}: only rank 0 has an endpoint", assignment.rank),
+        )]));
+    }
+    if !state.store.set_assignment_endpoint(id, &body.address).await? {
+        return Err(ApiError::conflict(format!("assignment {id} is not delivered or running")));
+    }
+    state.changed().await;
+    Ok(Json(own_assignment(&state, &agent, id).await?))
+}
+
+/// One of this agent's assignments, or 404.
+async fn own_assignment(state: &AppState, agent: &Agent, id: Uuid) -> ApiResult<Assignment> {
+    let not_found = || ApiError::not_found(format!("no assignment {id}"));
+    let assignment = state.store.get_assignment(id).await?.ok_or_else(not_found)?;
+    own_node(state, agent, assignment.node_id).await.map_err(|_| not_found())?;
+    Ok(assignment)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -228,21 +338,19 @@ pub async fn update_assignment(
             format!("{} -> {} is not allowed (delivered -> running -> done | failed | cancelled)", body.from, body.to),
         )]));
     }
-    let assignment =
-        state.store.get_assignment(id).await?.ok_or_else(|| ApiError::not_found(format!("no assignment {id}")))?;
-    own_node(&state, &agent, assignment.node_id)
-        .await
-        .map_err(|_| ApiError::not_found(format!("no assignment {id}")))?;
+    own_assignment(&state, &agent, id).await?;
     if !state.store.set_assignment_state(id, &body.from, &body.to).await? {
         return Err(ApiError::conflict(format!("assignment {id} is not {}", body.from)));
     }
-    let updated =
-        state.store.get_assignment(id).await?.ok_or_else(|| ApiError::not_found(format!("no assignment {id}")))?;
-    Ok(Json(updated))
+    if body.to != "running" {
+        // A device became free.
+        state.changed().await;
+    }
+    Ok(Json(own_assignment(&state, &agent, id).await?))
 }
 
 /// The job, if this agent holds an assignment of `attempt` of it; else 404.
-async fn assigned_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i32) -> ApiResult<Job> {
+pub(crate) async fn assigned_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i32) -> ApiResult<Job> {
     let not_found = || ApiError::not_found(format!("no job {id} attempt {attempt} assigned to this agent"));
     let job = state.store.get_job(JobId(id)).await?.ok_or_else(not_found)?;
     let assignments = state.store.job_assignments(job.id, attempt).await?;
@@ -491,7 +599,7 @@ pub async fn report_result(
     let error = body.error.as_deref().unwrap_or("unknown error");
     let (to, reason) = match body.outcome {
         Outcome::Succeeded => (JobState::Succeeded, format!("attempt {} succeeded", body.attempt)),
-        Outcome::Failed if body.retryable && job.attempt <= job.max_restarts => {
+        Outcome::Failed if body.retryable && job.may_restart() => {
             (JobState::Queued, format!("attempt {} failed, retrying: {error}", body.attempt))
         }
         Outcome::Failed => (JobState::Failed, format!("attempt {} failed: {error}", body.attempt)),
@@ -508,6 +616,7 @@ pub async fn report_result(
             // Every agent holding a rank of this attempt learns from its next poll that the attempt is over
             // and reports its assignments ended, which frees their devices.
             state.store.cancel_pending_assignments(job.id).await?;
+            state.changed().await;
             Ok(Json(ResultAck { state: updated.state }))
         }
         None => Err(ApiError::conflict(format!("job {id} changed state meanwhile; attempt {} is stale", body.attempt))),

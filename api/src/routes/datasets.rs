@@ -1,25 +1,23 @@
 //! /v1/datasets: safetensors uploads (`x`: samples, `y`: integer labels), streamed to the data directory
 //! under a size limit and checked before they are accepted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
-use futures_util::StreamExt;
 use ringtrain_core::FieldError;
 use ringtrain_store::{Dataset, NewDataset};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::ApiQuery;
+use crate::files::{self, PartialFile};
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -96,17 +94,6 @@ pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
     })
 }
 
-/// Removes a partial upload however the handler ends.
-struct PartialFile(Option<PathBuf>);
-
-impl Drop for PartialFile {
-    fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 /// Upload a dataset: the request body is the safetensors file (`Content-Type: application/octet-stream`).
 #[utoipa::path(post, path = "/v1/datasets", tag = "datasets", params(UploadParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream",
@@ -141,46 +128,18 @@ pub async fn upload_dataset(
         ));
     }
     let limit = state.config.max_dataset_bytes;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload-too-large",
-            format!("datasets may be at most {limit} bytes"),
-        )
-    };
-    if headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > limit)
-    {
-        return Err(too_large());
-    }
+    files::check_declared_length(&headers, limit, "datasets")?;
     let dir = state.config.data_dir.join("datasets");
     tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
     let id = Uuid::new_v4();
     let partial_path = dir.join(format!("{id}.safetensors.part"));
-    let mut partial = PartialFile(Some(partial_path.clone()));
-    let mut file = tokio::fs::File::create(&partial_path).await.map_err(ApiError::internal)?;
+    let partial = PartialFile::new(partial_path.clone());
     // Streamed to disk: the limit is enforced as bytes arrive, never by buffering the whole body.
-    let mut hasher = Sha256::new();
-    let mut written: u64 = 0;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload failed: {e}")))?;
-        written += chunk.len() as u64;
-        if written > limit {
-            return Err(too_large());
-        }
-        hasher.update(&chunk);
-        file.write_all(&chunk).await.map_err(ApiError::internal)?;
-    }
-    file.flush().await.map_err(ApiError::internal)?;
-    drop(file);
+    let written = files::stream_to_file(body, &partial_path, limit, "datasets").await?;
     let contents = check_file(&partial_path).await?;
     let final_path = dir.join(format!("{id}.safetensors"));
     tokio::fs::rename(&partial_path, &final_path).await.map_err(ApiError::internal)?;
-    partial.0 = None;
+    partial.keep();
     let dataset = state
         .store
         .add_dataset(NewDataset {
@@ -188,8 +147,8 @@ pub async fn upload_dataset(
             team_id: user.team_id,
             name: params.name,
             path: final_path.to_string_lossy().into_owned(),
-            size_bytes: written as i64,
-            sha256: crate::hex(&hasher.finalize()),
+            size_bytes: written.bytes as i64,
+            sha256: written.sha256,
             train_samples: contents.samples,
             sample_shape: contents.sample_shape,
             num_classes: contents.num_classes,

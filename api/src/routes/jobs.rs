@@ -37,8 +37,11 @@ pub struct JobView {
     pub priority: i32,
     pub device: String,
     pub workers: i32,
-    /// Attempts started so far (0 until first scheduled).
+    /// The attempt: 0 until first placed, 1 for the first run, one more per restart after a failure. A run
+    /// that was preempted and resumes elsewhere continues the same attempt.
     pub attempt: i32,
+    /// How often the scheduler reclaimed its devices (it resumed from its last checkpoint each time).
+    pub preemptions: i32,
     pub max_restarts: i32,
     /// The spec as submitted.
     #[schema(value_type = Object)]
@@ -79,7 +82,8 @@ impl From<&Job> for JobView {
             priority: job.priority,
             device: job.device.clone(),
             workers: job.workers,
-            attempt: job.attempt,
+            attempt: job.user_attempt(),
+            preemptions: job.preemptions,
             max_restarts: job.max_restarts,
             spec: job.spec.clone(),
             effective: job.effective.clone(),
@@ -173,6 +177,7 @@ pub async fn submit_job(
     };
     match state.store.submit_job(new, key).await? {
         Submitted::Created(job) => {
+            state.changed().await;
             let location = format!("/v1/jobs/{}", job.id);
             Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(JobView::from(&job))).into_response())
         }
@@ -296,6 +301,7 @@ pub async fn cancel_job(
             // Ranks already handed to agents keep their devices until the agents, told by their next poll,
             // stop them and say so; ranks not yet picked up are simply cancelled.
             state.store.cancel_pending_assignments(job.id).await?;
+            state.changed().await;
             return Ok(Json(JobView::from(&cancelled)));
         }
         job = team_job(&state, &user, id).await?;

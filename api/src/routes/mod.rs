@@ -8,6 +8,7 @@ pub mod jobs;
 pub mod schedules;
 pub mod specs;
 pub mod teams;
+pub mod transfers;
 
 use axum::extract::DefaultBodyLimit;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -46,6 +47,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     // Uploads are streamed with their own (larger) limit; every other body is capped by the app's.
     let uploads = OpenApiRouter::new()
         .routes(routes!(datasets::upload_dataset, datasets::list_datasets))
+        .routes(routes!(transfers::upload_checkpoint))
         .layer(DefaultBodyLimit::disable());
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::submit_job, jobs::list_jobs))
@@ -64,6 +66,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(agent::heartbeat))
         .routes(routes!(agent::poll_assignments))
         .routes(routes!(agent::update_assignment))
+        .routes(routes!(agent::report_endpoint))
+        .routes(routes!(transfers::agent_download_checkpoint))
+        .routes(routes!(transfers::download_checkpoint))
+        .routes(routes!(transfers::agent_download_dataset))
         .routes(routes!(agent::job_running))
         .routes(routes!(agent::report_metrics))
         .routes(routes!(agent::report_checkpoint))

@@ -36,6 +36,7 @@ macro_rules! on_both_backends {
 pub struct TestApp {
     pub router: Router,
     pub store: Arc<dyn Store>,
+    pub state: AppState,
     pub dir: tempfile::TempDir,
 }
 
@@ -97,8 +98,9 @@ impl TestApp {
         let mut config = ApiConfig::new(dir.path());
         config.event_poll = std::time::Duration::from_millis(50);
         config.max_dataset_bytes = 1 << 20;
-        let router = app(AppState::new(store.clone(), config));
-        TestApp { router, store, dir }
+        let state = AppState::new(store.clone(), config);
+        let router = app(state.clone());
+        TestApp { router, store, state, dir }
     }
 
     pub async fn send(&self, request: Request<Body>) -> Reply {
@@ -129,6 +131,30 @@ impl TestApp {
 
     pub async fn post(&self, uri: &str, token: &str, body: &Value) -> Reply {
         self.call(Method::POST, uri, Some(token), Some(body)).await
+    }
+
+    /// Sends raw bytes as `application/octet-stream`.
+    pub async fn send_bytes(&self, method: Method, uri: &str, token: &str, bytes: Vec<u8>) -> Reply {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(Body::from(bytes))
+            .unwrap();
+        self.send(request).await
+    }
+
+    /// The raw bytes of a GET.
+    pub async fn get_bytes(&self, uri: &str, token: &str) -> (StatusCode, Vec<u8>) {
+        let request = Request::builder()
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(Body::empty())
+            .unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        (status, axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap().to_vec())
     }
 
     /// A new team with an admin, a member and a viewer token.

@@ -1,0 +1,109 @@
+//! Files through the API: request bodies streamed to disk under a size limit (dataset and checkpoint
+//! uploads), and files streamed back as response bodies (downloads), never held in memory whole.
+
+use std::path::{Path, PathBuf};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{ApiError, ApiResult};
+
+/// Removes a partial upload however the handler ends, unless [`PartialFile::keep`] is called.
+#[derive(Debug)]
+pub struct PartialFile(Option<PathBuf>);
+
+impl PartialFile {
+    pub fn new(path: PathBuf) -> Self {
+        PartialFile(Some(path))
+    }
+
+    /// The upload is complete (and renamed): leave it.
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// What was written.
+#[derive(Debug)]
+pub struct Written {
+    pub bytes: u64,
+    /// Lowercase hex sha256 of the content.
+    pub sha256: String,
+}
+
+/// Streams `body` into a new file at `path`, failing with 413 (and removing nothing: the caller's
+/// [`PartialFile`] does) once more than `limit` bytes arrived.
+pub async fn stream_to_file(body: Body, path: &Path, limit: u64, what: &str) -> ApiResult<Written> {
+    let mut file = tokio::fs::File::create(path).await.map_err(ApiError::internal)?;
+    let mut hasher = Sha256::new();
+    let mut written: u64 = 0;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload failed: {e}")))?;
+        written += chunk.len() as u64;
+        if written > limit {
+            return Err(too_large(what, limit));
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(ApiError::internal)?;
+    }
+    file.flush().await.map_err(ApiError::internal)?;
+    Ok(Written { bytes: written, sha256: crate::hex(&hasher.finalize()) })
+}
+
+pub fn too_large(what: &str, limit: u64) -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", format!("{what} may be at most {limit} bytes"))
+}
+
+/// Answers 413 before reading anything when Content-Length already says the body is too large.
+pub fn check_declared_length(headers: &axum::http::HeaderMap, limit: u64, what: &str) -> ApiResult<()> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit => Err(too_large(what, limit)),
+        _ => Ok(()),
+    }
+}
+
+const CHUNK: usize = 1 << 20;
+
+/// The file as an `application/octet-stream` body, read in 1 MiB chunks as the client takes them.
+pub async fn file_response(path: &Path) -> ApiResult<Response> {
+    let file = tokio::fs::File::open(path).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ApiError::not_found(format!("the file {} is gone", path.display()))
+        } else {
+            ApiError::internal(e)
+        }
+    })?;
+    let length = file.metadata().await.map_err(ApiError::internal)?.len();
+    let chunks = futures_util::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut buffer = vec![0u8; CHUNK];
+        match file.read(&mut buffer).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buffer.truncate(n);
+                Some((Ok::<Bytes, std::io::Error>(Bytes::from(buffer)), Some(file)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, length.to_string())],
+        Body::from_stream(chunks),
+    )
+        .into_response())
+}

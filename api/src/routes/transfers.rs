@@ -1,0 +1,177 @@
+//! Files that move between agents, the server and users: checkpoint archives (uploaded by rank 0's agent,
+//! downloaded by whichever agent runs rank 0 of a resumed placement, and by users who want the weights) and
+//! uploaded datasets (downloaded by agents). Nothing is held in memory whole; the server's data directory is
+//! the one place they live, so a resumed job may land on any node.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use ringtrain_core::{FieldError, JobId};
+use ringtrain_store::{Checkpoint, NewCheckpoint};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use uuid::Uuid;
+
+use crate::auth::{Agent, User};
+use crate::error::{ApiError, ApiResult, Problem};
+use crate::extract::{ApiPath, ApiQuery};
+use crate::files::{self, PartialFile};
+use crate::routes::agent::assigned_job;
+use crate::routes::jobs::team_job;
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveParams {
+    /// The placement that wrote it (the agent protocol's attempt).
+    pub attempt: i32,
+    /// Epochs done when it was written.
+    pub epoch: u32,
+    /// The next global iteration when it was written.
+    pub iteration: u64,
+    /// The finished job's weights.
+    #[serde(default)]
+    pub r#final: bool,
+}
+
+/// The trainer's checkpoint directory names: `epoch-0007` after an epoch, `epoch-0007-iter-0000000450` for
+/// one taken mid-epoch when a preempted job stopped.
+fn check_name(name: &str) -> Result<(), FieldError> {
+    let digits = |text: &str, range: std::ops::RangeInclusive<usize>| {
+        range.contains(&text.len()) && text.chars().all(|c| c.is_ascii_digit())
+    };
+    let rest = name.strip_prefix("epoch-").unwrap_or("");
+    let valid = match rest.split_once("-iter-") {
+        Some((epoch, iteration)) => digits(epoch, 4..=10) && digits(iteration, 10..=20),
+        None => digits(rest, 4..=10),
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(FieldError::new("name", format!("{name:?} is not a checkpoint name (epoch-NNNN[-iter-NNNNNNNNNN])")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_name;
+
+    #[test]
+    fn checkpoint_names_are_the_trainers() {
+        for good in ["epoch-0007", "epoch-0001-iter-0000000021", "epoch-12345"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["latest", "epoch-7", "epoch-0001-iter-21", "epoch-0001/../x", "epoch-0001-iter-", ""] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// Upload a checkpoint archive (a tar of the trainer's `epoch-NNNN/` directory) and register it.
+#[utoipa::path(put, path = "/v1/agent/jobs/{id}/checkpoints/{name}", tag = "agent",
+    params(("id" = Uuid, Path), ("name" = String, Path, description = "epoch-NNNN"), ArchiveParams),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A tar archive"),
+    responses((status = 201, body = Checkpoint),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 413, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn upload_checkpoint(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath((id, name)): ApiPath<(Uuid, String)>,
+    ApiQuery(params): ApiQuery<ArchiveParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
+    check_name(&name).map_err(|e| ApiError::validation(vec![e]))?;
+    if params.iteration > i64::MAX as u64 {
+        return Err(ApiError::validation(vec![FieldError::new("iteration", "too large")]));
+    }
+    let job = assigned_job(&state, &agent, id, params.attempt).await?;
+    let limit = state.config.max_checkpoint_bytes;
+    files::check_declared_length(&headers, limit, "checkpoints")?;
+    let dir = state.config.data_dir.join("checkpoints").join(job.id.to_string());
+    tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
+    let file_name = if params.r#final { format!("{name}-final.tar") } else { format!("{name}.tar") };
+    let partial_path = dir.join(format!("{file_name}.{}.part", Uuid::new_v4()));
+    let partial = PartialFile::new(partial_path.clone());
+    let written = files::stream_to_file(body, &partial_path, limit, "checkpoints").await?;
+    let path = dir.join(&file_name);
+    tokio::fs::rename(&partial_path, &path).await.map_err(ApiError::internal)?;
+    partial.keep();
+    let checkpoint = state
+        .store
+        .add_checkpoint(NewCheckpoint {
+            job_id: job.id,
+            attempt: params.attempt,
+            epoch: i64::from(params.epoch),
+            iteration: params.iteration as i64,
+            path: path.to_string_lossy().into_owned(),
+            size_bytes: written.bytes as i64,
+            sha256: written.sha256,
+            is_final: params.r#final,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(checkpoint)))
+}
+
+/// The job's checkpoint `checkpoint`, or 404.
+async fn find_checkpoint(state: &AppState, job: JobId, checkpoint: Uuid) -> ApiResult<Checkpoint> {
+    let checkpoints = state.store.list_checkpoints(job).await?;
+    checkpoints
+        .into_iter()
+        .find(|c| c.id == checkpoint)
+        .ok_or_else(|| ApiError::not_found(format!("no checkpoint {checkpoint} of job {job}")))
+}
+
+/// Download a checkpoint archive: for the agent of rank 0 of the job's current placement.
+#[utoipa::path(get, path = "/v1/agent/jobs/{id}/checkpoints/{checkpoint}/archive", tag = "agent",
+    params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn agent_download_checkpoint(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath((id, checkpoint)): ApiPath<(Uuid, Uuid)>,
+) -> ApiResult<Response> {
+    let job = state.store.get_job(JobId(id)).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    assigned_job(&state, &agent, id, job.attempt).await?;
+    let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
+    files::file_response(std::path::Path::new(&checkpoint.path)).await
+}
+
+/// Download a checkpoint archive of one of your team's jobs (a tar of model, optimizer and BatchNorm
+/// safetensors files and state.json).
+#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints/{checkpoint}/archive", tag = "jobs",
+    params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn download_checkpoint(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath((id, checkpoint)): ApiPath<(Uuid, Uuid)>,
+) -> ApiResult<Response> {
+    let job = team_job(&state, &user, id).await?;
+    let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
+    files::file_response(std::path::Path::new(&checkpoint.path)).await
+}
+
+/// Download an uploaded dataset's safetensors file: for agents whose ranks train on it.
+#[utoipa::path(get, path = "/v1/agent/datasets/{id}", tag = "agent", params(("id" = Uuid, Path)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, body = Problem, content_type = "application/problem+json")),
+    security(("bearer" = [])))]
+pub async fn agent_download_dataset(
+    State(state): State<AppState>,
+    _agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Response> {
+    let dataset = state.store.get_dataset(id).await?.ok_or_else(|| ApiError::not_found(format!("no dataset {id}")))?;
+    files::file_response(std::path::Path::new(&dataset.path)).await
+}
