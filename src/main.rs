@@ -21,10 +21,17 @@ struct Cli {
 enum Command {
     /// Print the effective hyperparameters and the learning-rate schedule of a job spec as JSON.
     Schedule(commands::schedule::Args),
-    /// Serve the REST API (Postgres or embedded SQLite).
+    /// The quickstart: server (embedded SQLite) and a local agent with this machine's devices.
+    Up(commands::up::Args),
+    /// Serve the REST API and run the scheduler (Postgres or embedded SQLite).
     Serve(commands::serve::Args),
+    /// Run a node agent: offer this machine's devices to a server and run the ranks it places here.
+    Agent(commands::agent::Args),
     /// Train: one rank of a job (--rank/--world/--rendezvous), or K local rank processes (--local K).
     Train(commands::train::Args),
+    /// Jobs from the terminal (`jobs watch ID`: a progress bar until it ends).
+    #[command(subcommand)]
+    Jobs(commands::jobs::Jobs),
     /// Benchmarks, printed next to their reference (`--json` for one object per measurement).
     #[command(subcommand)]
     Bench(commands::bench::Bench),
@@ -34,8 +41,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Schedule(args) => commands::schedule::run(args),
+        Command::Up(args) => commands::up::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Agent(args) => commands::agent::run(args),
         Command::Train(args) => commands::train::run(args),
+        Command::Jobs(jobs) => commands::jobs::run(jobs),
         Command::Bench(bench) => commands::bench::run(bench),
     }
 }

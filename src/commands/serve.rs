@@ -5,45 +5,44 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use ringtrain_api::scheduling::{self, LoopConfig};
 use ringtrain_api::{app, ApiConfig, AppState};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Address to listen on.
     #[arg(long, env = "RINGTRAIN_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
+    pub listen: SocketAddr,
     /// `postgres://...` or `sqlite:PATH`; default: SQLite in the data directory.
     #[arg(long, env = "DATABASE_URL")]
-    database_url: Option<String>,
+    pub database_url: Option<String>,
     /// Where uploads (and the default SQLite database) are kept.
     #[arg(long, env = "RINGTRAIN_DATA_DIR", default_value = "ringtrain-data")]
-    data_dir: PathBuf,
+    pub data_dir: PathBuf,
     /// The largest dataset upload, in bytes.
     #[arg(long, env = "RINGTRAIN_MAX_DATASET_BYTES", default_value_t = 512 << 20)]
-    max_dataset_bytes: u64,
+    pub max_dataset_bytes: u64,
     /// Use this token as the bootstrap admin token instead of generating (and printing) one.
     #[arg(long, env = "RINGTRAIN_BOOTSTRAP_TOKEN", hide_env_values = true)]
-    bootstrap_token: Option<String>,
+    pub bootstrap_token: Option<String>,
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(serve(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    super::block_on("serve", serve(args))
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
+    init_logging();
+    let server = Server::start(&args).await?;
+    if let Some(token) = &server.bootstrap_token {
+        // Printed once, on the first start against an empty database; only its hash is stored.
+        println!("bootstrap admin token (shown once): {token}");
+    }
+    println!("listening on http://{}", server.address);
+    server.run(shutdown_signal()).await
+}
+
+pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -51,25 +50,63 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .try_init();
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create the data directory {}", args.data_dir.display()))?;
-    let url =
-        args.database_url.clone().unwrap_or_else(|| format!("sqlite:{}", args.data_dir.join("ringtrain.db").display()));
-    let store = ringtrain_store::connect(&url).await.with_context(|| format!("cannot open the database {url}"))?;
-    if let Some(token) = ringtrain_api::bootstrap::bootstrap(store.as_ref(), args.bootstrap_token.as_deref()).await? {
-        // Printed once, on the first start against an empty database; only its hash is stored.
-        println!("bootstrap admin token (shown once): {token}");
+}
+
+/// A server that is bound and has its database, not yet serving.
+#[derive(Debug)]
+pub struct Server {
+    pub address: SocketAddr,
+    pub state: AppState,
+    /// The admin token generated on the first start against an empty database.
+    pub bootstrap_token: Option<String>,
+    listener: tokio::net::TcpListener,
+}
+
+impl Server {
+    pub async fn start(args: &Args) -> anyhow::Result<Server> {
+        std::fs::create_dir_all(&args.data_dir)
+            .with_context(|| format!("cannot create the data directory {}", args.data_dir.display()))?;
+        let url = args
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite:{}", args.data_dir.join("ringtrain.db").display()));
+        let store = ringtrain_store::connect(&url)
+            .await
+            .with_context(|| format!("cannot open the database {}", redact(&url)))?;
+        let bootstrap_token =
+            ringtrain_api::bootstrap::bootstrap(store.as_ref(), args.bootstrap_token.as_deref()).await?;
+        let mut config = ApiConfig::new(&args.data_dir);
+        config.max_dataset_bytes = args.max_dataset_bytes;
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let address = listener.local_addr()?;
+        tracing::info!(%address, database = %redact(&url), "serving");
+        Ok(Server { address, state: AppState::new(store, config), bootstrap_token, listener })
     }
-    let mut config = ApiConfig::new(&args.data_dir);
-    config.max_dataset_bytes = args.max_dataset_bytes;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let address = listener.local_addr()?;
-    println!("listening on http://{address}");
-    tracing::info!(%address, database = %redact(&url), "serving");
-    axum::serve(listener, app(AppState::new(store, config))).with_graceful_shutdown(shutdown_signal()).await?;
-    Ok(())
+
+    /// Serves the API and runs the scheduler loop until `shutdown` completes.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let scheduler = tokio::spawn(scheduling::run(self.state.clone(), LoopConfig::default()));
+        let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
+        let served = axum::serve(self.listener, app(self.state)).with_graceful_shutdown(shutdown).await;
+        scheduler.abort();
+        listener.abort();
+        Ok(served?)
+    }
+}
+
+/// Changes made through other servers on the same (Postgres) database wake this one's scheduler loop and
+/// long polls; reconnects after a lost connection.
+async fn listen_for_other_servers(state: AppState) {
+    loop {
+        let changes = state.changes.clone();
+        match state.store.listen_for_changes(Box::new(move || changes.bump())).await {
+            Ok(()) => return, // nothing to listen to (SQLite)
+            Err(err) => tracing::warn!(%err, "listening for other servers' changes failed; retrying"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    }
 }
 
 /// The database URL without its password, for the log.
@@ -81,7 +118,7 @@ fn redact(url: &str) -> String {
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, let in-flight requests finish.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

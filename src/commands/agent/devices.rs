@@ -1,0 +1,106 @@
+//! What this node offers: NVIDIA GPUs (as nvidia-smi lists them) and CPU slots.
+
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::process::Command;
+
+use super::client::DeviceInfo;
+
+/// Which GPUs to offer: `all` (every GPU nvidia-smi lists; none when it is missing), `none`, or indices.
+pub fn parse_gpus(text: &str) -> Result<Option<Vec<u32>>, String> {
+    match text {
+        "all" => Ok(None),
+        "none" => Ok(Some(Vec::new())),
+        list => list
+            .split(',')
+            .map(|i| {
+                i.trim().parse::<u32>().map_err(|_| format!("{i:?} is not a GPU index (use all, none or 0,1,...)"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+    }
+}
+
+/// GPUs as `nvidia-smi` lists them (index, name, memory), filtered to `wanted`; empty without nvidia-smi.
+pub fn gpus(wanted: Option<&[u32]>) -> Vec<DeviceInfo> {
+    let output = Command::new("nvidia-smi")
+        .args(["--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"])
+        .output();
+    let Some(output) = output.ok().filter(|o| o.status.success()) else { return Vec::new() };
+    parse_nvidia_smi(&String::from_utf8_lossy(&output.stdout))
+        .into_iter()
+        .filter(|d| wanted.is_none_or(|w| w.contains(&d.index)))
+        .collect()
+}
+
+/// `0, NVIDIA H200, 143771` per line (memory in MiB).
+pub fn parse_nvidia_smi(text: &str) -> Vec<DeviceInfo> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(',').map(str::trim);
+            let index = fields.next()?.parse().ok()?;
+            let name = fields.next()?.to_string();
+            let memory_bytes = fields.next().and_then(|m| m.parse::<u64>().ok()).map(|mib| mib << 20);
+            Some(DeviceInfo { index, kind: "gpu".into(), name, memory_bytes })
+        })
+        .collect()
+}
+
+/// `count` CPU slots, each one rank's worth of this machine.
+pub fn cpu_slots(count: u32) -> Vec<DeviceInfo> {
+    (0..count)
+        .map(|index| DeviceInfo { index, kind: "cpu".into(), name: format!("cpu slot {index}"), memory_bytes: None })
+        .collect()
+}
+
+pub fn cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+/// The address other nodes reach this one at: the local address of the route to the server (a UDP
+/// "connect" sends nothing); loopback when the server is local or the route is unknown.
+pub fn address_towards(server: &str) -> IpAddr {
+    let host_port = server.split("://").nth(1).unwrap_or(server).split('/').next().unwrap_or("");
+    let socket = UdpSocket::bind("0.0.0.0:0").ok();
+    socket
+        .and_then(|s| {
+            let target = if host_port.contains(':') { host_port.to_string() } else { format!("{host_port}:80") };
+            s.connect(target).ok()?;
+            s.local_addr().ok()
+        })
+        .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip())
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvidia_smi_lines_become_devices() {
+        let devices = parse_nvidia_smi("0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n");
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[1].index, 1);
+        assert_eq!(devices[0].name, "NVIDIA H200");
+        assert_eq!(devices[0].memory_bytes, Some(143_771 << 20));
+    }
+
+    #[test]
+    fn gpu_lists_parse_or_name_the_bad_entry() {
+        assert_eq!(parse_gpus("all"), Ok(None));
+        assert_eq!(parse_gpus("none"), Ok(Some(vec![])));
+        assert_eq!(parse_gpus("0,2"), Ok(Some(vec![0, 2])));
+        assert!(parse_gpus("0,x").unwrap_err().contains("\"x\""));
+    }
+
+    #[test]
+    fn a_local_server_is_reached_over_loopback() {
+        assert_eq!(address_towards("http://127.0.0.1:8080"), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+}

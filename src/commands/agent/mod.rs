@@ -1,0 +1,275 @@
+//! `ringtrain agent`: a node agent. It registers this node's devices with the server, heartbeats, long-polls
+//! for the ranks placed here, runs one `ringtrain train` process per rank (see [`rank`]), and stops ranks
+//! the server says are over. If it cannot heartbeat for longer than the lease, the server has requeued its
+//! jobs elsewhere, so it stops their ranks itself.
+
+pub mod client;
+pub mod devices;
+pub mod rank;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use client::{Client, Work};
+use rank::{AgentContext, StopRequest};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The server's base URL.
+    #[arg(long, env = "RINGTRAIN_SERVER", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+    /// An agent token (an admin makes one with POST /v1/agent-tokens).
+    #[arg(long, env = "RINGTRAIN_AGENT_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// This node's name in the pool (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The IP address other nodes reach this one at (default: the local address of the route to the server).
+    #[arg(long)]
+    pub address: Option<std::net::IpAddr>,
+    /// GPUs to offer: all (those nvidia-smi lists), none, or indices such as 0,1.
+    #[arg(long, default_value = "all")]
+    pub gpus: String,
+    /// CPU slots to offer, one rank each (default: the number of cores when no GPU is offered, else 0).
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Where ranks' files (specs, checkpoints, downloaded datasets) are kept.
+    #[arg(long, default_value = "ringtrain-agent")]
+    pub work_dir: PathBuf,
+    /// libtorch threads per rank process (default: 1 on CPU slots).
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Seconds between heartbeats.
+    #[arg(long, default_value_t = 3)]
+    pub heartbeat_s: u64,
+    /// Stop every rank after this many seconds without a successful heartbeat (the server's lease).
+    #[arg(long, default_value_t = 30)]
+    pub lease_s: u64,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    crate::commands::block_on("agent", serve_node(args))
+}
+
+/// Registers and runs the agent until the process ends.
+pub async fn serve_node(args: Args) -> Result<()> {
+    let agent = Agent::register(&args).await?;
+    agent.run().await
+}
+
+struct RankHandle {
+    stop: watch::Sender<Option<StopRequest>>,
+    task: JoinHandle<&'static str>,
+}
+
+pub struct Agent {
+    ctx: Arc<AgentContext>,
+    node: Uuid,
+    heartbeat: Duration,
+    lease: Duration,
+    ranks: HashMap<Uuid, RankHandle>,
+    /// Ranks that ended here, with the state reported for them: if the server still lists one (the report
+    /// did not get through), it is reported again rather than taken for a rank lost in an agent restart.
+    ended: HashMap<Uuid, &'static str>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("node", &self.node).field("ranks", &self.ranks.len()).finish()
+    }
+}
+
+impl Agent {
+    pub async fn register(args: &Args) -> Result<Agent> {
+        let client = Client::new(&args.server, &args.token)?;
+        let wanted = devices::parse_gpus(&args.gpus).map_err(anyhow::Error::msg).context("--gpus")?;
+        let mut offered = devices::gpus(wanted.as_deref());
+        let cpus = args.cpus.unwrap_or(if offered.is_empty() { devices::cores() } else { 0 });
+        // CPU slots are numbered after the GPUs: indices are unique per node.
+        let first_cpu = offered.iter().map(|g| g.index + 1).max().unwrap_or(0);
+        offered.extend(devices::cpu_slots(cpus).into_iter().map(|mut d| {
+            d.index += first_cpu;
+            d
+        }));
+        anyhow::ensure!(!offered.is_empty(), "this node offers no device: give --cpus N or --gpus");
+        let name = args.name.clone().unwrap_or_else(devices::hostname);
+        let address = args.address.unwrap_or_else(|| devices::address_towards(&args.server));
+        // The server may still be starting: retry for a while.
+        let mut tries = 0;
+        let node = loop {
+            match client.register(&name, &address.to_string(), &offered).await {
+                Ok(node) => break node,
+                Err(err) if err.status.is_none() && tries < 30 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(err) => return Err(err).context("cannot register this node"),
+            }
+        };
+        let summary: Vec<String> = offered.iter().map(|d| format!("{} {}", d.kind, d.index)).collect();
+        eprintln!("agent: node {name} ({}) registered at {} with {}", node.id, args.server, summary.join(", "));
+        std::fs::create_dir_all(&args.work_dir)
+            .with_context(|| format!("cannot create {}", args.work_dir.display()))?;
+        let work_dir = std::fs::canonicalize(&args.work_dir)?;
+        let ctx = AgentContext {
+            client,
+            node_name: name,
+            address,
+            work_dir,
+            exe: std::env::current_exe().context("cannot find the ringtrain executable")?,
+            threads: args.threads,
+        };
+        Ok(Agent {
+            ctx: Arc::new(ctx),
+            node: node.id,
+            heartbeat: Duration::from_secs(args.heartbeat_s.max(1)),
+            lease: Duration::from_secs(args.lease_s.max(2)),
+            ranks: HashMap::new(),
+            ended: HashMap::new(),
+        })
+    }
+
+    pub async fn run(mut self) -> Result<()> {
+        let last_heartbeat = Arc::new(Mutex::new(Instant::now()));
+        tokio::spawn(heartbeats(self.ctx.client.clone(), self.node, self.heartbeat, last_heartbeat.clone()));
+        let mut since = None;
+        loop {
+            self.collect_ended().await;
+            let silent = last_heartbeat.lock().map(|t| t.elapsed()).unwrap_or_default();
+            if silent > self.lease && !self.ranks.is_empty() {
+                eprintln!(
+                    "agent: no heartbeat got through for {} s: the lease is lost, stopping every rank",
+                    silent.as_secs()
+                );
+                self.stop_all("the agent lost its lease (the server could not be reached)");
+            }
+            // Short waits while ranks wait for rank 0's address, so they start promptly.
+            let wait = Duration::from_secs(20);
+            match self.ctx.client.poll(self.node, since, wait).await {
+                Ok(poll) => {
+                    since = Some(poll.version);
+                    self.apply(poll).await;
+                }
+                Err(err) => {
+                    eprintln!("agent: poll failed: {err}");
+                    since = None;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    async fn collect_ended(&mut self) {
+        let finished: Vec<Uuid> = self.ranks.iter().filter(|(_, r)| r.task.is_finished()).map(|(id, _)| *id).collect();
+        for id in finished {
+            if let Some(rank) = self.ranks.remove(&id) {
+                let state = rank.task.await.unwrap_or("failed");
+                self.ended.insert(id, state);
+            }
+        }
+    }
+
+    async fn apply(&mut self, poll: client::Poll) {
+        let listed: std::collections::HashSet<Uuid> = poll
+            .work
+            .iter()
+            .map(|w| w.assignment.id)
+            .chain(poll.stop.iter().copied())
+            .chain(poll.preempt.iter().copied())
+            .collect();
+        self.ended.retain(|id, _| listed.contains(id));
+        let preempt: Vec<(Uuid, bool)> = poll.preempt.iter().map(|id| (*id, true)).collect();
+        for (id, checkpoint_first) in poll.stop.into_iter().map(|id| (id, false)).chain(preempt) {
+            if let Some(state) = self.ended.get(&id) {
+                rank::end_assignment(&self.ctx, id, state).await;
+                continue;
+            }
+            match self.ranks.get(&id) {
+                Some(rank) => {
+                    let why = if checkpoint_first {
+                        "the scheduler preempted this placement"
+                    } else {
+                        "the server stopped this placement"
+                    };
+                    let request = StopRequest { why: why.into(), checkpoint_first };
+                    // Sent once (a repeat would wake the rank's supervisor for nothing), unless it escalates a
+                    // checkpoint-and-stop to a stop at once.
+                    let escalates = match &*rank.stop.borrow() {
+                        None => true,
+                        Some(previous) => previous.checkpoint_first && !checkpoint_first,
+                    };
+                    if escalates {
+                        let _ = rank.stop.send(Some(request));
+                    }
+                }
+                None => {
+                    // Not running here (any more): just say it is over, which frees its device.
+                    for from in ["delivered", "running"] {
+                        if self.ctx.client.set_assignment_state(id, from, "cancelled").await.is_ok() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        for work in poll.work {
+            let id = work.assignment.id;
+            if self.ranks.contains_key(&id) {
+                continue;
+            }
+            if let Some(state) = self.ended.get(&id) {
+                rank::end_assignment(&self.ctx, id, state).await;
+                continue;
+            }
+            if work.assignment.state == "running" {
+                // The server thinks it runs here, but this agent never started it: the agent restarted
+                // and the rank died with its predecessor.
+                self.report_lost(&work).await;
+                continue;
+            }
+            if work.assignment.rank > 0 && work.rendezvous.is_none() {
+                continue; // the poll that brings rank 0's address starts it
+            }
+            let (stop, receiver) = watch::channel(None);
+            let task = tokio::spawn(rank::run(self.ctx.clone(), work, receiver));
+            self.ranks.insert(id, RankHandle { stop, task });
+        }
+    }
+
+    async fn report_lost(&self, work: &Work) {
+        let a = &work.assignment;
+        let error = format!("rank {} on node {} was lost: its agent restarted", a.rank, self.ctx.node_name);
+        let report = serde_json::json!({"outcome": "failed", "error": error, "retryable": true});
+        let _ = self.ctx.client.report_result(a.job_id, a.attempt, report).await;
+        let _ = self.ctx.client.set_assignment_state(a.id, "running", "failed").await;
+    }
+
+    fn stop_all(&mut self, why: &str) {
+        for rank in self.ranks.values() {
+            let _ = rank.stop.send(Some(StopRequest { why: why.to_string(), checkpoint_first: false }));
+        }
+    }
+}
+
+async fn heartbeats(client: Client, node: Uuid, every: Duration, last_ok: Arc<Mutex<Instant>>) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        match client.heartbeat(node).await {
+            Ok(()) => {
+                if let Ok(mut last) = last_ok.lock() {
+                    *last = Instant::now();
+                }
+            }
+            Err(err) => eprintln!("agent: heartbeat failed: {err}"),
+        }
+    }
+}

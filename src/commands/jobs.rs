@@ -1,0 +1,182 @@
+//! `ringtrain jobs watch ID`: a job's progress in the terminal (a progress bar over its iterations, the
+//! loss, lr, throughput and last test error), until it ends. Exit status 0 when it succeeded.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use uuid::Uuid;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Jobs {
+    /// Follow a job until it ends: progress, loss, lr, throughput, test error.
+    Watch(WatchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WatchArgs {
+    /// The job's id.
+    id: Uuid,
+    /// The server's base URL.
+    #[arg(long, env = "RINGTRAIN_SERVER", default_value = "http://127.0.0.1:8080")]
+    server: String,
+    /// A token of the job's team.
+    #[arg(long, env = "RINGTRAIN_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Seconds between updates.
+    #[arg(long, default_value_t = 1.0)]
+    every_s: f64,
+}
+
+pub fn run(jobs: Jobs) -> ExitCode {
+    match jobs {
+        Jobs::Watch(args) => {
+            let mut succeeded = false;
+            let code = super::block_on("jobs watch", async {
+                succeeded = watch(&args).await?;
+                Ok(())
+            });
+            if code == ExitCode::SUCCESS && !succeeded {
+                ExitCode::FAILURE
+            } else {
+                code
+            }
+        }
+    }
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    async fn get(&self, path: &str) -> Result<Value> {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {}", self.base))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{status}: {}", body["detail"].as_str().unwrap_or("no detail"));
+        }
+        Ok(body)
+    }
+}
+
+/// What the watcher has seen so far.
+#[derive(Default)]
+struct Progress {
+    next_iteration: i64,
+    last: Option<Value>,
+    test_error: Option<f64>,
+}
+
+async fn watch(args: &WatchArgs) -> Result<bool> {
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: args.server.trim_end_matches('/').to_string(),
+        token: args.token.clone(),
+    };
+    let id = args.id;
+    let tty = std::io::stdout().is_terminal();
+    let mut progress = Progress::default();
+    let mut last_line = String::new();
+    loop {
+        let job = api.get(&format!("/v1/jobs/{id}")).await?;
+        let iterations = api
+            .get(&format!(
+                "/v1/jobs/{id}/metrics?kind=iteration&rank=0&from_iteration={}&limit=10000",
+                progress.next_iteration
+            ))
+            .await?;
+        if let Some(last) = iterations["points"].as_array().and_then(|p| p.last()) {
+            progress.next_iteration = last["iteration"].as_i64().unwrap_or(0) + 1;
+            progress.last = Some(last.clone());
+        }
+        let epochs = api.get(&format!("/v1/jobs/{id}/metrics?kind=epoch&rank=0&limit=10000")).await?;
+        if let Some(last) = epochs["points"].as_array().and_then(|p| p.last()) {
+            progress.test_error = last["fields"]["test_error"].as_f64();
+        }
+        let state = job["state"].as_str().unwrap_or("?").to_string();
+        let line = render(&job, &progress);
+        if tty {
+            print!("\r\x1b[2K{line}");
+        } else if line != last_line {
+            println!("{line}");
+        }
+        let _ = std::io::stdout().flush();
+        last_line = line;
+        if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+            if tty {
+                println!();
+            }
+            print_outcome(&job);
+            return Ok(state == "succeeded");
+        }
+        tokio::time::sleep(Duration::from_secs_f64(args.every_s.max(0.1))).await;
+    }
+}
+
+const BAR: usize = 30;
+
+fn render(job: &Value, progress: &Progress) -> String {
+    let state = job["state"].as_str().unwrap_or("?");
+    let total = job["effective"]["total_iterations"].as_i64().unwrap_or(0).max(1);
+    let per_epoch = job["effective"]["iterations_per_epoch"].as_i64().unwrap_or(1).max(1);
+    let epochs = job["effective"]["epochs"].as_i64().unwrap_or(0);
+    let done = progress.next_iteration.min(total);
+    let filled = (done as usize * BAR) / total as usize;
+    let mut line = format!(
+        "[{}{}] {:>3}% it {done}/{total} epoch {}/{epochs}",
+        "#".repeat(filled),
+        "-".repeat(BAR - filled),
+        done * 100 / total,
+        (done / per_epoch).min(epochs)
+    );
+    if let Some(last) = &progress.last {
+        let fields = &last["fields"];
+        line += &format!(
+            " loss {:.4} lr {:.4} {:.0} samples/s",
+            fields["loss"].as_f64().unwrap_or(f64::NAN),
+            fields["lr"].as_f64().unwrap_or(f64::NAN),
+            fields["samples_per_s"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(error) = progress.test_error {
+        line += &format!(" test error {:.2}%", error * 100.0);
+    }
+    line += &format!(" | {state}");
+    let attempt = job["attempt"].as_i64().unwrap_or(0);
+    if attempt > 1 {
+        line += &format!(" (attempt {attempt})");
+    }
+    if let Some(preemptions) = job["preemptions"].as_i64().filter(|&p| p > 0) {
+        line += &format!(" ({preemptions} preemption(s))");
+    }
+    line
+}
+
+fn print_outcome(job: &Value) {
+    let state = job["state"].as_str().unwrap_or("?");
+    match state {
+        "succeeded" => {
+            let result = &job["result"];
+            println!(
+                "succeeded: final test error {:.2}%, {:.1} s, {:.0} samples/s",
+                result["final_test_error"].as_f64().unwrap_or(f64::NAN) * 100.0,
+                result["wall_seconds"].as_f64().unwrap_or(f64::NAN),
+                result["samples_per_s"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+        _ => println!("{state}: {}", job["error"].as_str().unwrap_or("")),
+    }
+}

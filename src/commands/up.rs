@@ -1,0 +1,126 @@
+//! `ringtrain up`: the quickstart. The server on 127.0.0.1:8080 with the embedded SQLite database in the data
+//! directory, plus one agent offering this machine's devices (its GPUs, or one CPU slot per core), in one
+//! process. It prints the admin token and a ready-to-paste curl line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use ringtrain_store::{generate_token, hash_token, NewToken, Role};
+
+use super::agent::{self, Agent};
+use super::serve::{self, Server};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "RINGTRAIN_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Where the database, uploads, checkpoints and the ranks' files are kept.
+    #[arg(long, env = "RINGTRAIN_DATA_DIR", default_value = "ringtrain-data")]
+    data_dir: PathBuf,
+    /// Use this admin token (default: the one generated on the first start, kept in DATA_DIR/admin-token).
+    #[arg(long, env = "RINGTRAIN_BOOTSTRAP_TOKEN", hide_env_values = true)]
+    bootstrap_token: Option<String>,
+    /// GPUs to offer: all, none, or indices such as 0,1.
+    #[arg(long, default_value = "all")]
+    gpus: String,
+    /// CPU slots to offer (default: the number of cores when no GPU is offered).
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// libtorch threads per rank process.
+    #[arg(long)]
+    threads: Option<i32>,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    super::block_on("up", up(args))
+}
+
+async fn up(args: Args) -> anyhow::Result<()> {
+    serve::init_logging();
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create the data directory {}", args.data_dir.display()))?;
+    let token_file = args.data_dir.join("admin-token");
+    let token = match &args.bootstrap_token {
+        Some(token) => token.clone(),
+        None => token_file_contents(&token_file)?,
+    };
+    let server = Server::start(&serve::Args {
+        listen: args.listen,
+        database_url: None,
+        data_dir: args.data_dir.clone(),
+        max_dataset_bytes: 512 << 20,
+        bootstrap_token: Some(token.clone()),
+    })
+    .await?;
+    let url = format!("http://{}", server.address);
+
+    // The local agent's token, kept beside the database: the node "local" stays registered to it across
+    // restarts (another token could not take the name over).
+    let agent_token = token_file_contents(&args.data_dir.join("agent-token"))?;
+    let store = &server.state.store;
+    if store.find_token(&hash_token(&agent_token)).await?.is_none() {
+        store
+            .create_token(NewToken {
+                token_hash: hash_token(&agent_token),
+                role: Role::Agent,
+                team_id: None,
+                label: Some("ringtrain up: local agent".into()),
+            })
+            .await?;
+    }
+    let serving = tokio::spawn(server.run(serve::shutdown_signal()));
+    let agent = Agent::register(&agent::Args {
+        server: url.clone(),
+        token: agent_token,
+        name: Some("local".into()),
+        address: Some(std::net::Ipv4Addr::LOCALHOST.into()),
+        gpus: args.gpus.clone(),
+        cpus: args.cpus,
+        work_dir: args.data_dir.join("agent"),
+        threads: args.threads,
+        heartbeat_s: 3,
+        lease_s: 30,
+    })
+    .await?;
+    print_welcome(&url, &token, &token_file, args.bootstrap_token.is_some());
+    tokio::select! {
+        served = serving => served.context("the server task failed")?,
+        ran = agent.run() => ran,
+    }
+}
+
+/// A token kept in the data directory (readable by this user only), made on the first start.
+fn token_file_contents(path: &std::path::Path) -> anyhow::Result<String> {
+    if let Ok(token) = std::fs::read_to_string(path) {
+        if !token.trim().is_empty() {
+            return Ok(token.trim().to_string());
+        }
+    }
+    let token = generate_token();
+    std::fs::write(path, format!("{token}\n")).with_context(|| format!("cannot write {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(token)
+}
+
+fn print_welcome(url: &str, token: &str, token_file: &std::path::Path, preset: bool) {
+    let kept = if preset { String::new() } else { format!(" (kept in {})", token_file.display()) };
+    println!("ringtrain is up at {url}: server, scheduler and a local agent.");
+    println!("admin token{kept}:\n  {token}\n");
+    println!("submit a job:");
+    println!("  export RINGTRAIN_TOKEN={token}");
+    println!(
+        "  curl -s -H \"Authorization: Bearer $RINGTRAIN_TOKEN\" -H 'Content-Type: application/json' \\\n    \
+         --data @examples/fashion-mnist-lenet5.json {url}/v1/jobs"
+    );
+    println!("watch it:");
+    println!("  ringtrain jobs watch JOB_ID --server {url}");
+    println!("  curl -sN -H \"Authorization: Bearer $RINGTRAIN_TOKEN\" {url}/v1/jobs/JOB_ID/events   (SSE)");
+    println!();
+}
