@@ -1,0 +1,219 @@
+//! The product end to end, with real processes: `ringtrain serve` on a fresh Postgres database and two
+//! `ringtrain agent`s offering CPU slots (or `ringtrain up` on SQLite); jobs submitted over HTTP are placed
+//! by the scheduler, trained by `ringtrain train` rank processes talking over the TCP ring, and report
+//! metrics, checkpoints and results back through the agents.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{fashion_mnist, fresh_postgres_database, kill_9, rank_pids, Cluster};
+
+const LONG: Duration = Duration::from_secs(300);
+
+/// Per rank: the iterations reported and the attempts that reported them.
+fn iterations_by_rank(points: &[Value]) -> BTreeMap<i64, Vec<(i64, i64)>> {
+    let mut by_rank: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for p in points {
+        by_rank
+            .entry(p["rank"].as_i64().unwrap())
+            .or_default()
+            .push((p["iteration"].as_i64().unwrap(), p["attempt"].as_i64().unwrap()));
+    }
+    by_rank
+}
+
+/// Every iteration 0..total exactly once per rank, for `ranks` ranks.
+fn assert_complete_series(points: &[Value], ranks: i64, total: i64) {
+    let by_rank = iterations_by_rank(points);
+    assert_eq!(by_rank.keys().copied().collect::<Vec<_>>(), (0..ranks).collect::<Vec<_>>(), "ranks reporting");
+    for (rank, series) in &by_rank {
+        let iterations: Vec<i64> = series.iter().map(|(i, _)| *i).collect();
+        assert_eq!(iterations, (0..total).collect::<Vec<_>>(), "rank {rank}: gaps or duplicates");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_submitted_over_http_trains_on_two_agents_and_reports_everything() {
+    let db = fresh_postgres_database("main").await;
+    let cluster = Cluster::serve("main", &db, 2, 1).await;
+    let api = &cluster.api;
+    let spec = fashion_mnist("e2e-main", 2, 2000, 2);
+    let submitted = Instant::now();
+    let id = api.submit(&spec).await;
+
+    // The first iteration reported: the latency a user feels.
+    api.wait_first_iteration(&id, LONG).await;
+    eprintln!("submit -> first iteration: {:.2} s", submitted.elapsed().as_secs_f64());
+
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    assert_eq!(job["attempt"], 1);
+    let result = &job["result"];
+    let error = result["final_test_error"].as_f64().unwrap();
+    assert!(error < 0.5, "test error {error} is not well below chance (0.9)");
+    assert_eq!(result["processes"], 2);
+
+    // The schedule the ranks used is the one core computes for this spec (the API's preview of it).
+    let schedule = api.get(&format!("/v1/jobs/{id}/schedule")).await;
+    assert_eq!(result["schedule"], schedule, "the ranks' schedule differs from core's");
+
+    let effective = &job["effective"];
+    let total = effective["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
+    let epochs = api.metrics(&id, "epoch").await;
+    assert_eq!(epochs.len(), 4, "2 epochs x 2 ranks: {epochs:?}");
+
+    // The two ranks ran on different nodes (one CPU slot each): a real cross-agent rendezvous.
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    let states: Vec<&str> =
+        events["events"].as_array().unwrap().iter().filter_map(|e| e["to_state"].as_str()).collect();
+    assert_eq!(states, ["queued", "scheduled", "running", "succeeded"], "{events}");
+    let placed = events["events"][1]["reason"].as_str().unwrap();
+    assert!(placed.contains("2 device(s) of 2 node(s)"), "{placed}");
+
+    // Checkpoints: one per epoch plus the final weights, downloadable.
+    let checkpoints = api.get(&format!("/v1/jobs/{id}/checkpoints")).await;
+    let list = checkpoints["checkpoints"].as_array().unwrap();
+    assert!(list.iter().any(|c| c["is_final"] == true), "{checkpoints}");
+    let final_id = list.iter().find(|c| c["is_final"] == true).unwrap()["id"].as_str().unwrap().to_string();
+    let (status, _) =
+        api.request(reqwest::Method::GET, &format!("/v1/jobs/{id}/checkpoints/{final_id}/archive"), None).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_killed_mid_job_restarts_from_its_checkpoint_without_metric_gaps() {
+    let db = fresh_postgres_database("kill").await;
+    let cluster = Cluster::serve("kill", &db, 2, 1).await;
+    let api = &cluster.api;
+    let spec = fashion_mnist("e2e-kill", 2, 6000, 8);
+    let id = api.submit(&spec).await;
+
+    // Kill rank 1 once the first checkpoint is on the server and before the job ends.
+    api.wait_first_checkpoint(&id, LONG).await;
+    let victims = rank_pids(&id, Some(1));
+    assert_eq!(victims.len(), 1, "one rank-1 process of job {id}: {victims:?}");
+    kill_9(victims[0]);
+    eprintln!("killed rank 1 (pid {})", victims[0]);
+
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    assert_eq!(job["attempt"], 2, "{job}");
+    assert_eq!(job["preemptions"], 0);
+    let total = job["effective"]["total_iterations"].as_i64().unwrap();
+    let points = api.metrics(&id, "iteration").await;
+    assert_complete_series(&points, 2, total);
+    // The resumed attempt re-reported the lost partial epoch: its last iterations come from attempt 2 (the
+    // store's placement number, which the kill made 2 as well).
+    let attempts: BTreeSet<i64> = points.iter().map(|p| p["attempt"].as_i64().unwrap()).collect();
+    assert_eq!(attempts, BTreeSet::from([1, 2]), "both attempts reported");
+    assert_eq!(points.last().unwrap()["attempt"], 2);
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    assert!(events.to_string().contains("retrying"), "{events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_job_stops_its_ranks_within_seconds() {
+    let db = fresh_postgres_database("cancel").await;
+    let cluster = Cluster::serve("cancel", &db, 2, 1).await;
+    let api = &cluster.api;
+    let id = api.submit(&fashion_mnist("e2e-cancel", 2, 6000, 50)).await;
+    api.wait_first_iteration(&id, LONG).await;
+    assert_eq!(rank_pids(&id, None).len(), 2);
+    let cancelled_at = Instant::now();
+    let job = api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    assert_eq!(job["state"], "cancelled");
+    while !rank_pids(&id, None).is_empty() {
+        assert!(cancelled_at.elapsed() < Duration::from_secs(10), "ranks still running 10 s after the cancel");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("cancel -> ranks gone: {:.2} s", cancelled_at.elapsed().as_secs_f64());
+    // The devices are free again: another job starts on them.
+    let next = api.submit(&fashion_mnist("e2e-after-cancel", 2, 1000, 1)).await;
+    api.wait_state(&next, "succeeded", LONG).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_below_its_guarantee_reclaims_borrowed_devices_and_the_borrower_resumes() {
+    let db = fresh_postgres_database("quota").await;
+    // 4 CPU slots: team a is guaranteed 2, team b 2.
+    let cluster = Cluster::serve("quota", &db, 2, 2).await;
+    let team_a = cluster.team("team-a", 2).await;
+    let team_b = cluster.team("team-b", 2).await;
+
+    // a borrows b's idle share: 4 ranks.
+    let borrower = team_a.submit(&fashion_mnist("a-borrows", 4, 4000, 8)).await;
+    team_a.wait_first_checkpoint(&borrower, LONG).await;
+
+    // b wants its guarantee back.
+    let claimer = team_b.submit(&fashion_mnist("b-reclaims", 2, 1000, 1)).await;
+    let claimed = team_b.wait_state(&claimer, "succeeded", LONG).await;
+    assert_eq!(claimed["attempt"], 1);
+
+    let resumed = team_a.wait_state(&borrower, "succeeded", LONG).await;
+    assert!(resumed["preemptions"].as_i64().unwrap() >= 1, "the borrower was not preempted: {resumed}");
+    assert_eq!(resumed["attempt"], 1, "a preemption is not a failed attempt: {resumed}");
+    let total = resumed["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&team_a.metrics(&borrower, "iteration").await, 4, total);
+    let events = team_a.get(&format!("/v1/jobs/{borrower}/events")).await;
+    assert!(events.to_string().contains("preempted: reclaimed by team"), "{events}");
+    // It stopped after a checkpoint of where it was (mid-epoch), so no work was redone: every iteration was
+    // reported by exactly one placement.
+    let checkpoints = team_a.get(&format!("/v1/jobs/{borrower}/checkpoints")).await;
+    let at_preemption = checkpoints["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"].as_str().unwrap().contains("-iter-"))
+        .unwrap_or_else(|| panic!("no checkpoint taken at the preemption: {checkpoints}"));
+    let resumed_at = at_preemption["iteration"].as_i64().unwrap();
+    let by_attempt = team_a.metrics(&borrower, "iteration").await;
+    let rank0: Vec<(i64, i64)> = by_attempt
+        .iter()
+        .filter(|p| p["rank"] == 0)
+        .map(|p| (p["iteration"].as_i64().unwrap(), p["attempt"].as_i64().unwrap()))
+        .collect();
+    let switch = rank0.iter().position(|(_, attempt)| *attempt > 1).expect("the resumed placement reported");
+    assert!(rank0[switch..].iter().all(|(_, attempt)| *attempt > 1), "placements interleave: {rank0:?}");
+    assert_eq!(rank0[switch].0, resumed_at, "the resumed placement starts where the preempted one stopped");
+
+    // While b's job ran, a never held more than its guarantee plus what b left idle: b held 2 of 4.
+    let b_events = team_b.get(&format!("/v1/jobs/{claimer}/events")).await;
+    assert!(b_events.to_string().contains("2 device(s)"), "{b_events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_loses_nothing_and_running_jobs_go_on() {
+    let db = fresh_postgres_database("restart").await;
+    let mut cluster = Cluster::serve("restart", &db, 2, 1).await;
+    let id = cluster.api.submit(&fashion_mnist("e2e-restart", 2, 6000, 6)).await;
+    cluster.api.wait_first_iteration(&id, LONG).await;
+    let ranks = rank_pids(&id, None);
+    assert_eq!(ranks.len(), 2);
+
+    cluster.restart_server();
+    let api = &cluster.api;
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    assert_eq!((job["attempt"].as_i64(), job["preemptions"].as_i64()), (Some(1), Some(0)), "{job}");
+    // The same rank processes finished it: nothing was restarted.
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    let states: Vec<&str> =
+        events["events"].as_array().unwrap().iter().filter_map(|e| e["to_state"].as_str()).collect();
+    assert_eq!(states, ["queued", "scheduled", "running", "succeeded"], "{events}");
+    // Metrics reported while the server was down were kept by the agents and delivered afterwards.
+    let total = job["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ringtrain_up_runs_the_main_path_on_sqlite() {
+    let cluster = Cluster::up("up", 2).await;
+    let api = &cluster.api;
+    let id = api.submit(&fashion_mnist("e2e-up", 2, 2000, 2)).await;
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    assert!(job["result"]["final_test_error"].as_f64().unwrap() < 0.5, "{job}");
+    let total = job["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
+    assert!(cluster.dir.join("data/ringtrain.db").exists());
+}

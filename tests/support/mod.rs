@@ -1,0 +1,338 @@
+//! A real cluster for end-to-end tests: `ringtrain serve` (on a fresh Postgres database) or `ringtrain up`
+//! (SQLite), and `ringtrain agent` processes, as child processes on free ports; a small HTTP client; and
+//! ways to find and kill rank processes.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const ADMIN_TOKEN: &str = "rt_e2e_admin_token_0123456789abcdef";
+
+/// Kills its process (and waits for it) when dropped, so a failed test leaves nothing running.
+#[derive(Debug)]
+pub struct Process(pub Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn ringtrain() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+}
+
+/// Starts `command`, forwards its stderr to ours, and returns it once a stdout line starts with `marker`,
+/// with the rest of that line.
+fn start_until(mut command: Command, marker: &str) -> (Process, String) {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start ringtrain");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let marker = marker.to_string();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if !sent {
+                if let Some(rest) = line.strip_prefix(&marker) {
+                    let _ = tx.send(rest.trim().to_string());
+                    sent = true;
+                }
+            }
+        }
+    });
+    let rest = rx.recv_timeout(Duration::from_secs(120)).expect("the server printed its address");
+    (Process(child), rest)
+}
+
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ringtrain-e2e-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A fresh Postgres database on the server `DATABASE_URL` names (scripts/test.sh sets it; missing is a
+/// failure, not a skip).
+pub async fn fresh_postgres_database(name: &str) -> String {
+    use sqlx::Connection;
+    let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL must name a Postgres server");
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("connect to DATABASE_URL");
+    let db = format!("ringtrain_e2e_{name}_{}", std::process::id());
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db}")).execute(&mut admin).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut admin).await.unwrap();
+    let (base, _) = admin_url.rsplit_once('/').expect("DATABASE_URL ends in /DATABASE");
+    format!("{base}/{db}")
+}
+
+#[derive(Debug)]
+pub struct Cluster {
+    pub url: String,
+    pub dir: PathBuf,
+    pub api: Api,
+    server: Process,
+    /// How to start the server again (`restart_server`).
+    server_command: Option<(String, String)>,
+    agents: Vec<Process>,
+}
+
+fn serve_command(listen: &str, database_url: &str, dir: &Path) -> Command {
+    let mut command = ringtrain();
+    command
+        .args(["serve", "--listen", listen, "--database-url", database_url, "--data-dir"])
+        .arg(dir.join("server"))
+        .env("RINGTRAIN_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", "warn,ringtrain_api::scheduling=info");
+    command
+}
+
+impl Cluster {
+    /// `ringtrain serve` on `database_url` with `nodes` agents of `cpus` CPU slots each.
+    pub async fn serve(name: &str, database_url: &str, nodes: usize, cpus: u32) -> Cluster {
+        let dir = scratch(name);
+        let (server, address) = start_until(serve_command("127.0.0.1:0", database_url, &dir), "listening on ");
+        let api = Api::new(&address, ADMIN_TOKEN);
+        let listen = address.trim_start_matches("http://").to_string();
+        let server_command = Some((listen, database_url.to_string()));
+        let mut cluster = Cluster { url: address, dir, api, server, server_command, agents: Vec::new() };
+        let token = cluster.api.post("/v1/agent-tokens", json!({"label": "e2e"})).await;
+        let token = token["token"].as_str().expect("an agent token").to_string();
+        for n in 0..nodes {
+            cluster.start_agent(&format!("node{n}"), &token, cpus);
+        }
+        cluster.wait_for_nodes(nodes).await;
+        cluster
+    }
+
+    /// `ringtrain up` (SQLite, one local agent with `cpus` slots).
+    pub async fn up(name: &str, cpus: u32) -> Cluster {
+        let dir = scratch(name);
+        let mut command = ringtrain();
+        command
+            .args(["up", "--listen", "127.0.0.1:0", "--gpus", "none", "--cpus", &cpus.to_string(), "--data-dir"])
+            .arg(dir.join("data"))
+            .env("RINGTRAIN_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "warn");
+        let (server, rest) = start_until(command, "ringtrain is up at ");
+        let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();
+        let api = Api::new(&address, ADMIN_TOKEN);
+        let cluster = Cluster { url: address, dir, api, server, server_command: None, agents: Vec::new() };
+        cluster.wait_for_nodes(1).await;
+        cluster
+    }
+
+    /// Kills the server (SIGKILL: no graceful anything) and starts it again on the same address and database.
+    pub fn restart_server(&mut self) {
+        let (listen, database_url) = self.server_command.clone().expect("a `serve` cluster");
+        let _ = self.server.0.kill();
+        let _ = self.server.0.wait();
+        let (server, _) = start_until(serve_command(&listen, &database_url, &self.dir), "listening on ");
+        self.server = server;
+    }
+
+    pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
+        let agent = ringtrain()
+            .args(["agent", "--server", &self.url, "--token", token, "--name", name, "--gpus", "none"])
+            .args(["--cpus", &cpus.to_string(), "--heartbeat-s", "1", "--work-dir"])
+            .arg(self.dir.join(name))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start an agent");
+        self.agents.push(Process(agent));
+    }
+
+    async fn wait_for_nodes(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let nodes = self.api.get("/v1/nodes").await;
+            let up = nodes["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["state"] == "up").count());
+            if up >= count {
+                return;
+            }
+            assert!(Instant::now() < deadline, "only {up} of {count} nodes registered: {nodes}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A team with CPU quota `cpus` and a member token of it.
+    pub async fn team(&self, name: &str, cpus: i32) -> Api {
+        let team = self.api.post("/v1/teams", json!({"name": name, "gpu_quota": 0, "cpu_quota": cpus})).await;
+        let id = team["id"].as_str().unwrap();
+        let token = self.api.post(&format!("/v1/teams/{id}/tokens"), json!({"role": "member", "label": name})).await;
+        Api::new(&self.url, token["token"].as_str().unwrap())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    pub fn new(base: &str, token: &str) -> Api {
+        Api { http: reqwest::Client::new(), base: base.to_string(), token: token.to_string() }
+    }
+
+    pub async fn request(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.timeout(Duration::from_secs(60)).send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        let (status, body) = self.request(reqwest::Method::GET, path, None).await;
+        assert!(status < 300, "GET {path}: {status} {body}");
+        body
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Value {
+        let (status, answer) = self.request(reqwest::Method::POST, path, Some(body)).await;
+        assert!(status < 300, "POST {path}: {status} {answer}");
+        answer
+    }
+
+    /// Submits a spec; returns the job id.
+    pub async fn submit(&self, spec: &Value) -> String {
+        let job = self.post("/v1/jobs", spec.clone()).await;
+        job["id"].as_str().expect("a job id").to_string()
+    }
+
+    pub async fn job(&self, id: &str) -> Value {
+        self.get(&format!("/v1/jobs/{id}")).await
+    }
+
+    /// Polls the job until `done` holds, failing after `timeout` with the job and its events.
+    pub async fn wait_job(&self, id: &str, timeout: Duration, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let job = self.job(id).await;
+            if done(&job) {
+                return job;
+            }
+            if Instant::now() > deadline {
+                let events = self.get(&format!("/v1/jobs/{id}/events")).await;
+                panic!("job {id} did not reach {what} in {timeout:?}: {job}\nevents: {events}");
+            }
+            assert!(
+                !(matches!(job["state"].as_str(), Some("failed" | "cancelled")) && what != job["state"]),
+                "job {id} ended {}: {}\nevents: {}",
+                job["state"],
+                job["error"],
+                self.get(&format!("/v1/jobs/{id}/events")).await
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Polls GET `path` until `done` holds for its body; fails after `timeout`, naming `what`.
+    pub async fn wait_for(&self, path: &str, timeout: Duration, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let body = self.get(path).await;
+            if done(&body) {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "{what}: not within {timeout:?} ({path}: {body})");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until rank reports of the job arrive.
+    pub async fn wait_first_iteration(&self, id: &str, timeout: Duration) {
+        let path = format!("/v1/jobs/{id}/metrics?kind=iteration&limit=1");
+        self.wait_for(&path, timeout, "the first iteration", |page| {
+            page["points"].as_array().is_some_and(|p| !p.is_empty())
+        })
+        .await;
+    }
+
+    /// Waits until the job has a checkpoint on the server.
+    pub async fn wait_first_checkpoint(&self, id: &str, timeout: Duration) {
+        let path = format!("/v1/jobs/{id}/checkpoints");
+        self.wait_for(&path, timeout, "a checkpoint", |list| {
+            list["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
+        })
+        .await;
+    }
+
+    pub async fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> Value {
+        self.wait_job(id, timeout, state, |job| job["state"] == state).await
+    }
+
+    /// Every metric point of `kind`, all pages.
+    pub async fn metrics(&self, id: &str, kind: &str) -> Vec<Value> {
+        let mut points = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/jobs/{id}/metrics?kind={kind}&limit=10000");
+            if let Some(c) = &cursor {
+                path += &format!("&cursor={c}");
+            }
+            let page = self.get(&path).await;
+            points.extend(page["points"].as_array().unwrap().iter().cloned());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_string()),
+                None => return points,
+            }
+        }
+    }
+}
+
+/// A small Fashion-MNIST job: `train` samples, `epochs` epochs, `workers` ranks, every iteration logged.
+pub fn fashion_mnist(name: &str, workers: u32, train: u32, epochs: u32) -> Value {
+    let warmup_epochs = if epochs > 1 { 1.0 } else { 0.5 };
+    json!({
+        "name": name,
+        "model": {"name": "mlp", "hidden": [64]},
+        "dataset": "fashion-mnist",
+        "train_samples": train,
+        "test_samples": 1000,
+        "workers": workers,
+        "per_worker_batch": 32,
+        "epochs": epochs,
+        "lr": {"base": 0.1, "reference_batch": 64, "warmup": {"kind": "gradual", "epochs": warmup_epochs}},
+        "optimizer": {"momentum": 0.9},
+        "seed": 11,
+        "checkpoint_every_epochs": 1,
+        "log_every_iterations": 1,
+        "max_restarts": 2,
+        "device": "cpu"
+    })
+}
+
+/// Pids of the rank processes of `job` (from their command lines: the agent puts the job id in the paths).
+pub fn rank_pids(job: &str, rank: Option<u32>) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let is_rank = args.iter().any(|a| a == "train") && args.iter().any(|a| a.contains(job));
+        let rank_matches = rank.is_none_or(|r| args.windows(2).any(|w| w[0] == "--rank" && w[1] == r.to_string()));
+        if is_rank && rank_matches {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+pub fn kill_9(pid: u32) {
+    let status = Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill -9 {pid}");
+}
+
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}
