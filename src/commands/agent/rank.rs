@@ -35,8 +35,9 @@ pub struct AgentContext {
 const STDERR_TAIL: usize = 30;
 /// Metric lines kept while the server cannot be reached; older ones are dropped beyond this.
 const MAX_BUFFERED: usize = 200_000;
-/// How often metrics are sent and rank 0's checkpoints looked for.
-const TICK: Duration = Duration::from_secs(1);
+/// How often metrics are sent and rank 0's checkpoints looked for: often enough that the API trails the
+/// ranks by a fraction of a second, at a few small requests per second per rank.
+const TICK: Duration = Duration::from_millis(250);
 
 /// Why the agent stops a rank.
 #[derive(Debug, Clone)]
