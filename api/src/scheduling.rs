@@ -33,6 +33,17 @@ pub struct LoopConfig {
     pub queue_window: i64,
     /// Names this server as the owner of the placements it makes.
     pub owner: String,
+    /// No node is declared lost before this: a server that just (re)started has not heard any heartbeat
+    /// yet, and must not write off every node that kept running while it was down.
+    pub no_lost_nodes_before: Option<std::time::Instant>,
+}
+
+impl LoopConfig {
+    /// The configuration of a server starting now: lost nodes only once a full node timeout has passed.
+    pub fn starting_now() -> Self {
+        let config = LoopConfig::default();
+        LoopConfig { no_lost_nodes_before: Some(std::time::Instant::now() + config.node_timeout), ..config }
+    }
 }
 
 impl Default for LoopConfig {
@@ -42,6 +53,7 @@ impl Default for LoopConfig {
             node_timeout: Duration::from_secs(15),
             queue_window: 10_000,
             owner: format!("scheduler-{}", std::process::id()),
+            no_lost_nodes_before: None,
         }
     }
 }
@@ -214,7 +226,9 @@ pub async fn pass(state: &AppState, config: &LoopConfig) -> StoreResult<PassRepo
 async fn rescue(state: &AppState, config: &LoopConfig, report: &mut PassReport) -> StoreResult<()> {
     let store = state.store.as_ref();
     let timeout = chrono::Duration::from_std(config.node_timeout).unwrap_or(chrono::Duration::seconds(15));
-    for node in store.mark_lost_nodes(ringtrain_store::now() - timeout).await? {
+    let heard_long_enough = config.no_lost_nodes_before.is_none_or(|at| Instant::now() >= at);
+    let lost = if heard_long_enough { store.mark_lost_nodes(ringtrain_store::now() - timeout).await? } else { vec![] };
+    for node in lost {
         report.lost_nodes += 1;
         let name = store.get_node(node).await?.map_or_else(|| node.to_string(), |n| n.name);
         tracing::warn!(node = %name, "node lost: no heartbeat for {:?}", config.node_timeout);

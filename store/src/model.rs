@@ -517,6 +517,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn end_node_assignments(&self, node_id: Uuid, to: &str) -> StoreResult<u64>;
 
     // --- checkpoints and datasets ---
+    /// Registers a checkpoint; (job, iteration, final) is unique, and a later attempt's registration replaces an
+    /// earlier one's, never the reverse (Conflict).
     async fn add_checkpoint(&self, checkpoint: NewCheckpoint) -> StoreResult<Checkpoint>;
     async fn list_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>>;
     async fn add_dataset(&self, dataset: NewDataset) -> StoreResult<Dataset>;

@@ -903,10 +903,11 @@ macro_rules! impl_store {
                      is_final, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                      ON CONFLICT (job_id, iteration, is_final) DO UPDATE SET attempt = excluded.attempt, \
                      epoch = excluded.epoch, path = excluded.path, size_bytes = excluded.size_bytes, \
-                     sha256 = excluded.sha256, created_at = excluded.created_at RETURNING {}",
+                     sha256 = excluded.sha256, created_at = excluded.created_at \
+                     WHERE checkpoints.attempt <= excluded.attempt RETURNING {}",
                     $crate::rows::CHECKPOINT_COLUMNS
                 );
-                let row: $crate::rows::CheckpointRow = sqlx::query_as(&sql)
+                let row: Option<$crate::rows::CheckpointRow> = sqlx::query_as(&sql)
                     .bind(uuid::Uuid::new_v4())
                     .bind(c.job_id.0)
                     .bind(c.attempt)
@@ -917,9 +918,15 @@ macro_rules! impl_store {
                     .bind(&c.sha256)
                     .bind(c.is_final)
                     .bind($crate::now())
-                    .fetch_one(&self.pool)
+                    .fetch_optional(&self.pool)
                     .await?;
-                Ok(row.into())
+                // An older placement never replaces what a newer one registered for the same point.
+                row.map(Into::into).ok_or_else(|| {
+                    $crate::StoreError::Conflict(format!(
+                        "a later attempt than {} already registered the checkpoint at iteration {}",
+                        c.attempt, c.iteration
+                    ))
+                })
             }
 
             async fn list_checkpoints(

@@ -154,6 +154,8 @@ pub struct Work {
     pub rendezvous: Option<String>,
     /// The checkpoint to resume from (the job's newest), for rank 0 to download and broadcast.
     pub resume: Option<Checkpoint>,
+    /// The index of the assignment's device on this node (the CUDA ordinal for a GPU).
+    pub device_index: i32,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -193,7 +195,7 @@ pub async fn poll_assignments(
     ApiPath(id): ApiPath<Uuid>,
     ApiQuery(query): ApiQuery<PollQuery>,
 ) -> ApiResult<Json<Poll>> {
-    own_node(&state, &agent, id).await?;
+    let node = own_node(&state, &agent, id).await?;
     if let Some(since) = query.since {
         let wait = Duration::from_secs(query.wait_s.unwrap_or(u64::MAX)).min(state.config.max_poll_wait);
         state.changes.wait_past(since, wait).await;
@@ -226,7 +228,9 @@ pub async fn poll_assignments(
             ranks.into_iter().find(|a| a.rank == 0).and_then(|a| a.endpoint)
         };
         let resume = if assignment.rank == 0 { latest_checkpoint(&state, job.id).await? } else { None };
+        let device_index = node.devices.iter().find(|d| d.id == assignment.device_id).map_or(0, |d| d.index);
         poll.work.push(Work {
+            device_index,
             assignment,
             spec: job.spec.clone(),
             effective: job.effective.clone(),
@@ -238,8 +242,8 @@ pub async fn poll_assignments(
     Ok(Json(poll))
 }
 
-/// The newest checkpoint a resumed placement starts from (final ones too: a job whose last rank died
-/// after the final checkpoint resumes with nothing left to train).
+/// The newest checkpoint a resumed placement starts from. (Final checkpoints are the same files as the
+/// last epoch's, registered again as the job's weights.)
 async fn latest_checkpoint(state: &AppState, job: JobId) -> ApiResult<Option<Checkpoint>> {
     let checkpoints = state.store.list_checkpoints(job).await?;
     Ok(checkpoints.into_iter().filter(|c| !c.is_final).max_by_key(|c| c.iteration))

@@ -96,7 +96,9 @@ pub async fn upload_checkpoint(
     files::check_declared_length(&headers, limit, "checkpoints")?;
     let dir = state.config.data_dir.join("checkpoints").join(job.id.to_string());
     tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
-    let file_name = if params.r#final { format!("{name}-final.tar") } else { format!("{name}.tar") };
+    // One file per placement: a late upload of an older placement never overwrites the newer one's file.
+    let kind = if params.r#final { "-final" } else { "" };
+    let file_name = format!("{name}{kind}-attempt-{}.tar", params.attempt);
     let partial_path = dir.join(format!("{file_name}.{}.part", Uuid::new_v4()));
     let partial = PartialFile::new(partial_path.clone());
     let written = files::stream_to_file(body, &partial_path, limit, "checkpoints").await?;
@@ -115,7 +117,14 @@ pub async fn upload_checkpoint(
             sha256: written.sha256,
             is_final: params.r#final,
         })
-        .await?;
+        .await;
+    let checkpoint = match checkpoint {
+        Ok(checkpoint) => checkpoint,
+        Err(err) => {
+            let _ = tokio::fs::remove_file(&path).await;
+            return Err(err.into());
+        }
+    };
     Ok((StatusCode::CREATED, Json(checkpoint)))
 }
 
