@@ -87,7 +87,7 @@ impl Server {
 
     /// Serves the API and runs the scheduler loop until `shutdown` completes.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let scheduler = tokio::spawn(scheduling::run(self.state.clone(), LoopConfig::default()));
+        let scheduler = tokio::spawn(scheduling::run(self.state.clone(), LoopConfig::starting_now()));
         let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
         let served = axum::serve(self.listener, app(self.state)).with_graceful_shutdown(shutdown).await;
         scheduler.abort();

@@ -192,6 +192,8 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         cmd.args(["--comm-timeout-s", &args.comm_timeout_s.to_string()]);
         cmd.args(["--join-timeout-s", &args.join_timeout_s.to_string()]);
         cmd.args(["--bucket-mb", &args.bucket_mb.to_string()]);
+        // Killing this launcher leaves no rank behind.
+        cmd.arg("--exit-with-parent");
         if let Some(threads) = args.threads {
             cmd.args(["--threads", &threads.to_string()]);
         }

@@ -63,6 +63,9 @@ pub struct Work {
     pub spec: Value,
     pub rendezvous: Option<String>,
     pub resume: Option<Checkpoint>,
+    /// The device's index on this node (the CUDA ordinal of a GPU).
+    #[serde(default)]
+    pub device_index: i32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -216,7 +219,8 @@ impl Client {
     pub async fn download(&self, path: &str, to: &Path, sha256: Option<&str>) -> Result<()> {
         let request = self.http.get(format!("{}{path}", self.base)).timeout(Duration::from_secs(3600));
         let mut response = self.send(request).await?;
-        let partial = to.with_extension("part");
+        // A name of its own: two ranks of a node may fetch the same dataset at once.
+        let partial = to.with_extension(format!("part-{}", Uuid::new_v4()));
         let mut file =
             tokio::fs::File::create(&partial).await.with_context(|| format!("cannot create {}", partial.display()))?;
         let mut hasher = Sha256::new();

@@ -186,6 +186,14 @@ impl Agent {
             .chain(poll.preempt.iter().copied())
             .collect();
         self.ended.retain(|id, _| listed.contains(id));
+        // A rank the server no longer lists at all was written off (its node was declared lost while this
+        // agent could not get through): its job runs elsewhere now, so it must not run on here.
+        for (id, rank) in &self.ranks {
+            if !listed.contains(id) && rank.stop.borrow().as_ref().is_none_or(|r| r.checkpoint_first) {
+                let why = "the server no longer lists this rank (its node was declared lost)";
+                let _ = rank.stop.send(Some(StopRequest { why: why.into(), checkpoint_first: false }));
+            }
+        }
         let preempt: Vec<(Uuid, bool)> = poll.preempt.iter().map(|id| (*id, true)).collect();
         for (id, checkpoint_first) in poll.stop.into_iter().map(|id| (id, false)).chain(preempt) {
             if let Some(state) = self.ended.get(&id) {

@@ -69,11 +69,7 @@ pub async fn run(ctx: Arc<AgentContext>, work: Work, stop: watch::Receiver<Optio
             eprintln!("{label}: {err:#}");
             let error = format!("rank {} on node {} could not start: {err:#}", assignment.rank, ctx.node_name);
             report_failure(&ctx, &work, &error, true).await;
-            for from in ["delivered", "running"] {
-                if ctx.client.set_assignment_state(assignment.id, from, "failed").await.is_ok() {
-                    break;
-                }
-            }
+            end_assignment(&ctx, assignment.id, "failed").await;
             "failed"
         }
     }
@@ -123,6 +119,10 @@ async fn run_inner(
         work.rendezvous.clone().context("rank 0's address is not known yet")?
     };
     command.args(["--rank", &a.rank.to_string(), "--world", &a.world_size.to_string(), "--rendezvous", &rendezvous]);
+    if work.spec.get("device").and_then(Value::as_str) == Some("gpu") {
+        // The rank sees only its own GPU, as CUDA device 0.
+        command.env("CUDA_VISIBLE_DEVICES", work.device_index.to_string());
+    }
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
 
     if stop.borrow().is_some() {
@@ -134,8 +134,14 @@ async fn run_inner(
     eprintln!("{label}: started (pid {})", child.id().unwrap_or(0));
     ctx.client.set_assignment_state(a.id, "delivered", "running").await?;
     if a.rank == 0 {
-        if let Err(err) = ctx.client.job_running(a.job_id, a.attempt).await {
-            eprintln!("{label}: cannot mark the job running: {err}");
+        let mut tries = 0;
+        while let Err(err) = ctx.client.job_running(a.job_id, a.attempt).await {
+            tries += 1;
+            if err.is_final() || tries >= OUTCOME_TRIES {
+                eprintln!("{label}: cannot mark the job running: {err}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
 
@@ -151,7 +157,13 @@ async fn run_inner(
             // Preempted: every rank stopped at the same iteration and rank 0 wrote a checkpoint of it, which
             // the job's next placement resumes from.
             if a.rank == 0 {
-                relay.upload_new_checkpoint(false).await;
+                // The next placement resumes from this checkpoint: worth a few tries.
+                for _ in 0..10 {
+                    if relay.try_upload(false).await.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
             }
             eprintln!("{label}: stopped after a checkpoint (preempted)");
             "cancelled"
@@ -279,16 +291,48 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
+/// Reports the assignment ended (from `running`, or `delivered` if its rank never started); retried later,
+/// from the poll, when the server cannot be reached now.
 pub async fn end_assignment(ctx: &AgentContext, assignment: uuid::Uuid, to: &str) {
-    if let Err(err) = ctx.client.set_assignment_state(assignment, "running", to).await {
-        eprintln!("assignment {assignment}: cannot report it {to}: {err}");
+    let mut last = None;
+    for from in ["running", "delivered"] {
+        match ctx.client.set_assignment_state(assignment, from, to).await {
+            Ok(()) => return,
+            Err(err) => last = Some(err),
+        }
+    }
+    if let Some(err) = last {
+        eprintln!("assignment {assignment}: cannot report it {to} yet: {err}");
     }
 }
+
+/// Reports an attempt's outcome, retrying for a while when the server cannot be reached (or answers 5xx):
+/// the assignment is reported ended only afterwards, so a lost report must not be given up early.
+async fn report_outcome(
+    ctx: &AgentContext,
+    job: uuid::Uuid,
+    attempt: i32,
+    report: Value,
+) -> Result<Value, super::client::CallError> {
+    let mut tries = 0;
+    loop {
+        match ctx.client.report_result(job, attempt, report.clone()).await {
+            Err(err) if !err.is_final() && tries < OUTCOME_TRIES => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Tries of an outcome report, 2 s apart: rides out a server restart.
+const OUTCOME_TRIES: u32 = 60;
 
 async fn report_failure(ctx: &AgentContext, work: &Work, error: &str, retryable: bool) {
     let a = &work.assignment;
     let report = json!({"outcome": "failed", "error": error, "retryable": retryable});
-    match ctx.client.report_result(a.job_id, a.attempt, report).await {
+    match report_outcome(ctx, a.job_id, a.attempt, report).await {
         Ok(answer) => eprintln!("{}: reported failed; the job is now {}", label(work), answer["state"]),
         // Another rank's agent reported first, or the placement is already over.
         Err(err) if err.is_final() => {}
@@ -335,6 +379,7 @@ async fn fetch_checkpoint(
             .find(|n| n.starts_with("epoch-"))
             .context("the checkpoint archive holds no epoch-NNNN folder")?;
         std::fs::write(unpacked.join(ringtrain_worker::checkpoint::LATEST), &name)?;
+        std::fs::remove_file(&archive)?;
         Ok(name)
     })
     .await??;
