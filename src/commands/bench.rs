@@ -4,6 +4,7 @@
 //! - `allreduce`: the TCP ring's algbw and busbw (nccl-tests definitions: algbw = bytes / time, busbw =
 //!   algbw · 2(k−1)/k) next to this machine's memcpy bandwidth, the ceiling of any host all-reduce.
 //! - `train`: samples/s and time per step by phase, for k ranks next to one rank without communication.
+//! - `submit` (in `latency`): submit -> first iteration through the platform, next to the ranks alone.
 
 use std::net::TcpListener;
 use std::process::ExitCode;
@@ -24,6 +25,9 @@ pub enum Bench {
     Train(TrainArgs),
     /// Time of one placement-policy pass on a synthetic cluster (pure CPU, no database).
     Scheduler(SchedulerArgs),
+    /// Submit -> first iteration reported, through a running server and its agents (e.g. `ringtrain up`), next
+    /// to the same spec's k rank processes started directly.
+    Submit(super::latency::SubmitArgs),
     /// REST API load: job submissions per second with p50/p99 latency, and `GET /v1/jobs` page latency with a
     /// large run history, against a running `ringtrain serve` (use Postgres for the figures that matter).
     Api(ApiArgs),
@@ -112,6 +116,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Train(args) => train(&args),
         Bench::Scheduler(args) => scheduler(&args),
         Bench::Api(args) => api(&args),
+        Bench::Submit(args) => super::latency::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

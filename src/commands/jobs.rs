@@ -5,9 +5,11 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde_json::Value;
 use uuid::Uuid;
+
+use super::user_api::UserApi;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Jobs {
@@ -47,31 +49,6 @@ pub fn run(jobs: Jobs) -> ExitCode {
     }
 }
 
-struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: String,
-}
-
-impl Api {
-    async fn get(&self, path: &str) -> Result<Value> {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {}", self.base))?;
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("{status}: {}", body["detail"].as_str().unwrap_or("no detail"));
-        }
-        Ok(body)
-    }
-}
-
 /// What the watcher has seen so far.
 #[derive(Default)]
 struct Progress {
@@ -81,11 +58,7 @@ struct Progress {
 }
 
 async fn watch(args: &WatchArgs) -> Result<bool> {
-    let api = Api {
-        http: reqwest::Client::new(),
-        base: args.server.trim_end_matches('/').to_string(),
-        token: args.token.clone(),
-    };
+    let api = UserApi::new(&args.server, &args.token);
     let id = args.id;
     let tty = std::io::stdout().is_terminal();
     let mut progress = Progress::default();

@@ -1,10 +1,12 @@
 pub mod agent;
 pub mod bench;
 pub mod jobs;
+pub mod latency;
 pub mod schedule;
 pub mod serve;
 pub mod train;
 pub mod up;
+pub mod user_api;
 
 use std::process::ExitCode;
 
