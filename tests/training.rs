@@ -313,7 +313,8 @@ fn a_killed_rank_fails_the_others_quickly_with_its_number() {
     spec["epochs"] = 50.into(); // long enough to be killed mid-run
     let spec_path = write_spec(&dir, &spec);
     let started = Instant::now();
-    let mut children = spawn_ranks(&spec_path, 3, &dir.join("out"), &[], None);
+    // A short join timeout: on a loaded machine rank 1 may be killed before it joined the ring.
+    let mut children = spawn_ranks(&spec_path, 3, &dir.join("out"), &["--join-timeout-s", "20"], None);
     std::thread::sleep(Duration::from_millis(1500));
     children[1].kill().unwrap(); // SIGKILL
     let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();

@@ -63,8 +63,17 @@ pub async fn fresh_postgres_database(name: &str) -> String {
     use sqlx::Connection;
     let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL must name a Postgres server");
     let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("connect to DATABASE_URL");
-    let db = format!("ringtrain_e2e_{name}_{}", std::process::id());
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {db}")).execute(&mut admin).await.unwrap();
+    // Databases this test left in earlier runs go first (only this test uses its prefix).
+    let prefix = format!("ringtrain_e2e_{name}_");
+    let stale: Vec<(String,)> = sqlx::query_as("SELECT datname FROM pg_database WHERE starts_with(datname, $1)")
+        .bind(&prefix)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    for (old,) in stale {
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {old} WITH (FORCE)")).execute(&mut admin).await.unwrap();
+    }
+    let db = format!("{prefix}{}", std::process::id());
     sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut admin).await.unwrap();
     let (base, _) = admin_url.rsplit_once('/').expect("DATABASE_URL ends in /DATABASE");
     format!("{base}/{db}")
