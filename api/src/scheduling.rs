@@ -144,6 +144,7 @@ pub async fn pass(state: &AppState, config: &LoopConfig) -> StoreResult<PassRepo
     for assignment in &live {
         placements.entry((assignment.job_id, assignment.attempt)).or_default().push(assignment);
     }
+    sweep(state, &nodes, &jobs, &placements, &mut report).await?;
     let mut orphans = Vec::new();
     for ((job_id, attempt), ranks) in &placements {
         let slots: Vec<DeviceSlot> = ranks.iter().filter_map(|a| devices.slot(a.device_id)).collect();
@@ -248,6 +249,40 @@ async fn rescue(state: &AppState, config: &LoopConfig, report: &mut PassReport) 
             state.config.lease.as_secs()
         );
         report.failed_placements += usize::from(fail_placement(state, &job, &why).await?);
+    }
+    Ok(())
+}
+
+/// Repairs what a crash between two statements can leave behind (each is idempotent): live assignments on a
+/// node that is not up (it was declared lost, but its assignments were not ended), and pending assignments
+/// of a placement that is over (the job was requeued or ended, but they were not cancelled). Either would
+/// hold a device, and the job, forever.
+async fn sweep(
+    state: &AppState,
+    up: &[Node],
+    active: &HashMap<JobId, Job>,
+    placements: &BTreeMap<(Uuid, i32), Vec<&Assignment>>,
+    report: &mut PassReport,
+) -> StoreResult<()> {
+    let store = state.store.as_ref();
+    let up: std::collections::HashSet<Uuid> = up.iter().map(|n| n.id).collect();
+    let mut gone: Vec<Uuid> = placements.values().flatten().map(|a| a.node_id).filter(|n| !up.contains(n)).collect();
+    gone.sort_unstable();
+    gone.dedup();
+    for node in gone {
+        for job in active.values() {
+            if placements.get(&(job.id.0, job.attempt)).is_some_and(|r| r.iter().any(|a| a.node_id == node)) {
+                report.failed_placements += usize::from(fail_placement(state, job, "its node is lost").await?);
+            }
+        }
+        store.end_node_assignments(node, "failed").await?;
+    }
+    for ((job_id, attempt), ranks) in placements {
+        let over = active.get(&JobId(*job_id)).is_none_or(|job| job.attempt != *attempt);
+        // Only when the job has no current placement: cancelling pending ranks is per job.
+        if over && !active.contains_key(&JobId(*job_id)) && ranks.iter().any(|a| a.state == "pending") {
+            store.cancel_pending_assignments(JobId(*job_id)).await?;
+        }
     }
     Ok(())
 }

@@ -209,7 +209,10 @@ pub async fn poll_assignments(
             .as_ref()
             .filter(|j| j.attempt == assignment.attempt && matches!(j.state, JobState::Scheduled | JobState::Running));
         let Some(job) = current else {
-            if assignment.preempted {
+            // Read again: the preemption that made this placement stale marked its assignments in the same
+            // transaction, possibly after the list above was read.
+            let fresh = state.store.get_assignment(assignment.id).await?;
+            if fresh.is_some_and(|a| a.preempted) {
                 poll.preempt.push(assignment.id);
             } else {
                 poll.stop.push(assignment.id);

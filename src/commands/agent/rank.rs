@@ -225,7 +225,14 @@ async fn supervise(
         let deadline = grace.as_ref().map(|(at, _)| *at);
         tokio::select! {
             line = stdout.next_line(), if stdout_open => match line {
-                Ok(Some(line)) => relay.metric_line(&line),
+                Ok(Some(line)) => {
+                    relay.metric_line(&line);
+                    // After a quiet spell (the first line, say) a line goes out at once; a busy rank's lines
+                    // are batched by the tick.
+                    if relay.last_flush.elapsed() >= TICK {
+                        relay.flush_metrics().await;
+                    }
+                }
                 _ => stdout_open = false,
             },
             line = stderr.next_line(), if stderr_open => match line {
@@ -399,6 +406,7 @@ struct Relay<'a> {
     pending: Vec<Map<String, Value>>,
     stderr_tail: VecDeque<String>,
     uploaded: Option<String>,
+    last_flush: std::time::Instant,
 }
 
 impl<'a> Relay<'a> {
@@ -413,6 +421,8 @@ impl<'a> Relay<'a> {
             pending: Vec::new(),
             stderr_tail: VecDeque::new(),
             uploaded: None,
+            // Long ago: the first line goes out at once.
+            last_flush: std::time::Instant::now().checked_sub(TICK).unwrap_or_else(std::time::Instant::now),
         }
     }
 
@@ -434,6 +444,10 @@ impl<'a> Relay<'a> {
     }
 
     async fn flush_metrics(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.last_flush = std::time::Instant::now();
         while !self.pending.is_empty() {
             let batch = self.pending.len().min(5_000);
             match self.ctx.client.report_metrics(self.job, self.attempt, &self.pending[..batch]).await {
