@@ -293,7 +293,17 @@ pub async fn fail_placement(state: &AppState, job: &Job, why: &str) -> StoreResu
     if !matches!(job.state, JobState::Scheduled | JobState::Running) {
         return Ok(false);
     }
-    let (to, reason) = if job.may_restart() {
+    let changed = state.store.transition(&failure_transition(job, why, true)).await?.is_some();
+    if changed {
+        state.store.cancel_pending_assignments(job.id).await?;
+    }
+    Ok(changed)
+}
+
+/// The guarded change that ends `job`'s current placement as a failure: requeued when `retryable` and
+/// restarts remain, else failed with `why` as the job's error.
+pub fn failure_transition(job: &Job, why: &str, retryable: bool) -> Transition {
+    let (to, reason) = if retryable && job.may_restart() {
         (JobState::Queued, format!("attempt {} failed, retrying: {why}", job.user_attempt()))
     } else {
         (JobState::Failed, format!("attempt {} failed: {why}", job.user_attempt()))
@@ -302,11 +312,7 @@ pub async fn fail_placement(state: &AppState, job: &Job, why: &str) -> StoreResu
     if to == JobState::Failed {
         transition.error = Some(why.to_string());
     }
-    let changed = state.store.transition(&transition).await?.is_some();
-    if changed {
-        state.store.cancel_pending_assignments(job.id).await?;
-    }
-    Ok(changed)
+    transition
 }
 
 fn kind_of(device: &str) -> DeviceKind {

@@ -341,7 +341,3 @@ pub fn kill_9(pid: u32) {
     let status = Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     assert!(status.success(), "kill -9 {pid}");
 }
-
-pub fn exists(path: &Path) -> bool {
-    path.exists()
-}

@@ -11,7 +11,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::{FieldError, JobId, JobState};
 use ringtrain_store::{
-    Assignment, Checkpoint, Job, LeaseChange, MetricPoint, NewCheckpoint, NewDevice, Node, NodeRegistration, Transition,
+    Assignment, Checkpoint, Job, MetricPoint, NewCheckpoint, NewDevice, Node, NodeRegistration, Transition,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -21,6 +21,7 @@ use uuid::Uuid;
 use crate::auth::Agent;
 use crate::error::{ApiError, ApiResult, Problem};
 use crate::extract::{ApiPath, ApiQuery, JsonBody};
+use crate::scheduling::failure_transition;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -603,21 +604,16 @@ pub async fn report_result(
     if !matches!(job.state, JobState::Scheduled | JobState::Running) || job.attempt != body.attempt {
         return Err(ApiError::conflict(format!("job {id} attempt {} is no longer running", body.attempt)));
     }
-    let error = body.error.as_deref().unwrap_or("unknown error");
-    let (to, reason) = match body.outcome {
-        Outcome::Succeeded => (JobState::Succeeded, format!("attempt {} succeeded", body.attempt)),
-        Outcome::Failed if body.retryable && job.may_restart() => {
-            (JobState::Queued, format!("attempt {} failed, retrying: {error}", body.attempt))
+    let transition = match body.outcome {
+        Outcome::Succeeded => {
+            let reason = format!("attempt {} succeeded", job.user_attempt());
+            let mut transition =
+                Transition::new(job.id, job.state, JobState::Succeeded, reason).at_attempt(body.attempt);
+            transition.result = body.result;
+            transition
         }
-        Outcome::Failed => (JobState::Failed, format!("attempt {} failed: {error}", body.attempt)),
+        Outcome::Failed => failure_transition(&job, body.error.as_deref().unwrap_or("unknown error"), body.retryable),
     };
-    let mut transition = Transition::new(job.id, job.state, to, reason).at_attempt(body.attempt);
-    transition.lease = LeaseChange::Clear;
-    if to == JobState::Succeeded {
-        transition.result = body.result;
-    } else if to == JobState::Failed {
-        transition.error = body.error;
-    }
     match state.store.transition(&transition).await? {
         Some(updated) => {
             // Every agent holding a rank of this attempt learns from its next poll that the attempt is over

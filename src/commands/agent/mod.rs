@@ -151,7 +151,8 @@ impl Agent {
                 );
                 self.stop_all("the agent lost its lease (the server could not be reached)");
             }
-            // Short waits while ranks wait for rank 0's address, so they start promptly.
+            // The poll answers at once when anything changes (rank 0's address included), so the wait is
+            // only the longest silence.
             let wait = Duration::from_secs(20);
             match self.ctx.client.poll(self.node, since, wait).await {
                 Ok(poll) => {
