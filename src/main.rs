@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod commands;
+mod telemetry;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -13,6 +14,9 @@ mod commands;
     about = "Training as a service: Goyal et al.'s large-minibatch SGD on a shared worker pool"
 )]
 struct Cli {
+    /// How log lines (on stderr) are written.
+    #[arg(long, global = true, value_enum, env = "RINGTRAIN_LOG_FORMAT", default_value = "text")]
+    log_format: telemetry::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -39,6 +43,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    telemetry::init(cli.log_format);
     match cli.command {
         Command::Schedule(args) => commands::schedule::run(args),
         Command::Up(args) => commands::up::run(args),

@@ -1,5 +1,12 @@
 //! One error type for every handler: RFC 7807 `application/problem+json`, with field-level `errors` for
-//! validation. Internal errors are logged with their cause and answered with a generic 500.
+//! validation. An internal error keeps its cause (with its chain) on the response, out of the body: the
+//! client sees a generic 500 (503 when the database is unreachable), and [`log_internal_errors`] logs the
+//! cause once, inside the request's span (axum's `examples/error-handling` pattern).
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::middleware::Next;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -41,11 +48,17 @@ pub struct ApiError {
     slug: &'static str,
     detail: String,
     errors: Vec<FieldError>,
+    /// What went wrong on our side, for the log only.
+    cause: Option<InternalCause>,
 }
+
+/// The cause of an internal error, carried on the response for [`log_internal_errors`].
+#[derive(Debug, Clone)]
+pub struct InternalCause(Arc<anyhow::Error>);
 
 impl ApiError {
     pub fn new(status: StatusCode, slug: &'static str, detail: impl Into<String>) -> Self {
-        ApiError { status, slug, detail: detail.into(), errors: Vec::new() }
+        ApiError { status, slug, detail: detail.into(), errors: Vec::new(), cause: None }
     }
 
     /// 422: the request is well-formed but its content is wrong; every field problem listed.
@@ -54,12 +67,12 @@ impl ApiError {
             [one] => one.to_string(),
             many => format!("{} problems with the request", many.len()),
         };
-        ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, slug: "validation", detail, errors }
+        ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, slug: "validation", detail, errors, cause: None }
     }
 
     pub fn field(status: StatusCode, slug: &'static str, path: &str, reason: impl Into<String>) -> Self {
         let error = FieldError::new(path, reason);
-        ApiError { status, slug, detail: error.to_string(), errors: vec![error] }
+        ApiError { status, slug, detail: error.to_string(), errors: vec![error], cause: None }
     }
 
     pub fn bad_request(detail: impl Into<String>) -> Self {
@@ -82,11 +95,22 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "conflict", detail)
     }
 
-    /// Logs the cause; the client sees only that something went wrong on our side.
-    pub fn internal(cause: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %cause, "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal server error")
+    /// A failure on our side: the client sees only that; the cause (and its chain) is logged once.
+    pub fn internal(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::internal_cause(anyhow::Error::new(cause))
     }
+
+    /// [`ApiError::internal`] for a cause that is only a message (a broken invariant).
+    pub fn internal_msg(message: impl std::fmt::Display) -> Self {
+        Self::internal_cause(anyhow::anyhow!("{message}"))
+    }
+
+    fn internal_cause(cause: anyhow::Error) -> Self {
+        let mut error = Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal server error");
+        error.cause = Some(InternalCause(Arc::new(cause)));
+        error
+    }
+
 
     pub fn status(&self) -> StatusCode {
         self.status
@@ -111,8 +135,21 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let Some(cause) = self.cause {
+            response.extensions_mut().insert(cause);
+        }
         response
     }
+}
+
+/// Logs each internal error once, with its cause chain, inside the request's span (which carries the
+/// request id). Building an [`ApiError`] has no side effect; this layer is the one place that logs.
+pub async fn log_internal_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    if let Some(InternalCause(cause)) = response.extensions().get::<InternalCause>() {
+        tracing::error!(status = response.status().as_u16(), error = format!("{cause:#}"), "internal error");
+    }
+    response
 }
 
 impl From<StoreError> for ApiError {

@@ -106,7 +106,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
                 };
                 Err(ApiError::field(StatusCode::BAD_REQUEST, "bad-path-parameter", &path, err.body_text()))
             }
-            Err(other) => Err(ApiError::internal(other.body_text())),
+            Err(other) => Err(ApiError::internal_msg(other.body_text())),
         }
     }
 }

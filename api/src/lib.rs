@@ -1,6 +1,7 @@
 //! ringtrain's REST API: [`app`] builds the whole axum [`Router`] from an [`AppState`], separate from any
 //! binary, so handler tests drive it with `tower::ServiceExt::oneshot` and `ringtrain serve` just binds it.
 
+pub mod access;
 pub mod auth;
 pub mod bench;
 pub mod bootstrap;
@@ -9,7 +10,6 @@ pub mod error;
 pub mod extract;
 pub mod files;
 pub mod routes;
-pub mod scheduling;
 pub mod state;
 pub mod telemetry;
 
@@ -25,6 +25,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 pub use error::{ApiError, Problem};
+pub use ringtrain_core::hex;
 pub use state::{ApiConfig, AppState};
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -37,6 +38,7 @@ pub fn app(state: AppState) -> Router {
     router
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(error::log_internal_errors))
         .layer(middleware::from_fn_with_state(state.clone(), telemetry::record))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -52,7 +54,9 @@ pub fn app(state: AppState) -> Router {
 
 /// The OpenAPI 3.1 document of every route.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    routes::router().split_for_parts().1
+    let mut doc = routes::router().split_for_parts().1;
+    utoipa::Modify::modify(&routes::ProblemResponses, &mut doc);
+    doc
 }
 
 async fn unknown_route(uri: Uri) -> ApiError {
@@ -80,13 +84,4 @@ async fn timeout(State(state): State<AppState>, request: Request, next: Next) ->
         )
         .into_response(),
     }
-}
-
-/// Lowercase hex of bytes (sha256 digests).
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
 }

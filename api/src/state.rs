@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringtrain_protocol::timing;
+use ringtrain_scheduler::{ChangeNotifier, LoopConfig, Scheduler};
 use ringtrain_store::Store;
 
 use crate::changes::Changes;
@@ -20,7 +22,7 @@ pub struct ApiConfig {
     pub max_dataset_bytes: u64,
     /// The largest checkpoint archive an agent may upload.
     pub max_checkpoint_bytes: u64,
-    /// Requests (except streams after their headers) that take longer are answered 408.
+    /// Requests (except streams after their headers) that take longer are answered 503.
     pub request_timeout: Duration,
     /// How often an SSE stream looks for new events.
     pub event_poll: Duration,
@@ -39,8 +41,8 @@ impl ApiConfig {
             max_checkpoint_bytes: 8 << 30,
             request_timeout: Duration::from_secs(30),
             event_poll: Duration::from_millis(500),
-            lease: Duration::from_secs(30),
-            max_poll_wait: Duration::from_secs(20),
+            lease: timing::LEASE,
+            max_poll_wait: timing::MAX_POLL_WAIT,
         }
     }
 }
@@ -68,7 +70,28 @@ impl AppState {
     pub async fn changed(&self) {
         self.changes.bump();
         if let Err(err) = self.store.notify_changes().await {
-            tracing::warn!(%err, "cannot notify other servers of a change");
+            tracing::warn!(error = %err, "cannot notify other servers of a change");
         }
+    }
+
+    /// The scheduler loop of this server, sharing its store and its change counter.
+    pub fn scheduler(&self, config: LoopConfig) -> Scheduler {
+        Scheduler::new(self.store.clone(), Arc::new(self.clone()), config)
+    }
+}
+
+/// The scheduler loop waits on, and announces, the same changes as the agents' long polls.
+#[async_trait::async_trait]
+impl ChangeNotifier for AppState {
+    fn version(&self) -> u64 {
+        self.changes.version()
+    }
+
+    async fn wait_past(&self, seen: u64, timeout: Duration) -> u64 {
+        self.changes.wait_past(seen, timeout).await
+    }
+
+    async fn announce(&self) {
+        self.changed().await
     }
 }

@@ -1,13 +1,13 @@
-//! The agent-facing routes, end to end through the router: register, heartbeat, claim (as the scheduler
-//! will), poll, run, report metrics, checkpoints and results, with stale attempts refused.
+//! The agent-facing routes, end to end through the router: register, heartbeat, start (as the scheduler
+//! does), poll, run, report metrics, checkpoints and results, with stale attempts refused.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{spec, TestApp};
-use ringtrain_core::JobId;
-use ringtrain_store::NewAssignment;
+use ringtrain_core::{AssignmentState, JobId};
+use ringtrain_store::{Assignment, Job, NewAssignment, StoreResult};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -24,16 +24,19 @@ async fn place(app: &TestApp, agent: &str, job: &str) -> (String, i32) {
     let node_id: Uuid = node.body["id"].as_str().unwrap().parse().unwrap();
     let device_ids: Vec<Uuid> =
         node.body["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().parse().unwrap()).collect();
-    let claimed = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
-    let claimed = claimed.into_iter().find(|j| j.id.to_string() == job).expect("the job is claimed");
-    assert_eq!(claimed.attempt, 1);
     let ranks: Vec<NewAssignment> = device_ids
         .iter()
         .enumerate()
         .map(|(rank, device)| NewAssignment { node_id, device_id: *device, rank: rank as i32 })
         .collect();
-    app.store.create_assignments(claimed.id, claimed.attempt, &ranks).await.unwrap();
-    (node_id.to_string(), claimed.attempt)
+    let (started, _) = start(app, JobId(job.parse().unwrap()), &ranks).await.unwrap().expect("the job is queued");
+    assert_eq!(started.attempt, 1);
+    (node_id.to_string(), started.attempt)
+}
+
+/// Starts a queued job on these ranks, as the scheduler loop does.
+async fn start(app: &TestApp, job: JobId, ranks: &[NewAssignment]) -> StoreResult<Option<(Job, Vec<Assignment>)>> {
+    app.store.start_job(job, "scheduler-1", Duration::from_secs(60), ranks).await
 }
 
 async fn agent_runs_a_job_to_success(app: TestApp) {
@@ -211,9 +214,7 @@ async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
         .await;
     assert_eq!(failed.status, 200, "{}", failed.text);
     assert_eq!(failed.body["state"], "queued");
-    // The next attempt is claimed; a report from the old attempt is refused.
-    let second = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(second[0].attempt, 2);
+    // A report from the old attempt is refused.
     app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await.problem(409);
 
     // The old attempt's ranks hold their devices until the agent, told to stop them, says they ended.
@@ -226,11 +227,12 @@ async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
         .map(|(rank, d)| NewAssignment { node_id, device_id: d.id, rank: rank as i32 })
         .collect();
     let job_id = JobId(job.parse().unwrap());
-    assert!(app.store.create_assignments(job_id, 2, &ranks).await.is_err(), "devices still busy");
+    assert!(start(&app, job_id, &ranks).await.is_err(), "devices still busy");
     let poll = app.get(&poll_uri, &agent).await;
     assert_eq!(poll.body["work"], json!([]));
     assert_eq!(stop_all(&app, &agent, &poll.body["stop"]).await, 2);
-    let placed = app.store.create_assignments(job_id, 2, &ranks).await.expect("freed devices can be placed again");
+    let (second, placed) = start(&app, job_id, &ranks).await.expect("freed devices can be placed again").unwrap();
+    assert_eq!(second.attempt, 2);
 
     // Cancel while scheduled: the delivered ranks are to stop; a pending one is cancelled outright.
     let poll = app.get(&poll_uri, &agent).await;
@@ -240,13 +242,11 @@ async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
     let poll = app.get(&poll_uri, &agent).await;
     assert_eq!(poll.body["work"], json!([]));
     assert_eq!(stop_all(&app, &agent, &poll.body["stop"]).await, 2);
-    assert_eq!(app.store.get_assignment(placed[0].id).await.unwrap().unwrap().state, "cancelled");
+    assert_eq!(app.store.get_assignment(placed[0].id).await.unwrap().unwrap().state, AssignmentState::Cancelled);
     let other = app.submit(&team.member, &spec("next")).await;
-    let claimed = app.store.claim_queued("scheduler-1", 10, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(claimed[0].id.to_string(), other);
-    let pending = app.store.create_assignments(claimed[0].id, 1, &ranks).await.unwrap();
+    let (_, pending) = start(&app, JobId(other.parse().unwrap()), &ranks).await.unwrap().unwrap();
     app.post(&format!("/v1/jobs/{other}/cancel"), &team.member, &json!({})).await;
-    assert_eq!(app.store.get_assignment(pending[0].id).await.unwrap().unwrap().state, "cancelled");
+    assert_eq!(app.store.get_assignment(pending[0].id).await.unwrap().unwrap().state, AssignmentState::Cancelled);
     assert!(app.store.live_assignments().await.unwrap().is_empty());
 }
 

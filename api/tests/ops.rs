@@ -66,6 +66,14 @@ async fn openapi_lists_every_route(app: TestApp) {
     for (method, path) in ROUTES {
         let operation = &doc["paths"][path][method];
         assert!(operation["responses"].as_object().is_some_and(|r| !r.is_empty()), "{method} {path}");
+        // Every error answer is documented as a problem document (the routes declare only the statuses).
+        for (status, response) in operation["responses"].as_object().unwrap() {
+            if status.starts_with('4') || status.starts_with('5') {
+                let schema = &response["content"]["application/problem+json"]["schema"]["$ref"];
+                assert_eq!(schema, "#/components/schemas/Problem", "{method} {path} {status}");
+                assert!(!response["description"].as_str().unwrap_or("").is_empty(), "{method} {path} {status}");
+            }
+        }
         if path.starts_with("/v1/") {
             assert!(operation["security"].is_array(), "{method} {path} documents its auth");
         }

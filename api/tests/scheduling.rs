@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use common::{spec, TestApp};
-use ringtrain_api::scheduling::{pass, LoopConfig, PassReport};
+use ringtrain_scheduler::{LoopConfig, PassReport};
 use serde_json::{json, Value};
 
 fn cpus(n: usize) -> Value {
@@ -27,7 +27,7 @@ fn config() -> LoopConfig {
 }
 
 async fn run_pass(app: &TestApp, config: &LoopConfig) -> PassReport {
-    pass(&app.state, config).await.expect("a pass")
+    app.state.scheduler(config.clone()).pass().await.expect("a pass")
 }
 
 async fn job(app: &TestApp, token: &str, id: &str) -> Value {

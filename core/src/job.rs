@@ -1,32 +1,10 @@
-//! Domain ids and the job life cycle, shared by the store, the API and the scheduler.
+//! The job life cycle, shared by the store, the API and the scheduler.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
-/// The id of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct JobId(pub Uuid);
-
-impl JobId {
-    pub fn new() -> Self {
-        JobId(Uuid::new_v4())
-    }
-}
-
-impl Default for JobId {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
+pub use crate::ids::JobId;
 
 /// `queued -> scheduled -> running -> succeeded | failed | cancelled`; a preempted or failed-but-retryable
 /// attempt goes back to `queued` and resumes from its last checkpoint.

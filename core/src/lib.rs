@@ -2,15 +2,21 @@
 //! ("Accurate, Large Minibatch SGD"), and the domain ids and states. No I/O and no libtorch, so the
 //! server, the scheduler and the trainer all agree on the same numbers.
 
+pub mod cluster;
 pub mod dataset;
 pub mod error;
+pub mod hex;
+pub mod ids;
 pub mod job;
 pub mod schedule;
 pub mod spec;
 pub mod validate;
 
+pub use cluster::{AssignmentState, NodeState};
 pub use dataset::DatasetRef;
 pub use error::FieldError;
-pub use job::{JobId, JobState};
+pub use hex::hex;
+pub use ids::{AssignmentId, DeviceId, JobId, NodeId, TeamId, TokenId};
+pub use job::JobState;
 pub use schedule::{Effective, ScheduleView};
 pub use spec::JobSpec;

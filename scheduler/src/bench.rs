@@ -11,10 +11,10 @@ use ringtrain_core::JobId;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::model::{
+use crate::policy::model::{
     ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, QueuedJob, RunningJob, Team, TeamId,
 };
-use crate::plan::plan;
+use crate::policy::plan;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchConfig {

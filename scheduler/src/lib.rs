@@ -1,25 +1,19 @@
-//! ringtrain's placement policy: a pure function from a snapshot of the cluster (queued jobs, running jobs,
-//! nodes and their devices, team guarantees and weights) to a [`Plan`] (start these jobs on these devices,
-//! preempt those, hold these devices). No database, no clock, no randomness: the scheduler loop reads rows
-//! into a [`ClusterView`], calls [`plan`], and writes the decisions with guarded statements.
+//! ringtrain's scheduler: the placement policy and the loop that applies it.
 //!
-//! The rules, each in its own module:
-//! - gang placement with locality (`placement`): all k devices at once, one kind, fewest nodes, best fit;
-//! - quotas and weighted fair share (`fairness`): guarantees first, idle capacity borrowed by weight;
-//! - reclaim (`preemption`): a team below its guarantee preempts a minimal set of borrowers;
-//! - no starvation (`reservation`): the first job that cannot start holds devices; others backfill around.
+//! - [`policy`]: a pure function from a snapshot of the cluster (queued jobs, running jobs, nodes and their
+//!   devices, team guarantees and weights) to a [`Plan`] (start these jobs on these devices, preempt those,
+//!   hold these devices). No database, no clock, no randomness.
+//! - [`control`]: the loop. One leader per database reads the store into a [`ClusterView`], calls [`plan`],
+//!   and writes the decisions with the store's guarded operations; it also rescues what died (lost nodes,
+//!   expired leases) and sweeps what a crash left behind. `ringtrain serve` only starts it.
 
 pub mod bench;
-mod fairness;
-mod index;
-pub mod model;
-mod placement;
-mod plan;
-mod preemption;
-mod reservation;
+pub mod control;
+pub mod policy;
 
-pub use model::{
-    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason, QueuedJob,
-    Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
+pub use control::{ChangeNotifier, LoopConfig, PassReport, Scheduler};
+pub use policy::model;
+pub use policy::{
+    plan, ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason,
+    QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
 };
-pub use plan::plan;

@@ -9,7 +9,7 @@ use anyhow::Result;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::user_api::UserApi;
+use ringtrain_client::ApiClient;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Jobs {
@@ -58,15 +58,15 @@ struct Progress {
 }
 
 async fn watch(args: &WatchArgs) -> Result<bool> {
-    let api = UserApi::new(&args.server, &args.token);
+    let api = ApiClient::new(&args.server, &args.token)?;
     let id = args.id;
     let tty = std::io::stdout().is_terminal();
     let mut progress = Progress::default();
     let mut last_line = String::new();
     loop {
-        let job = api.get(&format!("/v1/jobs/{id}")).await?;
+        let job = api.get::<Value>(&format!("/v1/jobs/{id}")).await?;
         let iterations = api
-            .get(&format!(
+            .get::<Value>(&format!(
                 "/v1/jobs/{id}/metrics?kind=iteration&rank=0&from_iteration={}&limit=10000",
                 progress.next_iteration
             ))
@@ -75,7 +75,7 @@ async fn watch(args: &WatchArgs) -> Result<bool> {
             progress.next_iteration = last["iteration"].as_i64().unwrap_or(0) + 1;
             progress.last = Some(last.clone());
         }
-        let epochs = api.get(&format!("/v1/jobs/{id}/metrics?kind=epoch&rank=0&limit=10000")).await?;
+        let epochs = api.get::<Value>(&format!("/v1/jobs/{id}/metrics?kind=epoch&rank=0&limit=10000")).await?;
         if let Some(last) = epochs["points"].as_array().and_then(|p| p.last()) {
             progress.test_error = last["fields"]["test_error"].as_f64();
         }

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::user_api::UserApi;
+use ringtrain_client::ApiClient;
 
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
@@ -97,13 +97,13 @@ pub fn run(args: &SubmitArgs) -> Result<()> {
 }
 
 async fn submit_once(args: &SubmitArgs, spec: &Value) -> Result<Milestones> {
-    let api = UserApi::new(&args.server, &args.token);
+    let api = ApiClient::new(&args.server, &args.token)?;
     let submitted = Instant::now();
-    let job = api.call(reqwest::Method::POST, "/v1/jobs", Some(spec)).await?;
+    let job = api.post::<Value>("/v1/jobs", spec).await?;
     let id = job["id"].as_str().context("no job id in the answer")?.to_string();
     let metrics = format!("/v1/jobs/{id}/metrics?kind=iteration&limit=1");
     let first_iteration = loop {
-        let page = api.call(reqwest::Method::GET, &metrics, None).await?;
+        let page = api.get::<Value>(&metrics).await?;
         if page["points"].as_array().is_some_and(|p| !p.is_empty()) {
             break submitted.elapsed().as_secs_f64();
         }
@@ -112,7 +112,7 @@ async fn submit_once(args: &SubmitArgs, spec: &Value) -> Result<Milestones> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let events = api.call(reqwest::Method::GET, &format!("/v1/jobs/{id}/events"), None).await?;
+    let events = api.get::<Value>(&format!("/v1/jobs/{id}/events")).await?;
     let at = |state: &str| -> Option<DateTime<Utc>> {
         events["events"].as_array()?.iter().find(|e| e["to_state"] == state)?["at"].as_str()?.parse().ok()
     };
@@ -122,18 +122,18 @@ async fn submit_once(args: &SubmitArgs, spec: &Value) -> Result<Milestones> {
     };
     let milestones =
         Milestones { scheduled: since_queued("scheduled"), running: since_queued("running"), first_iteration };
-    api.call(reqwest::Method::POST, &format!("/v1/jobs/{id}/cancel"), None).await?;
+    api.post::<Value>(&format!("/v1/jobs/{id}/cancel"), &json!({})).await?;
     // Let the cancelled ranks go, so the next run finds the devices free.
     wait_for_free_devices(&api).await?;
     Ok(milestones)
 }
 
 /// Waits until no job of the pool holds a device (the nodes' live assignments are gone).
-async fn wait_for_free_devices(api: &UserApi) -> Result<()> {
+async fn wait_for_free_devices(api: &ApiClient) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let running = api.call(reqwest::Method::GET, "/v1/jobs?state=running&limit=1", None).await?;
-        let scheduled = api.call(reqwest::Method::GET, "/v1/jobs?state=scheduled&limit=1", None).await?;
+        let running = api.get::<Value>("/v1/jobs?state=running&limit=1").await?;
+        let scheduled = api.get::<Value>("/v1/jobs?state=scheduled&limit=1").await?;
         let busy = |page: &Value| page["jobs"].as_array().is_some_and(|j| !j.is_empty());
         if !busy(&running) && !busy(&scheduled) {
             // A cancelled placement's ranks stop within a poll round-trip; give them that.

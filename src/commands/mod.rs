@@ -6,7 +6,6 @@ pub mod schedule;
 pub mod serve;
 pub mod train;
 pub mod up;
-pub mod user_api;
 
 use std::process::ExitCode;
 

@@ -4,9 +4,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::future::IntoFuture;
+
 use anyhow::Context;
-use ringtrain_api::scheduling::{self, LoopConfig};
 use ringtrain_api::{app, ApiConfig, AppState};
+use ringtrain_scheduler::LoopConfig;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -32,7 +34,6 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
-    init_logging();
     let server = Server::start(&args).await?;
     if let Some(token) = &server.bootstrap_token {
         // Printed once, on the first start against an empty database; only its hash is stored.
@@ -40,16 +41,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     }
     println!("listening on http://{}", server.address);
     server.run(shutdown_signal()).await
-}
-
-pub fn init_logging() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// A server that is bound and has its database, not yet serving.
@@ -85,14 +76,20 @@ impl Server {
         Ok(Server { address, state: AppState::new(store, config), bootstrap_token, listener })
     }
 
-    /// Serves the API and runs the scheduler loop until `shutdown` completes.
+    /// Serves the API and runs the scheduler loop until `shutdown` completes. The loop is watched: if it
+    /// ever ends (a panic), the server stops with an error instead of serving on without a scheduler.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let scheduler = tokio::spawn(scheduling::run(self.state.clone(), LoopConfig::starting_now()));
+        let scheduler = self.state.scheduler(LoopConfig::starting_now(self.state.config.lease));
+        let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
-        let served = axum::serve(self.listener, app(self.state)).with_graceful_shutdown(shutdown).await;
+        let serving = axum::serve(self.listener, app(self.state)).with_graceful_shutdown(shutdown).into_future();
+        let result = tokio::select! {
+            served = serving => served.context("the server failed"),
+            ended = &mut scheduler => Err(anyhow::anyhow!("the scheduler loop ended: {ended:?}")),
+        };
         scheduler.abort();
         listener.abort();
-        Ok(served?)
+        result
     }
 }
 
@@ -103,7 +100,7 @@ async fn listen_for_other_servers(state: AppState) {
         let changes = state.changes.clone();
         match state.store.listen_for_changes(Box::new(move || changes.bump())).await {
             Ok(()) => return, // nothing to listen to (SQLite)
-            Err(err) => tracing::warn!(%err, "listening for other servers' changes failed; retrying"),
+            Err(err) => tracing::warn!(error = %err, "listening for other servers' changes failed; retrying"),
         }
         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     }

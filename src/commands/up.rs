@@ -9,8 +9,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use ringtrain_store::{generate_token, hash_token, NewToken, Role};
 
-use super::agent::{self, Agent};
 use super::serve::{self, Server};
+use ringtrain_agent::Agent;
+use ringtrain_protocol::timing;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -39,7 +40,6 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 async fn up(args: Args) -> anyhow::Result<()> {
-    serve::init_logging();
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create the data directory {}", args.data_dir.display()))?;
     let token_file = args.data_dir.join("admin-token");
@@ -72,7 +72,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
             .await?;
     }
     let serving = tokio::spawn(server.run(serve::shutdown_signal()));
-    let agent = Agent::register(&agent::Args {
+    let agent = Agent::register(&ringtrain_agent::Args {
         server: url.clone(),
         token: agent_token,
         name: Some("local".into()),
@@ -81,8 +81,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
         cpus: args.cpus,
         work_dir: args.data_dir.join("agent"),
         threads: args.threads,
-        heartbeat_s: 3,
-        lease_s: 30,
+        heartbeat_s: timing::HEARTBEAT.as_secs(),
+        lease_s: timing::LEASE.as_secs(),
     })
     .await?;
     print_welcome(&url, &token, &token_file, args.bootstrap_token.is_some());

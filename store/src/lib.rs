@@ -1,31 +1,100 @@
-//! ringtrain's durable state: teams and tokens, jobs and their events, metrics, nodes and devices,
-//! assignments, checkpoints and datasets, behind one [`Store`] trait with a Postgres and an embedded SQLite
+//! ringtrain's durable state behind one [`Store`] trait, with a Postgres and an embedded SQLite
 //! implementation.
 //!
-//! Both implementations run the same SQL text wherever the dialects agree (timestamps are bound from Rust, so
-//! no `now()`; placeholders are `$N`, which SQLite understands too): that shared code lives once, in
-//! [`shared`], and is instantiated for each backend. What differs — the migrations, connection set-up, and
-//! job claiming (`FOR UPDATE SKIP LOCKED` on Postgres) — lives in [`postgres`] and [`sqlite`].
+//! The interface is split by aggregate, one module each, and [`Store`] is all of them together:
 //!
-//! Every job state change is one guarded `UPDATE ... WHERE id = $1 AND state = $2 [AND lease_owner = ...]`
-//! plus its event row in the same transaction, so two writers can never both win.
+//! | module | trait | what |
+//! |---|---|---|
+//! | [`teams`] | [`TeamStore`] | teams and their tokens |
+//! | [`jobs`] | [`JobStore`] | submitting, reading and listing jobs; the queue; events |
+//! | [`lifecycle`] | [`LifecycleStore`] | every job state change: start, succeed, fail, preempt, cancel |
+//! | [`metrics`] | [`MetricStore`] | what ranks report per iteration and epoch |
+//! | [`nodes`] | [`NodeStore`] | the worker pool: nodes, devices, heartbeats |
+//! | [`assignments`] | [`AssignmentStore`] | ranks placed on devices, moved along by agents |
+//! | [`artifacts`] | [`ArtifactStore`] | checkpoints and uploaded datasets |
+//!
+//! Both databases run the same SQL text wherever the dialects agree (timestamps are bound from Rust, so no
+//! `now()`; placeholders are `$N`, which SQLite understands too): each aggregate's SQL is written once, as a
+//! small macro instantiated for each backend. What differs — migrations, connection set-up, the leader lock,
+//! change notifications and byte-order collation — is the private [`backend::SqlBackend`] contract that
+//! [`postgres`] and [`sqlite`] implement.
+//!
+//! Every job state change is one guarded `UPDATE ... WHERE id = $1 AND state = $2 [AND attempt = ...]` plus
+//! its event row in the same transaction, so two writers can never both win.
 
+mod backend;
 mod error;
 mod model;
 mod rows;
-mod shared;
 mod token;
 
+pub mod artifacts;
+pub mod assignments;
+pub mod jobs;
+pub mod lifecycle;
+pub mod metrics;
+pub mod nodes;
 pub mod postgres;
 pub mod sqlite;
+pub mod teams;
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
+
+pub use artifacts::ArtifactStore;
+pub use assignments::AssignmentStore;
 pub use error::{StoreError, StoreResult};
+pub use jobs::JobStore;
+pub use lifecycle::{Cancellation, LifecycleStore};
+pub use metrics::MetricStore;
 pub use model::*;
+pub use nodes::NodeStore;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use teams::TeamStore;
 pub use token::{generate_token, hash_token};
+
+/// Everything the API, the scheduler loop and the agents' endpoints need from the database: every
+/// aggregate's operations, plus readiness and the coordination of server replicas.
+#[async_trait]
+pub trait Store:
+    TeamStore + JobStore + LifecycleStore + MetricStore + NodeStore + AssignmentStore + ArtifactStore + std::fmt::Debug
+{
+    fn backend(&self) -> Backend;
+
+    /// Readiness: the database answers and every migration of this build is applied.
+    async fn ready(&self) -> StoreResult<()>;
+
+    /// Whether this process is the scheduler leader: on Postgres, holds (or now took) a session advisory lock
+    /// on a connection kept for that purpose; the single SQLite server always is.
+    async fn try_lead(&self) -> StoreResult<bool>;
+
+    /// Tells every server sharing the database that jobs or assignments changed (Postgres NOTIFY; nothing on
+    /// SQLite, whose one server is told in-process).
+    async fn notify_changes(&self) -> StoreResult<()>;
+
+    /// Calls `on_change` for each notification of another server, until the connection fails (Postgres
+    /// LISTEN). Returns at once on SQLite.
+    async fn listen_for_changes(&self, on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()>;
+}
+
+/// Instantiates every aggregate's SQL, and the [`Store`] trait, for one backend.
+macro_rules! impl_all_for {
+    ($store:ty) => {
+        crate::backend::impl_store_core!($store);
+        crate::teams::impl_team_store!($store);
+        crate::jobs::impl_job_store!($store);
+        crate::lifecycle::impl_lifecycle_store!($store);
+        crate::metrics::impl_metric_store!($store);
+        crate::nodes::impl_node_store!($store);
+        crate::assignments::impl_assignment_store!($store);
+        crate::artifacts::impl_artifact_store!($store);
+    };
+}
+
+impl_all_for!(PgStore);
+impl_all_for!(SqliteStore);
 
 /// Opens the database a URL names (`postgres://...` or `sqlite:...`) and applies its migrations.
 pub async fn connect(url: &str) -> StoreResult<Arc<dyn Store>> {

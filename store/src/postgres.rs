@@ -1,17 +1,15 @@
 //! The Postgres store: production, several server replicas against one database.
 
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::Postgres;
 
+use crate::backend::SqlBackend;
 use crate::error::{StoreError, StoreResult};
-use crate::model::{Backend, Job};
-use crate::rows::{self, JobRow, JOB_COLUMNS};
-use crate::shared::{impl_store, lease_expiry};
+use crate::model::Backend;
 
 /// The migrations of this build, embedded at compile time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -30,10 +28,6 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    const BACKEND: Backend = Backend::Postgres;
-    /// The collation clause that makes text comparisons byte order.
-    const BYTE_ORDER: &'static str = "COLLATE \"C\"";
-
     /// Connects and applies the migrations.
     pub async fn connect(url: &str) -> StoreResult<PgStore> {
         let pool = PgPoolOptions::new()
@@ -50,8 +44,22 @@ impl PgStore {
         MIGRATOR.run(&pool).await?;
         Ok(PgStore { pool, leader: Arc::default() })
     }
+}
 
-    async fn try_lead_impl(&self) -> StoreResult<bool> {
+impl SqlBackend for PgStore {
+    type Db = Postgres;
+    const KIND: Backend = Backend::Postgres;
+    const BYTE_ORDER: &'static str = "COLLATE \"C\"";
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn migrator(&self) -> &'static sqlx::migrate::Migrator {
+        &MIGRATOR
+    }
+
+    async fn try_lead(&self) -> StoreResult<bool> {
         let mut leader = self.leader.lock().await;
         if let Some(connection) = leader.as_mut() {
             // Still the same session? Then the lock is still ours.
@@ -70,12 +78,12 @@ impl PgStore {
         Ok(locked)
     }
 
-    async fn notify_changes_impl(&self) -> StoreResult<()> {
+    async fn notify_changes(&self) -> StoreResult<()> {
         sqlx::query("SELECT pg_notify($1, '')").bind(CHANGES_CHANNEL).execute(&self.pool).await?;
         Ok(())
     }
 
-    async fn listen_for_changes_impl(&self, on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
+    async fn listen_for_changes(&self, on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(CHANGES_CHANNEL).await?;
         loop {
@@ -85,38 +93,4 @@ impl PgStore {
             on_change();
         }
     }
-
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// One statement: lock up to `limit` queued rows nobody else has locked (`SKIP LOCKED`, so concurrent
-    /// claimers split the queue instead of waiting on or double-taking a row), move them to `scheduled`, and
-    /// write their events. The pick is a materialized CTE, not `WHERE id IN (SELECT ... LIMIT n)`: as a
-    /// semi-join the planner may run that subquery more than once and claim more than n rows.
-    async fn claim_queued_impl(&self, owner: &str, limit: i64, lease: Duration) -> StoreResult<Vec<Job>> {
-        let sql = format!(
-            "WITH picked AS MATERIALIZED ( \
-                SELECT id AS picked_id FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq LIMIT $4 \
-                FOR UPDATE SKIP LOCKED), \
-             claimed AS ( \
-                UPDATE jobs SET state = 'scheduled', attempt = attempt + 1, lease_owner = $1, lease_expires = $2, \
-                    updated_at = $3 \
-                FROM picked WHERE jobs.id = picked.picked_id AND jobs.state = 'queued' RETURNING {JOB_COLUMNS}), \
-             events AS ( \
-                INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
-                SELECT id, $3, 'state', 'queued', 'scheduled', attempt, 'claimed by ' || $1 FROM claimed) \
-             SELECT {JOB_COLUMNS} FROM claimed"
-        );
-        let rows: Vec<JobRow> = sqlx::query_as(&sql)
-            .bind(owner)
-            .bind(lease_expiry(lease))
-            .bind(crate::now())
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows::jobs(rows)
-    }
 }
-
-impl_store!(PgStore, sqlx::Postgres, MIGRATOR);

@@ -2,7 +2,7 @@
 //! only types that decode the same way on Postgres and SQLite (states are TEXT, JSON is `Json<Value>`).
 
 use chrono::{DateTime, Utc};
-use ringtrain_core::{JobId, JobState};
+use ringtrain_core::JobId;
 use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -42,7 +42,8 @@ pub(crate) struct JobRow {
     error: Option<String>,
 }
 
-pub(crate) fn parse_state(text: &str) -> Result<JobState, StoreError> {
+/// A stored state or kind name: one this build does not know is a corrupt row.
+pub(crate) fn parse<T: std::str::FromStr<Err = String>>(text: &str) -> Result<T, StoreError> {
     text.parse().map_err(StoreError::Corrupt)
 }
 
@@ -59,9 +60,9 @@ impl TryFrom<JobRow> for Job {
             spec: row.spec.0,
             effective: row.effective.map(|j| j.0),
             dataset_size: row.dataset_size,
-            state: parse_state(&row.state)?,
+            state: parse(&row.state)?,
             priority: row.priority,
-            device: row.device,
+            device: parse(&row.device)?,
             workers: row.workers,
             attempt: row.attempt,
             preemptions: row.preemptions,
@@ -193,17 +194,17 @@ pub(crate) struct NodeRow {
 }
 
 impl NodeRow {
-    pub(crate) fn with_devices(self, devices: Vec<Device>) -> Node {
-        Node {
+    pub(crate) fn with_devices(self, devices: Vec<Device>) -> Result<Node, StoreError> {
+        Ok(Node {
             id: self.id,
             name: self.name,
             agent_token_id: self.agent_token_id,
             address: self.address,
-            state: self.state,
+            state: parse(&self.state)?,
             registered_at: self.registered_at,
             last_heartbeat: self.last_heartbeat,
             devices,
-        }
+        })
     }
 }
 
@@ -219,9 +220,12 @@ pub(crate) struct DeviceRow {
     memory_bytes: Option<i64>,
 }
 
-impl From<DeviceRow> for Device {
-    fn from(row: DeviceRow) -> Self {
-        Device { id: row.id, index: row.idx, kind: row.kind, name: row.name, memory_bytes: row.memory_bytes }
+impl TryFrom<DeviceRow> for Device {
+    type Error = StoreError;
+
+    fn try_from(row: DeviceRow) -> Result<Self, Self::Error> {
+        let kind = parse(&row.kind)?;
+        Ok(Device { id: row.id, index: row.idx, kind, name: row.name, memory_bytes: row.memory_bytes })
     }
 }
 
@@ -244,9 +248,11 @@ pub(crate) struct AssignmentRow {
     updated_at: DateTime<Utc>,
 }
 
-impl From<AssignmentRow> for Assignment {
-    fn from(row: AssignmentRow) -> Self {
-        Assignment {
+impl TryFrom<AssignmentRow> for Assignment {
+    type Error = StoreError;
+
+    fn try_from(row: AssignmentRow) -> Result<Self, Self::Error> {
+        Ok(Assignment {
             id: row.id,
             job_id: row.job_id,
             attempt: row.attempt,
@@ -254,12 +260,12 @@ impl From<AssignmentRow> for Assignment {
             device_id: row.device_id,
             rank: row.rank,
             world_size: row.world_size,
-            state: row.state,
+            state: parse(&row.state)?,
             endpoint: row.endpoint,
             preempted: row.preempted,
             created_at: row.created_at,
             updated_at: row.updated_at,
-        }
+        })
     }
 }
 

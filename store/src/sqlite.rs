@@ -4,12 +4,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Sqlite;
 
+use crate::backend::SqlBackend;
 use crate::error::{StoreError, StoreResult};
-use crate::model::{Backend, Job};
-use crate::rows::{self, JobRow, JOB_COLUMNS};
-use crate::shared::{impl_store, lease_expiry};
+use crate::model::Backend;
 
+/// The migrations of this build, embedded at compile time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
 #[derive(Debug, Clone)]
@@ -18,10 +19,6 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    const BACKEND: Backend = Backend::Sqlite;
-    /// The collation clause that makes text comparisons byte order.
-    const BYTE_ORDER: &'static str = "";
-
     /// Opens (creating if needed) the database file of a `sqlite:` URL and applies the migrations.
     ///
     /// WAL lets readers run beside the one writer; the busy timeout makes a second writer wait its turn
@@ -49,60 +46,33 @@ impl SqliteStore {
         MIGRATOR.run(&pool).await?;
         Ok(SqliteStore { pool })
     }
+}
 
-    pub fn pool(&self) -> &SqlitePool {
+impl SqlBackend for SqliteStore {
+    type Db = Sqlite;
+    const KIND: Backend = Backend::Sqlite;
+    /// SQLite's default BINARY collation already compares bytes.
+    const BYTE_ORDER: &'static str = "";
+
+    fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 
+    fn migrator(&self) -> &'static sqlx::migrate::Migrator {
+        &MIGRATOR
+    }
+
     /// One server owns a SQLite file, so it always leads.
-    async fn try_lead_impl(&self) -> StoreResult<bool> {
+    async fn try_lead(&self) -> StoreResult<bool> {
         Ok(true)
     }
 
     /// The one server is told in-process.
-    async fn notify_changes_impl(&self) -> StoreResult<()> {
+    async fn notify_changes(&self) -> StoreResult<()> {
         Ok(())
     }
 
-    async fn listen_for_changes_impl(&self, _on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
+    async fn listen_for_changes(&self, _on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
         Ok(())
-    }
-
-    /// SQLite has one writer at a time, so the claiming UPDATE cannot interleave with another: no row locks
-    /// are needed, just `UPDATE ... WHERE seq IN (SELECT ... LIMIT n) RETURNING`. Its events go in the same
-    /// transaction (SQLite has no writable CTEs).
-    async fn claim_queued_impl(&self, owner: &str, limit: i64, lease: Duration) -> StoreResult<Vec<Job>> {
-        let now = crate::now();
-        let mut tx = self.pool.begin().await?;
-        let sql = format!(
-            "UPDATE jobs SET state = 'scheduled', attempt = attempt + 1, lease_owner = $1, lease_expires = $2, \
-                 updated_at = $3 \
-             WHERE seq IN (SELECT seq FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq LIMIT $4) \
-             AND state = 'queued' RETURNING {JOB_COLUMNS}"
-        );
-        let rows: Vec<JobRow> = sqlx::query_as(&sql)
-            .bind(owner)
-            .bind(lease_expiry(lease))
-            .bind(now)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-        let jobs = rows::jobs(rows)?;
-        for job in &jobs {
-            sqlx::query(
-                "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
-                 VALUES ($1, $2, 'state', 'queued', 'scheduled', $3, $4)",
-            )
-            .bind(job.id.0)
-            .bind(now)
-            .bind(job.attempt)
-            .bind(format!("claimed by {owner}"))
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(jobs)
     }
 }
-
-impl_store!(SqliteStore, sqlx::Sqlite, MIGRATOR);

@@ -1,5 +1,6 @@
 //! Bearer tokens: random, shown once, stored only as their sha256.
 
+use ringtrain_core::hex;
 use sha2::{Digest, Sha256};
 
 /// A fresh token: `rt_` and 64 hex digits (two v4 UUIDs, 244 random bits from the OS generator).
@@ -11,14 +12,6 @@ pub fn generate_token() -> String {
 /// enough because the token itself has 244 bits of entropy; it cannot be guessed from its hash.
 pub fn hash_token(token: &str) -> String {
     hex(&Sha256::digest(token.as_bytes()))
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
 }
 
 #[cfg(test)]

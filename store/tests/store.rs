@@ -1,11 +1,13 @@
-//! The store on both databases: guarded transitions, concurrent claims, leases, metrics de-duplication.
+//! The store on both databases: guarded transitions, concurrent starts, the named life-cycle operations,
+//! leases, metrics de-duplication.
 //! Postgres tests use `#[sqlx::test]` (a fresh database each; they fail when Postgres is unreachable).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringtrain_core::{JobId, JobState};
+use ringtrain_core::spec::DeviceKind;
+use ringtrain_core::{AssignmentState, JobId, JobState, NodeState};
 use ringtrain_store::*;
 use serde_json::json;
 
@@ -43,7 +45,7 @@ fn new_job(team: &Team, name: &str, priority: i32) -> NewJob {
         effective: None,
         dataset_size: None,
         priority,
-        device: "cpu".into(),
+        device: DeviceKind::Cpu,
         workers: 1,
         max_restarts: 3,
     }
@@ -59,10 +61,9 @@ async fn submit(store: &Arc<dyn Store>, job: NewJob) -> Job {
 async fn guarded_transitions_refuse_stale_writers(store: Arc<dyn Store>) {
     let team = team(&store).await;
     let job = submit(&store, new_job(&team, "a", 0)).await;
-    let claimed = store.claim_queued("owner-a", 1, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(claimed.len(), 1);
-    assert_eq!(claimed[0].lease_owner.as_deref(), Some("owner-a"));
-    assert_eq!(claimed[0].attempt, 1);
+    let (claimed, _) = store.start_job(job.id, "owner-a", Duration::from_secs(60), &[]).await.unwrap().unwrap();
+    assert_eq!(claimed.lease_owner.as_deref(), Some("owner-a"));
+    assert_eq!(claimed.attempt, 1);
 
     // A stale owner, a stale state or a stale attempt changes nothing.
     let stale_owner = Transition::new(job.id, JobState::Scheduled, JobState::Running, "x").owned_by("owner-b");
@@ -73,7 +74,7 @@ async fn guarded_transitions_refuse_stale_writers(store: Arc<dyn Store>) {
     assert!(store.transition(&stale_attempt).await.unwrap().is_none());
     let unchanged = store.get_job(job.id).await.unwrap().unwrap();
     assert_eq!(unchanged.state, JobState::Scheduled);
-    assert_eq!(unchanged.updated_at, claimed[0].updated_at);
+    assert_eq!(unchanged.updated_at, claimed.updated_at);
     assert_eq!(store.list_events(job.id, 0, 100).await.unwrap().len(), 2, "no event for refused transitions");
 
     let running =
@@ -95,61 +96,100 @@ async fn guarded_transitions_refuse_stale_writers(store: Arc<dyn Store>) {
     assert!(finished.state.is_terminal() && finished.finished_at.is_some() && finished.lease_owner.is_none());
 }
 
-async fn concurrent_claims_never_share_a_job(store: Arc<dyn Store>) {
+async fn concurrent_starts_never_share_a_job(store: Arc<dyn Store>) {
     let team = team(&store).await;
-    let mut ids = HashSet::new();
+    let mut ids = Vec::new();
     for i in 0..10 {
-        ids.insert(submit(&store, new_job(&team, &format!("j{i}"), 0)).await.id);
+        ids.push(submit(&store, new_job(&team, &format!("j{i}"), 0)).await.id);
     }
-    let mut claimers = Vec::new();
+    // Two schedulers (say, a leader and one that still believes it leads) start every job at once.
+    let mut starters = Vec::new();
     for c in 0..20 {
         let store = store.clone();
-        claimers.push(tokio::spawn(async move {
-            store.claim_queued(&format!("claimer-{c}"), 1, Duration::from_secs(60)).await.unwrap()
+        let job = ids[c % 10];
+        starters.push(tokio::spawn(async move {
+            store.start_job(job, &format!("starter-{c}"), Duration::from_secs(60), &[]).await.unwrap()
         }));
     }
-    let mut claimed = Vec::new();
-    for claimer in claimers {
-        claimed.extend(claimer.await.unwrap());
+    let mut started = Vec::new();
+    for starter in starters {
+        started.extend(starter.await.unwrap().map(|(job, _)| job));
     }
-    let unique: HashSet<JobId> = claimed.iter().map(|j| j.id).collect();
-    assert_eq!(claimed.len(), 10, "every job claimed once");
-    assert_eq!(unique, ids);
-    for job in &claimed {
+    let unique: HashSet<JobId> = started.iter().map(|j| j.id).collect();
+    assert_eq!(started.len(), 10, "every job started once");
+    assert_eq!(unique, ids.iter().copied().collect());
+    for job in &started {
         let events = store.list_events(job.id, 0, 10).await.unwrap();
         assert_eq!(events.len(), 2);
-        let expected = format!("claimed by {}", job.lease_owner.as_deref().unwrap());
-        assert_eq!(events[1].reason.as_deref(), Some(expected.as_str()));
+        let owner = job.lease_owner.as_deref().unwrap();
+        assert!(events[1].reason.as_deref().unwrap().ends_with(&format!("by {owner}")), "{events:?}");
     }
-    assert!(store.claim_queued("late", 5, Duration::from_secs(60)).await.unwrap().is_empty());
-}
-
-async fn claims_take_priority_then_age(store: Arc<dyn Store>) {
-    let team = team(&store).await;
-    let low = submit(&store, new_job(&team, "low", 0)).await;
-    let high = submit(&store, new_job(&team, "high", 5)).await;
-    let low2 = submit(&store, new_job(&team, "low2", 0)).await;
-    let first = store.claim_queued("s", 2, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(first.iter().map(|j| j.id).collect::<Vec<_>>(), vec![high.id, low.id]);
-    let rest = store.claim_queued("s", 2, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(rest.iter().map(|j| j.id).collect::<Vec<_>>(), vec![low2.id]);
+    assert!(store.list_queued(10).await.unwrap().is_empty());
 }
 
 async fn leases_renew_and_expire(store: Arc<dyn Store>) {
     let team = team(&store).await;
+    let (_, node) = cpu_node(&store, "n1", 1).await;
     let job = submit(&store, new_job(&team, "lease", 0)).await;
-    store.claim_queued("owner", 1, Duration::from_millis(1)).await.unwrap();
-    assert!(!store.renew_lease(job.id, "someone-else", Duration::from_secs(60)).await.unwrap());
+    let rank = NewAssignment { node_id: node.id, device_id: node.devices[0].id, rank: 0 };
+    store.start_job(job.id, "owner", Duration::from_millis(1), &[rank]).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let expired = store.expired_leases(now(), 10).await.unwrap();
     assert_eq!(expired.iter().map(|j| j.id).collect::<Vec<_>>(), vec![job.id]);
-    assert!(store.renew_lease(job.id, "owner", Duration::from_secs(60)).await.unwrap());
+    // A heartbeat of the node holding its rank renews it.
+    assert_eq!(store.renew_node_leases(node.id, Duration::from_secs(60)).await.unwrap(), 1);
     assert!(store.expired_leases(now(), 10).await.unwrap().is_empty());
-    // Requeueing clears the lease; a later claim is a new attempt.
-    let requeue = Transition::new(job.id, JobState::Scheduled, JobState::Queued, "lease lost").owned_by("owner");
-    let requeued = store.transition(&requeue).await.unwrap().unwrap();
+    // A failed placement goes back to the queue without its lease; the next start is a new attempt.
+    let requeued = store.fail_placement(job.id, 1, "lease lost", true).await.unwrap().unwrap();
+    assert_eq!(requeued.state, JobState::Queued);
     assert!(requeued.lease_owner.is_none() && requeued.lease_expires.is_none());
-    assert_eq!(store.claim_queued("owner-2", 1, Duration::from_secs(60)).await.unwrap()[0].attempt, 2);
+    assert_eq!(store.live_assignments().await.unwrap(), vec![], "its pending rank was cancelled with it");
+    let (again, _) = store.start_job(job.id, "owner-2", Duration::from_secs(60), &[]).await.unwrap().unwrap();
+    assert_eq!(again.attempt, 2);
+}
+
+async fn named_operations_end_placements_in_one_step(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let (_, node) = cpu_node(&store, "n1", 2).await;
+    let lease = Duration::from_secs(60);
+    let rank = |d: usize| NewAssignment { node_id: node.id, device_id: node.devices[d].id, rank: 0 };
+
+    // Cancel: any live state, with its pending ranks; twice is "already ended"; unknown is None.
+    let a = submit(&store, new_job(&team, "a", 0)).await;
+    store.start_job(a.id, "s", lease, &[rank(0)]).await.unwrap().unwrap();
+    let Some(Cancellation::Cancelled(cancelled)) = store.cancel_job(a.id, "by test").await.unwrap() else {
+        panic!("cancel")
+    };
+    assert_eq!(cancelled.state, JobState::Cancelled);
+    assert!(store.live_assignments().await.unwrap().is_empty(), "pending rank cancelled in the same step");
+    assert!(matches!(store.cancel_job(a.id, "again").await.unwrap(), Some(Cancellation::AlreadyEnded(_))));
+    assert!(store.cancel_job(JobId::new(), "nobody").await.unwrap().is_none());
+    let events = store.list_events(a.id, 0, 10).await.unwrap();
+    assert_eq!(events.last().unwrap().reason.as_deref(), Some("by test"));
+
+    // Fail: a retryable failure requeues while restarts remain; a final one fails with the error; a stale
+    // attempt changes nothing.
+    let mut spec = new_job(&team, "b", 0);
+    spec.max_restarts = 1;
+    let b = submit(&store, spec).await;
+    store.start_job(b.id, "s", lease, &[rank(1)]).await.unwrap().unwrap();
+    assert!(store.fail_placement(b.id, 7, "stale", true).await.unwrap().is_none());
+    let requeued = store.fail_placement(b.id, 1, "rank killed", true).await.unwrap().unwrap();
+    assert_eq!(requeued.state, JobState::Queued);
+    store.start_job(b.id, "s", lease, &[rank(1)]).await.unwrap().unwrap();
+    let failed = store.fail_placement(b.id, 2, "rank killed again", true).await.unwrap().unwrap();
+    assert_eq!((failed.state, failed.error.as_deref()), (JobState::Failed, Some("rank killed again")));
+
+    // Succeed: only the active placement, with its result.
+    let c = submit(&store, new_job(&team, "c", 0)).await;
+    store.start_job(c.id, "s", lease, &[rank(0)]).await.unwrap().unwrap();
+    let started = Transition::new(c.id, JobState::Scheduled, JobState::Running, "ranks started").at_attempt(1);
+    store.transition(&started).await.unwrap().unwrap();
+    assert!(store.succeed_job(c.id, 2, None).await.unwrap().is_none());
+    let done = store.succeed_job(c.id, 1, Some(json!({"test_error": 0.1}))).await.unwrap().unwrap();
+    assert_eq!((done.state, done.result), (JobState::Succeeded, Some(json!({"test_error": 0.1}))));
+    assert!(store.live_assignments().await.unwrap().is_empty());
+    assert!(store.fail_placement(c.id, 1, "late", true).await.unwrap().is_none(), "an ended job stays ended");
 }
 
 fn point(kind: &str, rank: i32, iteration: i64, attempt: i32, loss: f64) -> MetricPoint {
@@ -256,27 +296,28 @@ async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
         .create_token(NewToken { token_hash: hash_token("agent"), role: Role::Agent, team_id: None, label: None })
         .await
         .unwrap();
-    let devices = vec![NewDevice { index: 0, kind: "gpu".into(), name: "H100".into(), memory_bytes: Some(80 << 30) }];
+    let devices =
+        vec![NewDevice { index: 0, kind: DeviceKind::Gpu, name: "H100".into(), memory_bytes: Some(80 << 30) }];
     let node =
         store.register_node(agent.id, NodeRegistration { name: "n1".into(), address: None, devices }).await.unwrap();
-    let rank = NewAssignment { node_id: node.id, device_id: node.devices[0].id, rank: 0 };
-    let placed = store.create_assignments(a.id, 1, std::slice::from_ref(&rank)).await.unwrap();
+    let b_rank = NewAssignment { node_id: node.id, device_id: node.devices[0].id, rank: 0 };
+    let (_, placed) = store.start_job(b.id, "sched", Duration::from_secs(30), &[b_rank]).await.unwrap().unwrap();
     assert_eq!(store.live_assignments().await.unwrap().len(), 1);
-    assert!(store.set_assignment_state(placed[0].id, "pending", "delivered").await.unwrap());
-    assert_eq!(store.cancel_pending_assignments(a.id).await.unwrap(), 0, "delivered ranks wait for their agent");
-    assert_eq!(store.end_node_assignments(node.id, "failed").await.unwrap(), 1);
+    let (pending, delivered) = (AssignmentState::Pending, AssignmentState::Delivered);
+    assert!(store.set_assignment_state(placed[0].id, pending, delivered).await.unwrap());
+    assert!(!store.set_assignment_state(placed[0].id, pending, delivered).await.unwrap(), "guarded");
+    assert_eq!(store.cancel_pending_assignments(b.id).await.unwrap(), 0, "delivered ranks wait for their agent");
+    let live = [AssignmentState::Pending, AssignmentState::Delivered, AssignmentState::Running];
+    assert_eq!(store.node_assignments(node.id, &live).await.unwrap().len(), 1);
+    assert_eq!(store.end_node_assignments(node.id, AssignmentState::Failed).await.unwrap(), 1);
     assert!(store.live_assignments().await.unwrap().is_empty());
-    let again = store.create_assignments(a.id, 1, std::slice::from_ref(&rank)).await;
-    assert!(again.is_err(), "(job, attempt, rank) is unique");
-    store.create_assignments(a.id, 2, &[rank]).await.unwrap();
-    assert_eq!(store.cancel_pending_assignments(a.id).await.unwrap(), 1);
-    assert_eq!(store.end_job_assignments(a.id, "failed").await.unwrap(), 0);
+    assert_eq!(store.get_assignment(placed[0].id).await.unwrap().unwrap().state, AssignmentState::Failed);
 
     assert!(store.mark_lost_nodes(now() - chrono::Duration::seconds(60)).await.unwrap().is_empty());
     assert_eq!(store.mark_lost_nodes(now() + chrono::Duration::seconds(1)).await.unwrap(), vec![node.id]);
-    assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, "lost");
+    assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, NodeState::Lost);
     assert!(store.heartbeat(node.id, agent.id).await.unwrap());
-    assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, "up");
+    assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, NodeState::Up);
 }
 
 /// A node of `slots` CPU devices registered under a fresh agent token.
@@ -286,7 +327,7 @@ async fn cpu_node(store: &Arc<dyn Store>, name: &str, slots: i32) -> (TokenInfo,
         .await
         .unwrap();
     let devices = (0..slots)
-        .map(|index| NewDevice { index, kind: "cpu".into(), name: format!("slot {index}"), memory_bytes: None })
+        .map(|index| NewDevice { index, kind: DeviceKind::Cpu, name: format!("slot {index}"), memory_bytes: None })
         .collect();
     let node =
         store.register_node(agent.id, NodeRegistration { name: name.into(), address: None, devices }).await.unwrap();
@@ -324,7 +365,8 @@ async fn starts_are_atomic_and_preemptions_keep_the_restart_budget(store: Arc<dy
 
     // Rank 0's endpoint is recorded on its (delivered) assignment only.
     assert!(!store.set_assignment_endpoint(placed[0].id, "10.0.0.1:4000").await.unwrap(), "still pending");
-    assert!(store.set_assignment_state(placed[0].id, "pending", "delivered").await.unwrap());
+    let (pending, delivered) = (AssignmentState::Pending, AssignmentState::Delivered);
+    assert!(store.set_assignment_state(placed[0].id, pending, delivered).await.unwrap());
     assert!(store.set_assignment_endpoint(placed[0].id, "10.0.0.1:4000").await.unwrap());
     assert_eq!(store.get_assignment(placed[0].id).await.unwrap().unwrap().endpoint.as_deref(), Some("10.0.0.1:4000"));
 
@@ -339,7 +381,7 @@ async fn starts_are_atomic_and_preemptions_keep_the_restart_budget(store: Arc<dy
     assert_eq!(events.last().unwrap().from_state.as_deref(), Some("scheduled"));
     // Its delivered rank keeps the device until the agent says it stopped.
     assert_eq!(store.live_assignments().await.unwrap().len(), 1);
-    assert!(store.set_assignment_state(placed[0].id, "delivered", "cancelled").await.unwrap());
+    assert!(store.set_assignment_state(placed[0].id, delivered, AssignmentState::Cancelled).await.unwrap());
 
     let (again, _) = store.start_job(a.id, "sched", lease, &ranks(&[0, 1])).await.unwrap().unwrap();
     assert_eq!((again.attempt, again.user_attempt()), (2, 1), "the placement counter moves, the user's attempt not");
@@ -350,9 +392,9 @@ async fn starts_are_atomic_and_preemptions_keep_the_restart_budget(store: Arc<dy
 
 on_both_backends!(
     guarded_transitions_refuse_stale_writers,
-    concurrent_claims_never_share_a_job,
-    claims_take_priority_then_age,
+    concurrent_starts_never_share_a_job,
     leases_renew_and_expire,
+    named_operations_end_placements_in_one_step,
     metrics_deduplicate_across_attempts,
     idempotent_submits_race_to_one_job,
     tokens_teams_and_readiness,

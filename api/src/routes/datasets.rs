@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult, Problem};
+use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiQuery;
 use crate::files::{self, PartialFile};
 use crate::state::AppState;
@@ -98,10 +98,10 @@ pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
 #[utoipa::path(post, path = "/v1/datasets", tag = "datasets", params(UploadParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream",
         description = "A safetensors file with x and y"),
-    responses((status = 201, body = Dataset), (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 415, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json")),
+    responses((status = 201, body = Dataset), (status = 403),
+        (status = 413),
+        (status = 415),
+        (status = 422)),
     security(("bearer" = [])))]
 pub async fn upload_dataset(
     State(state): State<AppState>,
@@ -182,7 +182,7 @@ pub struct DatasetList {
 /// The team's uploaded datasets, newest first.
 #[utoipa::path(get, path = "/v1/datasets", tag = "datasets",
     responses((status = 200, body = DatasetList),
-        (status = 401, body = Problem, content_type = "application/problem+json")),
+        (status = 401)),
     security(("bearer" = [])))]
 pub async fn list_datasets(State(state): State<AppState>, user: User) -> ApiResult<Json<DatasetList>> {
     Ok(Json(DatasetList { datasets: state.store.list_datasets(user.team_id).await? }))

@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::{ApiError, ApiResult, Problem};
+use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -24,7 +24,7 @@ pub async fn healthz() -> Json<Health> {
 /// The database answers and every migration is applied.
 #[utoipa::path(get, path = "/readyz", tag = "ops",
     responses((status = 200, body = Health),
-        (status = 503, body = Problem, content_type = "application/problem+json")))]
+        (status = 503)))]
 pub async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
     match state.store.ready().await {
         Ok(()) => Ok(Json(Health { status: "ready" })),

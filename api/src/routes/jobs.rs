@@ -10,9 +10,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use futures_util::stream::{self, Stream};
+use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{JobId, JobSpec, JobState};
 use ringtrain_store::{
-    Checkpoint, IdempotencyKey, Job, JobEvent, JobFilter, MetricPoint, MetricsQuery, NewJob, Submitted, Transition,
+    Cancellation, Checkpoint, IdempotencyKey, Job, JobEvent, JobFilter, MetricPoint, MetricsQuery, NewJob, Submitted,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,8 +21,9 @@ use sha2::{Digest, Sha256};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+use crate::access::team_job;
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult, Problem};
+use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
 use crate::routes::specs;
 use crate::state::AppState;
@@ -35,7 +37,9 @@ pub struct JobView {
     pub state: JobState,
     pub team_id: Uuid,
     pub priority: i32,
-    pub device: String,
+    /// `cpu` or `gpu`.
+    #[schema(value_type = String, example = "cpu")]
+    pub device: DeviceKind,
     pub workers: i32,
     /// The attempt: 0 until first placed, 1 for the first run, one more per restart after a failure. A run
     /// that was preempted and resumes elsewhere continues the same attempt.
@@ -80,7 +84,7 @@ impl From<&Job> for JobView {
             state: job.state,
             team_id: job.team_id,
             priority: job.priority,
-            device: job.device.clone(),
+            device: job.device,
             workers: job.workers,
             attempt: job.user_attempt(),
             preemptions: job.preemptions,
@@ -105,14 +109,6 @@ impl From<&Job> for JobView {
     }
 }
 
-/// The caller's job, or 404 (also for another team's job).
-pub async fn team_job(state: &AppState, user: &User, id: Uuid) -> ApiResult<Job> {
-    match state.store.get_job(JobId(id)).await? {
-        Some(job) if user.owns(job.team_id) => Ok(job),
-        _ => Err(ApiError::not_found(format!("no job {id}"))),
-    }
-}
-
 const MAX_IDEMPOTENCY_KEY: usize = 255;
 
 /// Submit a job.
@@ -126,14 +122,13 @@ const MAX_IDEMPOTENCY_KEY: usize = 255;
     responses(
         (status = 201, description = "Stored as queued", body = JobView),
         (status = 200, description = "Replayed: this key made this job before", body = JobView),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Idempotency-Key reused with another body",
-            body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 415, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
+        (status = 400),
+        (status = 401),
+        (status = 403),
+        (status = 409, description = "Idempotency-Key reused with another body"),
+        (status = 413),
+        (status = 415),
+        (status = 422),
     ),
     security(("bearer" = [])))]
 pub async fn submit_job(
@@ -171,7 +166,7 @@ pub async fn submit_job(
         effective: effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?,
         dataset_size: dataset_size.map(|n| n as i64),
         priority: spec.priority,
-        device: device_name(&spec),
+        device: spec.device,
         workers: spec.workers as i32,
         max_restarts: spec.max_restarts.min(i32::MAX as u32) as i32,
     };
@@ -186,10 +181,6 @@ pub async fn submit_job(
             Err(ApiError::conflict("this Idempotency-Key was already used with a different request body"))
         }
     }
-}
-
-fn device_name(spec: &JobSpec) -> String {
-    serde_json::to_value(spec.device).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "cpu".into())
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -222,8 +213,8 @@ const MAX_PAGE: u32 = 500;
 
 /// The team's run history, newest first.
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(ListJobsQuery),
-    responses((status = 200, body = JobPage), (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = JobPage), (status = 400),
+        (status = 401)),
     security(("bearer" = [])))]
 pub async fn list_jobs(
     State(state): State<AppState>,
@@ -263,8 +254,8 @@ pub async fn list_jobs(
 
 /// One job: spec, effective hyperparameters, state, result.
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = Uuid, Path)),
-    responses((status = 200, body = JobView), (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = JobView), (status = 400),
+        (status = 404)),
     security(("bearer" = [])))]
 pub async fn get_job(
     State(state): State<AppState>,
@@ -276,37 +267,28 @@ pub async fn get_job(
 
 /// Cancel a job that has not finished; its ranks are told to stop (by their agents' next poll).
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = Uuid, Path)),
-    responses((status = 200, body = JobView), (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already finished", body = Problem, content_type = "application/problem+json")),
+    responses((status = 200, body = JobView), (status = 403),
+        (status = 404),
+        (status = 409, description = "Already finished")),
     security(("bearer" = [])))]
 pub async fn cancel_job(
     State(state): State<AppState>,
     user: User,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<JobView>> {
-    let mut job = team_job(&state, &user, id).await?;
+    let job = team_job(&state, &user, id).await?;
     user.require_write()?;
-    // Compare-and-set against the state we saw; if the scheduler or an agent moved the job meanwhile, look
-    // again. A few rounds suffice: each lost round means the job made progress.
-    for _ in 0..8 {
-        if job.state.is_terminal() {
-            return Err(ApiError::conflict(format!("job {id} already {}", job.state)));
-        }
-        let reason =
-            format!("cancelled by token {}", user.token.label.as_deref().unwrap_or(&user.token.id.to_string()));
-        if let Some(cancelled) =
-            state.store.transition(&Transition::new(job.id, job.state, JobState::Cancelled, reason)).await?
-        {
+    let reason = format!("cancelled by token {}", user.token.label.as_deref().unwrap_or(&user.token.id.to_string()));
+    match state.store.cancel_job(job.id, &reason).await? {
+        Some(Cancellation::Cancelled(cancelled)) => {
             // Ranks already handed to agents keep their devices until the agents, told by their next poll,
-            // stop them and say so; ranks not yet picked up are simply cancelled.
-            state.store.cancel_pending_assignments(job.id).await?;
+            // stop them and say so.
             state.changed().await;
-            return Ok(Json(JobView::from(&cancelled)));
+            Ok(Json(JobView::from(&cancelled)))
         }
-        job = team_job(&state, &user, id).await?;
+        Some(Cancellation::AlreadyEnded(ended)) => Err(ApiError::conflict(format!("job {id} already {}", ended.state))),
+        None => Err(ApiError::not_found(format!("no job {id}"))),
     }
-    Err(ApiError::conflict(format!("job {id} kept changing state; try again")))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -329,7 +311,7 @@ const EVENT_PAGE: i64 = 1000;
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", params(("id" = Uuid, Path), EventsQuery),
     responses((status = 200, description = "JSON list, or an SSE stream (`event: state`, data: a JobEvent)", 
             content((EventList = "application/json"), (String = "text/event-stream"))),
-        (status = 404, body = Problem, content_type = "application/problem+json")),
+        (status = 404)),
     security(("bearer" = [])))]
 pub async fn job_events(
     State(state): State<AppState>,
@@ -431,8 +413,8 @@ const MAX_METRICS_PAGE: u32 = 10_000;
 /// Per-iteration and per-epoch metrics (loss, lr, throughput, allreduce time, test error).
 #[utoipa::path(get, path = "/v1/jobs/{id}/metrics", tag = "jobs", params(("id" = Uuid, Path), MetricsParams),
     responses((status = 200, body = MetricsPage),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json")),
+        (status = 400),
+        (status = 404)),
     security(("bearer" = [])))]
 pub async fn job_metrics(
     State(state): State<AppState>,
@@ -506,9 +488,8 @@ pub const MAX_PER_ITERATION: u64 = 2_000_000;
 /// points (`?per_iteration=true` adds every iteration's lr).
 #[utoipa::path(get, path = "/v1/jobs/{id}/schedule", tag = "jobs", params(("id" = Uuid, Path), ScheduleParams),
     responses((status = 200, description = "ScheduleView", body = Object),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The dataset's size is not known yet",
-            body = Problem, content_type = "application/problem+json")),
+        (status = 404),
+        (status = 409, description = "The dataset's size is not known yet")),
     security(("bearer" = [])))]
 pub async fn job_schedule(
     State(state): State<AppState>,
@@ -522,7 +503,7 @@ pub async fn job_schedule(
     };
     let spec: JobSpec = serde_json::from_value(job.spec.clone()).map_err(ApiError::internal)?;
     let effective = ringtrain_core::Effective::new(&spec, size as u64)
-        .map_err(|errors| ApiError::internal(format!("stored spec no longer validates: {errors:?}")))?;
+        .map_err(|errors| ApiError::internal_msg(format!("stored spec no longer validates: {errors:?}")))?;
     let per_iteration = params.per_iteration.unwrap_or(false);
     if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
         return Err(ApiError::field(
@@ -546,7 +527,7 @@ pub struct CheckpointList {
 /// The job's checkpoints, oldest first; `is_final` marks the finished job's weights.
 #[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs", params(("id" = Uuid, Path)),
     responses((status = 200, body = CheckpointList),
-        (status = 404, body = Problem, content_type = "application/problem+json")),
+        (status = 404)),
     security(("bearer" = [])))]
 pub async fn job_checkpoints(
     State(state): State<AppState>,

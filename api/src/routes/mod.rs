@@ -16,7 +16,9 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{FieldErrorDoc, Problem};
+use axum::http::StatusCode;
+
+use crate::error::{FieldErrorDoc, Problem, PROBLEM_JSON};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -42,6 +44,44 @@ impl Modify for BearerAuth {
     }
 }
 
+/// Every error response (4xx, 5xx) a route declares without a body is an RFC 7807 problem: the routes say
+/// only which statuses they answer (and why, where it is not obvious), and this fills in the body once.
+#[derive(Debug)]
+pub struct ProblemResponses;
+
+impl Modify for ProblemResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{Content, Ref, RefOr};
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.options,
+                &mut item.head,
+                &mut item.patch,
+                &mut item.trace,
+            ];
+            for operation in operations.into_iter().flatten() {
+                for (status, response) in operation.responses.responses.iter_mut() {
+                    let RefOr::T(response) = response else { continue };
+                    let is_error = status.starts_with('4') || status.starts_with('5');
+                    if !is_error || !response.content.is_empty() {
+                        continue;
+                    }
+                    let problem = Content::new(Some(Ref::from_schema_name("Problem")));
+                    response.content.insert(PROBLEM_JSON.to_string(), problem);
+                    if response.description.is_empty() {
+                        let reason = status.parse().ok().and_then(|s| StatusCode::from_u16(s).ok());
+                        response.description = reason.and_then(|s| s.canonical_reason()).unwrap_or("error").into();
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Every route with its documentation.
 pub fn router() -> OpenApiRouter<AppState> {
     // Uploads are streamed with their own (larger) limit; every other body is capped by the app's.
@@ -62,18 +102,18 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(teams::create_team_token))
         .routes(routes!(teams::create_agent_token))
         .routes(routes!(teams::list_nodes))
-        .routes(routes!(agent::register_node))
-        .routes(routes!(agent::heartbeat))
-        .routes(routes!(agent::poll_assignments))
-        .routes(routes!(agent::update_assignment))
-        .routes(routes!(agent::report_endpoint))
+        .routes(routes!(agent::nodes::register_node))
+        .routes(routes!(agent::nodes::heartbeat))
+        .routes(routes!(agent::assignments::poll_assignments))
+        .routes(routes!(agent::assignments::update_assignment))
+        .routes(routes!(agent::assignments::report_endpoint))
         .routes(routes!(transfers::agent_download_checkpoint))
         .routes(routes!(transfers::download_checkpoint))
         .routes(routes!(transfers::agent_download_dataset))
-        .routes(routes!(agent::job_running))
-        .routes(routes!(agent::report_metrics))
-        .routes(routes!(agent::report_checkpoint))
-        .routes(routes!(agent::report_result))
+        .routes(routes!(agent::reports::job_running))
+        .routes(routes!(agent::reports::report_metrics))
+        .routes(routes!(agent::reports::report_checkpoint))
+        .routes(routes!(agent::reports::report_result))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::prometheus))

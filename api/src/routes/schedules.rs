@@ -10,7 +10,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult, Problem};
+use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiQuery, JsonBytes};
 use crate::routes::jobs::MAX_PER_ITERATION;
 use crate::routes::specs;
@@ -49,8 +49,8 @@ const MAX_WORLD_SIZES: usize = 16;
     request_body(content = Object, content_type = "application/json", description = "A job spec"),
     responses((status = 200, description = "A ScheduleView, or a PreviewComparison when `workers` is given",
             body = PreviewComparison),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json")),
+        (status = 400),
+        (status = 422)),
     security(("bearer" = [])))]
 pub async fn preview_schedule(
     State(state): State<AppState>,
@@ -70,7 +70,7 @@ pub async fn preview_schedule(
     };
     let per_iteration = params.per_iteration.unwrap_or(false);
     let render = |spec: &ringtrain_core::JobSpec| -> ApiResult<Value> {
-        let effective = specs::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal("size was known"))?;
+        let effective = specs::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal_msg("size was known"))?;
         if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
             return Err(ApiError::field(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult, Problem};
+use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, JsonBody};
 use crate::state::AppState;
 
@@ -48,9 +48,9 @@ fn validate_team(body: &CreateTeam) -> Result<(), Vec<FieldError>> {
 
 /// Create a team (admin).
 #[utoipa::path(post, path = "/v1/teams", tag = "teams", request_body = CreateTeam,
-    responses((status = 201, body = Team), (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Name taken", body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json")),
+    responses((status = 201, body = Team), (status = 403),
+        (status = 409, description = "Name taken"),
+        (status = 422)),
     security(("bearer" = [])))]
 pub async fn create_team(
     State(state): State<AppState>,
@@ -74,7 +74,7 @@ pub struct TeamList {
 /// Every team (admin).
 #[utoipa::path(get, path = "/v1/teams", tag = "teams",
     responses((status = 200, body = TeamList),
-        (status = 403, body = Problem, content_type = "application/problem+json")),
+        (status = 403)),
     security(("bearer" = [])))]
 pub async fn list_teams(State(state): State<AppState>, user: User) -> ApiResult<Json<TeamList>> {
     user.require_admin()?;
@@ -114,9 +114,9 @@ fn check_label(label: &Option<String>) -> ApiResult<()> {
 #[utoipa::path(post, path = "/v1/teams/{id}/tokens", tag = "teams", params(("id" = Uuid, Path)),
     request_body = CreateToken,
     responses((status = 201, body = CreatedToken),
-        (status = 403, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json")),
+        (status = 403),
+        (status = 404),
+        (status = 422)),
     security(("bearer" = [])))]
 pub async fn create_team_token(
     State(state): State<AppState>,
@@ -157,7 +157,7 @@ pub struct CreateAgentToken {
 /// Create a node agent's token (admin).
 #[utoipa::path(post, path = "/v1/agent-tokens", tag = "teams", request_body = CreateAgentToken,
     responses((status = 201, body = CreatedToken),
-        (status = 403, body = Problem, content_type = "application/problem+json")),
+        (status = 403)),
     security(("bearer" = [])))]
 pub async fn create_agent_token(
     State(state): State<AppState>,
@@ -182,7 +182,7 @@ pub struct NodeList {
 /// The worker pool: nodes and their devices (any user token).
 #[utoipa::path(get, path = "/v1/nodes", tag = "teams",
     responses((status = 200, body = NodeList),
-        (status = 401, body = Problem, content_type = "application/problem+json")),
+        (status = 401)),
     security(("bearer" = [])))]
 pub async fn list_nodes(State(state): State<AppState>, _user: User) -> ApiResult<Json<NodeList>> {
     Ok(Json(NodeList { nodes: state.store.list_nodes().await? }))

@@ -9,33 +9,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use ringtrain_core::{FieldError, JobId};
+use ringtrain_protocol::ArchiveParams;
 use ringtrain_store::{Checkpoint, NewCheckpoint};
-use serde::Deserialize;
-use utoipa::IntoParams;
 use uuid::Uuid;
 
+use crate::access::{assigned_job, team_job};
 use crate::auth::{Agent, User};
-use crate::error::{ApiError, ApiResult, Problem};
+use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::files::{self, PartialFile};
-use crate::routes::agent::assigned_job;
-use crate::routes::jobs::team_job;
 use crate::state::AppState;
-
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct ArchiveParams {
-    /// The placement that wrote it (the agent protocol's attempt).
-    pub attempt: i32,
-    /// Epochs done when it was written.
-    pub epoch: u32,
-    /// The next global iteration when it was written.
-    pub iteration: u64,
-    /// The finished job's weights.
-    #[serde(default)]
-    pub r#final: bool,
-}
 
 /// The trainer's checkpoint directory names: `epoch-0007` after an epoch, `epoch-0007-iter-0000000450` for
 /// one taken mid-epoch when a preempted job stopped.
@@ -75,9 +58,9 @@ mod tests {
     params(("id" = Uuid, Path), ("name" = String, Path, description = "epoch-NNNN"), ArchiveParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A tar archive"),
     responses((status = 201, body = Checkpoint),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
-        (status = 413, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json")),
+        (status = 404),
+        (status = 413),
+        (status = 422)),
     security(("bearer" = [])))]
 pub async fn upload_checkpoint(
     State(state): State<AppState>,
@@ -141,7 +124,7 @@ async fn find_checkpoint(state: &AppState, job: JobId, checkpoint: Uuid) -> ApiR
 #[utoipa::path(get, path = "/v1/agent/jobs/{id}/checkpoints/{checkpoint}/archive", tag = "agent",
     params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path)),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, body = Problem, content_type = "application/problem+json")),
+        (status = 404)),
     security(("bearer" = [])))]
 pub async fn agent_download_checkpoint(
     State(state): State<AppState>,
@@ -159,7 +142,7 @@ pub async fn agent_download_checkpoint(
 #[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints/{checkpoint}/archive", tag = "jobs",
     params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path)),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, body = Problem, content_type = "application/problem+json")),
+        (status = 404)),
     security(("bearer" = [])))]
 pub async fn download_checkpoint(
     State(state): State<AppState>,
@@ -174,7 +157,7 @@ pub async fn download_checkpoint(
 /// Download an uploaded dataset's safetensors file: for agents whose ranks train on it.
 #[utoipa::path(get, path = "/v1/agent/datasets/{id}", tag = "agent", params(("id" = Uuid, Path)),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, body = Problem, content_type = "application/problem+json")),
+        (status = 404)),
     security(("bearer" = [])))]
 pub async fn agent_download_dataset(
     State(state): State<AppState>,

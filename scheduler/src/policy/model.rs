@@ -4,31 +4,8 @@
 use std::fmt;
 
 pub use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::JobId;
+pub use ringtrain_core::{JobId, NodeId, TeamId};
 use serde::Serialize;
-use uuid::Uuid;
-
-/// The id of a team (the `teams.id` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct TeamId(pub Uuid);
-
-/// The id of a node (the `nodes.id` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct NodeId(pub Uuid);
-
-impl fmt::Display for TeamId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
 
 /// One device of the pool: a node and the device's index on it (CUDA ordinal, or CPU slot number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

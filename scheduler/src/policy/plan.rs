@@ -7,21 +7,21 @@
 //!    devices reclaims: devices of jobs already being preempted, then borrowed devices of other teams
 //!    (preempting a minimal set of victims), then free devices make up its k; they are reserved for it and it
 //!    starts in a later pass, once the victims have checkpointed and stopped.
-//! 2. **Fair share.** Every team's remaining jobs, in [`ShareKey`](crate::fairness::ShareKey) order
+//! 2. **Fair share.** Every team's remaining jobs, in [`ShareKey`](crate::policy::fairness::ShareKey) order
 //!    re-ranked after each start, may use any free device: beyond a guarantee this is borrowing. The first job
 //!    that cannot start gets the head-of-line reservation; later jobs only backfill around it.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
-use crate::fairness::{job_order, kind_index, ShareKey, TeamBook};
-use crate::index::ClusterIndex;
-use crate::model::{
+use crate::policy::fairness::{job_order, kind_index, ShareKey, TeamBook};
+use crate::policy::index::ClusterIndex;
+use crate::policy::model::{
     ClusterView, DeviceKind, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind, Start,
 };
-use crate::placement::Slot;
-use crate::preemption::Victims;
-use crate::reservation::reserve_head_of_line;
+use crate::policy::placement::Slot;
+use crate::policy::preemption::Victims;
+use crate::policy::reservation::reserve_head_of_line;
 
 /// Decides which queued jobs start where, which running jobs are preempted, and which devices are reserved.
 /// Pure and deterministic: the same view (in any list order) gives the same plan.

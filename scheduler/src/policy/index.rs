@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::fairness::kind_index;
-use crate::model::{ClusterView, DeviceKind, DeviceSlot, NodeId, RunningJob};
-use crate::placement::{Pool, Slot};
+use crate::policy::fairness::kind_index;
+use crate::policy::model::{ClusterView, DeviceKind, DeviceSlot, NodeId, RunningJob};
+use crate::policy::placement::{Pool, Slot};
 
 #[derive(Debug, Clone)]
 pub(crate) struct KindIndex {

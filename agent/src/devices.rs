@@ -3,7 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::process::Command;
 
-use super::client::DeviceInfo;
+use ringtrain_protocol::RegisterDevice as DeviceInfo;
 
 /// Which GPUs to offer: `all` (every GPU nvidia-smi lists; none when it is missing), `none`, or indices.
 pub fn parse_gpus(text: &str) -> Result<Option<Vec<u32>>, String> {

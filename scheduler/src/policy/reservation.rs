@@ -11,8 +11,8 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use crate::index::KindIndex;
-use crate::placement::Slot;
+use crate::policy::index::KindIndex;
+use crate::policy::placement::Slot;
 
 /// Sets aside `k` devices for one job: `held` (free now, taken out of the pool) and `awaiting` (busy now,
 /// not in `claimed`). `None`, and nothing taken, when fewer than `k` devices are left to reserve.

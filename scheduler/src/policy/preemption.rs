@@ -14,9 +14,9 @@
 
 use std::cmp::Reverse;
 
-use crate::fairness::{kind_index, TeamBook};
-use crate::index::ClusterIndex;
-use crate::model::DeviceKind;
+use crate::policy::fairness::{kind_index, TeamBook};
+use crate::policy::index::ClusterIndex;
+use crate::policy::model::DeviceKind;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate {

@@ -1,24 +1,33 @@
-//! `ringtrain agent`: a node agent. It registers this node's devices with the server, heartbeats, long-polls
-//! for the ranks placed here, runs one `ringtrain train` process per rank (see [`rank`]), and stops ranks
-//! the server says are over. If it cannot heartbeat for longer than the lease, the server has requeued its
-//! jobs elsewhere, so it stops their ranks itself.
+//! The node agent (`ringtrain agent`): the worker-side daemon. It registers this node's devices with the
+//! server ([`devices`]), heartbeats, long-polls for the ranks placed here ([`client`]), runs one
+//! `ringtrain train` process per rank and supervises it ([`rank`]: its files in [`files`], its output relayed
+//! by [`relay`], its ending reported by [`report`]), and stops ranks the server says are over. If it cannot
+//! heartbeat for longer than the lease, the server has requeued its jobs elsewhere, so it stops their ranks
+//! itself.
+//!
+//! It talks to the server only over HTTP with its agent token, in the wire types of [`ringtrain_protocol`];
+//! it never links libtorch (the rank processes do).
 
 pub mod client;
 pub mod devices;
+mod files;
 pub mod rank;
+mod relay;
+mod report;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use ringtrain_core::AssignmentState;
+use ringtrain_protocol::{Poll, ResultReport, Work};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use client::{Client, Work};
+use client::Client;
 use rank::{AgentContext, StopRequest};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -48,15 +57,11 @@ pub struct Args {
     #[arg(long)]
     pub threads: Option<i32>,
     /// Seconds between heartbeats.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = ringtrain_protocol::timing::HEARTBEAT.as_secs())]
     pub heartbeat_s: u64,
     /// Stop every rank after this many seconds without a successful heartbeat (the server's lease).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = ringtrain_protocol::timing::LEASE.as_secs())]
     pub lease_s: u64,
-}
-
-pub fn run(args: Args) -> ExitCode {
-    crate::commands::block_on("agent", serve_node(args))
 }
 
 /// Registers and runs the agent until the process ends.
@@ -67,7 +72,7 @@ pub async fn serve_node(args: Args) -> Result<()> {
 
 struct RankHandle {
     stop: watch::Sender<Option<StopRequest>>,
-    task: JoinHandle<&'static str>,
+    task: JoinHandle<AssignmentState>,
 }
 
 pub struct Agent {
@@ -78,7 +83,7 @@ pub struct Agent {
     ranks: HashMap<Uuid, RankHandle>,
     /// Ranks that ended here, with the state reported for them: if the server still lists one (the report
     /// did not get through), it is reported again rather than taken for a rank lost in an agent restart.
-    ended: HashMap<Uuid, &'static str>,
+    ended: HashMap<Uuid, AssignmentState>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -115,12 +120,13 @@ impl Agent {
             }
         };
         let summary: Vec<String> = offered.iter().map(|d| format!("{} {}", d.kind, d.index)).collect();
-        eprintln!("agent: node {name} ({}) registered at {} with {}", node.id, args.server, summary.join(", "));
+        tracing::info!(node = %name, node_id = %node.id, server = %args.server, devices = %summary.join(", "), "registered");
         std::fs::create_dir_all(&args.work_dir)
             .with_context(|| format!("cannot create {}", args.work_dir.display()))?;
         let work_dir = std::fs::canonicalize(&args.work_dir)?;
         let ctx = AgentContext {
             client,
+            node_id: node.id,
             node_name: name,
             address,
             work_dir,
@@ -145,22 +151,22 @@ impl Agent {
             self.collect_ended().await;
             let silent = last_heartbeat.lock().map(|t| t.elapsed()).unwrap_or_default();
             if silent > self.lease && !self.ranks.is_empty() {
-                eprintln!(
-                    "agent: no heartbeat got through for {} s: the lease is lost, stopping every rank",
-                    silent.as_secs()
+                tracing::warn!(
+                    silent_s = silent.as_secs(),
+                    "no heartbeat got through for longer than the lease: stopping every rank"
                 );
                 self.stop_all("the agent lost its lease (the server could not be reached)");
             }
             // The poll answers at once when anything changes (rank 0's address included), so the wait is
             // only the longest silence.
-            let wait = Duration::from_secs(20);
+            let wait = ringtrain_protocol::timing::MAX_POLL_WAIT;
             match self.ctx.client.poll(self.node, since, wait).await {
                 Ok(poll) => {
                     since = Some(poll.version);
                     self.apply(poll).await;
                 }
                 Err(err) => {
-                    eprintln!("agent: poll failed: {err}");
+                    tracing::warn!(error = %err, "poll failed");
                     since = None;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
@@ -172,13 +178,13 @@ impl Agent {
         let finished: Vec<Uuid> = self.ranks.iter().filter(|(_, r)| r.task.is_finished()).map(|(id, _)| *id).collect();
         for id in finished {
             if let Some(rank) = self.ranks.remove(&id) {
-                let state = rank.task.await.unwrap_or("failed");
+                let state = rank.task.await.unwrap_or(AssignmentState::Failed);
                 self.ended.insert(id, state);
             }
         }
     }
 
-    async fn apply(&mut self, poll: client::Poll) {
+    async fn apply(&mut self, poll: Poll) {
         let listed: std::collections::HashSet<Uuid> = poll
             .work
             .iter()
@@ -198,7 +204,7 @@ impl Agent {
         let preempt: Vec<(Uuid, bool)> = poll.preempt.iter().map(|id| (*id, true)).collect();
         for (id, checkpoint_first) in poll.stop.into_iter().map(|id| (id, false)).chain(preempt) {
             if let Some(state) = self.ended.get(&id) {
-                rank::end_assignment(&self.ctx, id, state).await;
+                report::end_assignment(&self.ctx, id, *state).await;
                 continue;
             }
             match self.ranks.get(&id) {
@@ -221,8 +227,8 @@ impl Agent {
                 }
                 None => {
                     // Not running here (any more): just say it is over, which frees its device.
-                    for from in ["delivered", "running"] {
-                        if self.ctx.client.set_assignment_state(id, from, "cancelled").await.is_ok() {
+                    for from in [AssignmentState::Delivered, AssignmentState::Running] {
+                        if self.ctx.client.set_assignment_state(id, from, AssignmentState::Cancelled).await.is_ok() {
                             break;
                         }
                     }
@@ -235,10 +241,10 @@ impl Agent {
                 continue;
             }
             if let Some(state) = self.ended.get(&id) {
-                rank::end_assignment(&self.ctx, id, state).await;
+                report::end_assignment(&self.ctx, id, *state).await;
                 continue;
             }
-            if work.assignment.state == "running" {
+            if work.assignment.state == AssignmentState::Running {
                 // The server thinks it runs here, but this agent never started it: the agent restarted
                 // and the rank died with its predecessor.
                 self.report_lost(&work).await;
@@ -256,9 +262,9 @@ impl Agent {
     async fn report_lost(&self, work: &Work) {
         let a = &work.assignment;
         let error = format!("rank {} on node {} was lost: its agent restarted", a.rank, self.ctx.node_name);
-        let report = serde_json::json!({"outcome": "failed", "error": error, "retryable": true});
-        let _ = self.ctx.client.report_result(a.job_id, a.attempt, report).await;
-        let _ = self.ctx.client.set_assignment_state(a.id, "running", "failed").await;
+        let report = ResultReport::failed(a.attempt, error, true);
+        let _ = self.ctx.client.report_result(a.job_id, &report).await;
+        let _ = self.ctx.client.set_assignment_state(a.id, AssignmentState::Running, AssignmentState::Failed).await;
     }
 
     fn stop_all(&mut self, why: &str) {
@@ -278,7 +284,7 @@ async fn heartbeats(client: Client, node: Uuid, every: Duration, last_ok: Arc<Mu
                     *last = Instant::now();
                 }
             }
-            Err(err) => eprintln!("agent: heartbeat failed: {err}"),
+            Err(err) => tracing::warn!(error = %err, "heartbeat failed"),
         }
     }
 }

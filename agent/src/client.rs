@@ -1,0 +1,132 @@
+//! The agent's side of the /v1/agent API: typed calls with the agent token, in the shared wire types of
+//! [`ringtrain_protocol`].
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ringtrain_client::{ApiClient, CallError, Method};
+use ringtrain_core::AssignmentState;
+use ringtrain_protocol::{
+    AssignmentUpdate, AttemptBody, EndpointReport, MetricsBatch, Node, Poll, RegisterDevice, RegisterNode, ResultAck,
+    ResultReport,
+};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// A checkpoint folder packed as a tar archive, with what the server records about it.
+#[derive(Debug, Clone)]
+pub struct CheckpointArchive {
+    /// `epoch-NNNN`.
+    pub name: String,
+    pub attempt: i32,
+    /// Epochs done.
+    pub epoch: u64,
+    /// The next global iteration.
+    pub iteration: u64,
+    pub is_final: bool,
+    pub bytes: bytes::Bytes,
+}
+
+/// The /v1/agent calls of one agent.
+#[derive(Debug, Clone)]
+pub struct Client {
+    api: ApiClient,
+}
+
+impl Client {
+    pub fn new(base: &str, token: &str) -> Result<Client> {
+        Ok(Client { api: ApiClient::new(base, token)? })
+    }
+
+    pub fn server(&self) -> &str {
+        self.api.base()
+    }
+
+    pub async fn register(&self, name: &str, address: &str, devices: &[RegisterDevice]) -> Result<Node, CallError> {
+        let body =
+            RegisterNode { name: name.to_string(), address: Some(address.to_string()), devices: devices.to_vec() };
+        self.api.post("/v1/agent/nodes", &body).await
+    }
+
+    pub async fn heartbeat(&self, node: Uuid) -> Result<(), CallError> {
+        self.api.post::<Value>(&format!("/v1/agent/nodes/{node}/heartbeat"), &serde_json::json!({})).await.map(drop)
+    }
+
+    /// Long poll: answers when something changed after `since`, or after `wait`.
+    pub async fn poll(&self, node: Uuid, since: Option<u64>, wait: Duration) -> Result<Poll, CallError> {
+        let query = match since {
+            Some(v) => format!("?since={v}&wait_s={}", wait.as_secs()),
+            None => String::new(),
+        };
+        let path = format!("/v1/agent/nodes/{node}/assignments{query}");
+        self.api.call(Method::GET, &path, None::<&()>, wait + Duration::from_secs(15)).await
+    }
+
+    pub async fn set_assignment_state(
+        &self,
+        assignment: Uuid,
+        from: AssignmentState,
+        to: AssignmentState,
+    ) -> Result<(), CallError> {
+        let body = AssignmentUpdate { from: from.to_string(), to: to.to_string() };
+        self.api.post::<Value>(&format!("/v1/agent/assignments/{assignment}/state"), &body).await.map(drop)
+    }
+
+    pub async fn report_endpoint(&self, assignment: Uuid, address: &str) -> Result<(), CallError> {
+        let body = EndpointReport { address: address.to_string() };
+        self.api.post::<Value>(&format!("/v1/agent/assignments/{assignment}/endpoint"), &body).await.map(drop)
+    }
+
+    pub async fn job_running(&self, job: Uuid, attempt: i32) -> Result<(), CallError> {
+        self.api.post_ignoring_answer(&format!("/v1/agent/jobs/{job}/running"), &AttemptBody { attempt }).await
+    }
+
+    pub async fn report_metrics(
+        &self,
+        job: Uuid,
+        attempt: i32,
+        reports: &[Map<String, Value>],
+    ) -> Result<(), CallError> {
+        let body = MetricsBatch { attempt, reports: reports.to_vec() };
+        self.api.post::<Value>(&format!("/v1/agent/jobs/{job}/metrics"), &body).await.map(drop)
+    }
+
+    pub async fn report_result(&self, job: Uuid, report: &ResultReport) -> Result<ResultAck, CallError> {
+        self.api.post(&format!("/v1/agent/jobs/{job}/result"), report).await
+    }
+
+    /// Uploads a checkpoint archive and registers it.
+    pub async fn upload_checkpoint(&self, job: Uuid, archive: &CheckpointArchive) -> Result<(), CallError> {
+        let a = archive;
+        let path = format!(
+            "/v1/agent/jobs/{job}/checkpoints/{}?attempt={}&epoch={}&iteration={}&final={}",
+            a.name, a.attempt, a.epoch, a.iteration, a.is_final
+        );
+        self.api.put_bytes(&path, a.bytes.clone(), Duration::from_secs(600)).await
+    }
+
+    /// Downloads `path` into `to`, checking its sha256 when one is given.
+    pub async fn download(&self, path: &str, to: &Path, sha256: Option<&str>) -> Result<()> {
+        let request = self.api.request(Method::GET, path).timeout(Duration::from_secs(3600));
+        let mut response = self.api.send(request).await?;
+        // A name of its own: two ranks of a node may fetch the same dataset at once.
+        let partial = to.with_extension(format!("part-{}", Uuid::new_v4()));
+        let mut file =
+            tokio::fs::File::create(&partial).await.with_context(|| format!("cannot create {}", partial.display()))?;
+        let mut hasher = Sha256::new();
+        while let Some(chunk) = response.chunk().await.context("the download broke off")? {
+            hasher.update(&chunk);
+            tokio::io::AsyncWriteExt::write_all(&mut file, &chunk).await?;
+        }
+        tokio::io::AsyncWriteExt::flush(&mut file).await?;
+        let digest = ringtrain_core::hex(&hasher.finalize());
+        if let Some(expected) = sha256.filter(|e| !e.eq_ignore_ascii_case(&digest)) {
+            let _ = tokio::fs::remove_file(&partial).await;
+            anyhow::bail!("{path}: sha256 {digest} does not match the expected {expected}");
+        }
+        tokio::fs::rename(&partial, to).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,295 @@
+//! One rank of one placement, from start to report: prepare its files (spec, dataset, the checkpoint to
+//! resume from), start `ringtrain train --rank ...`, relay its metrics in batches and (rank 0) its
+//! checkpoints, and report how it ended. Stopped through `stop` (a cancel, a preemption, a lost lease).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ringtrain_core::spec::DeviceKind;
+use ringtrain_core::AssignmentState;
+use ringtrain_protocol::rank::{EXIT_JOB_ERROR, EXIT_STOPPED};
+use ringtrain_protocol::{ResultReport, Work};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use crate::client::Client;
+use crate::files::{dataset_file, fetch_checkpoint};
+use crate::relay::Relay;
+use crate::report::{end_assignment, report_failure, OUTCOME_TRIES};
+
+/// What every rank of this agent shares.
+#[derive(Debug)]
+pub struct AgentContext {
+    pub client: Client,
+    pub node_id: uuid::Uuid,
+    pub node_name: String,
+    /// Where this node's ranks listen (rank 0's rendezvous host).
+    pub address: std::net::IpAddr,
+    pub work_dir: PathBuf,
+    /// The `ringtrain` executable the ranks run.
+    pub exe: PathBuf,
+    /// libtorch threads per rank.
+    pub threads: Option<i32>,
+}
+
+/// How often metrics are sent and rank 0's checkpoints looked for: often enough that the API trails the
+/// ranks by a fraction of a second, at a few small requests per second per rank.
+pub(crate) const TICK: Duration = Duration::from_millis(250);
+
+/// Why the agent stops a rank.
+#[derive(Debug, Clone)]
+pub struct StopRequest {
+    pub why: String,
+    /// Ask the ranks to stop after a checkpoint of where they are (a preemption), instead of killing at once.
+    pub checkpoint_first: bool,
+}
+
+/// How long ranks asked to checkpoint and stop may take before they are killed.
+const CHECKPOINT_GRACE: Duration = Duration::from_secs(120);
+
+/// How the rank process ended.
+enum Ending {
+    Exited(std::process::ExitStatus),
+    Stopped(String),
+}
+
+/// Runs the rank to its end and reports it; returns the state its assignment ended in (`done`, `failed` or
+/// `cancelled`), so the agent can report it again if the server did not get it. Never fails: every failure
+/// becomes a report.
+pub async fn run(ctx: Arc<AgentContext>, work: Work, stop: watch::Receiver<Option<StopRequest>>) -> AssignmentState {
+    let a = &work.assignment;
+    let span = tracing::info_span!("rank", job = %a.job_id, attempt = a.attempt, rank = a.rank, node = %ctx.node_name);
+    async {
+        match run_inner(&ctx, &work, stop).await {
+            Ok(ended) => ended,
+            Err(err) => {
+                // Preparing or starting the rank failed (a download, a file): the placement cannot go on here.
+                tracing::error!(error = format!("{err:#}"), "the rank could not start");
+                let error = format!("rank {} on node {} could not start: {err:#}", a.rank, ctx.node_name);
+                report_failure(&ctx, &work, &error, true).await;
+                end_assignment(&ctx, a.id, AssignmentState::Failed).await;
+                AssignmentState::Failed
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn run_inner(
+    ctx: &AgentContext,
+    work: &Work,
+    mut stop: watch::Receiver<Option<StopRequest>>,
+) -> Result<AssignmentState> {
+    let a = &work.assignment;
+    let placement_dir = ctx.work_dir.join("jobs").join(a.job_id.to_string()).join(format!("attempt-{}", a.attempt));
+    let rank_dir = placement_dir.join(format!("rank-{}", a.rank));
+    let out = rank_dir.join("out");
+    tokio::fs::create_dir_all(&out).await.with_context(|| format!("cannot create {}", out.display()))?;
+    let spec_path = rank_dir.join("spec.json");
+    tokio::fs::write(&spec_path, serde_json::to_vec_pretty(&work.spec)?).await?;
+
+    let mut command = Command::new(&ctx.exe);
+    let stop_file = rank_dir.join("stop");
+    let _ = tokio::fs::remove_file(&stop_file).await;
+    command.arg("train").arg("--spec").arg(&spec_path).arg("--out").arg(&out).arg("--exit-with-parent");
+    command.arg("--stop-file").arg(&stop_file);
+    if let Some(file) = dataset_file(ctx, work).await? {
+        command.arg("--dataset-file").arg(file);
+    }
+    if let Some(threads) = ctx.threads {
+        command.args(["--threads", &threads.to_string()]);
+    }
+    let rendezvous = if a.rank == 0 {
+        if let Some(checkpoint) = &work.resume {
+            let resume_dir = fetch_checkpoint(ctx, work, checkpoint, &placement_dir).await?;
+            command.arg("--resume").arg(resume_dir);
+        }
+        // A port free now on this node; rank 0 listens on it moments later.
+        let port = std::net::TcpListener::bind((ctx.address, 0))?.local_addr()?.port();
+        let endpoint = std::net::SocketAddr::new(ctx.address, port).to_string();
+        ctx.client.report_endpoint(a.id, &endpoint).await?;
+        endpoint
+    } else {
+        work.rendezvous.clone().context("rank 0's address is not known yet")?
+    };
+    command.args(["--rank", &a.rank.to_string(), "--world", &a.world_size.to_string(), "--rendezvous", &rendezvous]);
+    if work.spec.get("device").and_then(Value::as_str) == Some(DeviceKind::Gpu.as_str()) {
+        // The rank sees only its own GPU, as CUDA device 0.
+        command.env("CUDA_VISIBLE_DEVICES", work.device_index.to_string());
+    }
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+
+    if stop.borrow().is_some() {
+        // Stopped before it started.
+        ctx.client.set_assignment_state(a.id, AssignmentState::Delivered, AssignmentState::Cancelled).await?;
+        return Ok(AssignmentState::Cancelled);
+    }
+    let mut child = command.spawn().with_context(|| format!("cannot start {}", ctx.exe.display()))?;
+    tracing::info!(pid = child.id().unwrap_or(0), "started");
+    ctx.client.set_assignment_state(a.id, AssignmentState::Delivered, AssignmentState::Running).await?;
+    if a.rank == 0 {
+        let mut tries = 0;
+        while let Err(err) = ctx.client.job_running(a.job_id, a.attempt).await {
+            tries += 1;
+            if err.is_final() || tries >= OUTCOME_TRIES {
+                tracing::warn!(error = %err, "cannot mark the job running");
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
+    let mut relay = Relay::new(ctx, work, out.clone(), placement_dir.clone());
+    let ending = supervise(&mut child, &mut stop, &stop_file, &mut relay).await?;
+    relay.flush_metrics().await;
+    let ended = match ending {
+        Ending::Stopped(why) => {
+            tracing::info!(%why, "stopped");
+            AssignmentState::Cancelled
+        }
+        Ending::Exited(status) if status.code() == Some(i32::from(EXIT_STOPPED)) => {
+            // Preempted: every rank stopped at the same iteration and rank 0 wrote a checkpoint of it, which
+            // the job's next placement resumes from.
+            if a.rank == 0 {
+                // The next placement resumes from this checkpoint: worth a few tries.
+                for _ in 0..10 {
+                    if relay.try_upload(false).await.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+            tracing::info!("stopped after a checkpoint (preempted)");
+            AssignmentState::Cancelled
+        }
+        Ending::Exited(status) if status.success() => {
+            if a.rank == 0 {
+                relay.upload_new_checkpoint(false).await;
+                relay.upload_new_checkpoint(true).await;
+                let result: Value = match tokio::fs::read(out.join("result.json")).await {
+                    Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                    Err(_) => Value::Null,
+                };
+                match ctx.client.report_result(a.job_id, &ResultReport::succeeded(a.attempt, Some(result))).await {
+                    Ok(_) => tracing::info!("succeeded"),
+                    Err(err) => tracing::warn!(error = %err, "the result was not taken"),
+                }
+            }
+            AssignmentState::Done
+        }
+        Ending::Exited(status) => {
+            let retryable = status.code() != Some(i32::from(EXIT_JOB_ERROR));
+            let tail: Vec<String> = relay.stderr_tail.iter().cloned().collect();
+            let error = format!(
+                "rank {} on node {} {}; its last stderr lines:\n{}",
+                a.rank,
+                ctx.node_name,
+                describe(status),
+                tail.join("\n")
+            );
+            tracing::warn!(ending = describe(status), "failed");
+            relay.upload_new_checkpoint(false).await;
+            report_failure(ctx, work, &error, retryable).await;
+            AssignmentState::Failed
+        }
+    };
+    end_assignment(ctx, a.id, ended).await;
+    Ok(ended)
+}
+
+/// Waits for the process to exit or to be stopped, relaying its output meanwhile.
+async fn supervise(
+    child: &mut Child,
+    stop: &mut watch::Receiver<Option<StopRequest>>,
+    stop_file: &Path,
+    relay: &mut Relay<'_>,
+) -> Result<Ending> {
+    let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?).lines();
+    let mut stderr = BufReader::new(child.stderr.take().context("no stderr")?).lines();
+    let (mut stdout_open, mut stderr_open) = (true, true);
+    let mut tick = tokio::time::interval(TICK);
+    // Set once the ranks were asked to checkpoint and stop: past it they are killed.
+    let mut grace: Option<(tokio::time::Instant, String)> = None;
+    let ending = loop {
+        let deadline = grace.as_ref().map(|(at, _)| *at);
+        tokio::select! {
+            line = stdout.next_line(), if stdout_open => match line {
+                Ok(Some(line)) => {
+                    relay.metric_line(&line);
+                    // After a quiet spell (the first line, say) a line goes out at once; a busy rank's lines
+                    // are batched by the tick.
+                    if relay.last_flush.elapsed() >= TICK {
+                        relay.flush_metrics().await;
+                    }
+                }
+                _ => stdout_open = false,
+            },
+            line = stderr.next_line(), if stderr_open => match line {
+                Ok(Some(line)) => relay.stderr_line(line),
+                _ => stderr_open = false,
+            },
+            _ = tick.tick() => {
+                relay.flush_metrics().await;
+                if relay.is_root {
+                    relay.upload_new_checkpoint(false).await;
+                }
+            }
+            status = child.wait() => break Ending::Exited(status?),
+            () = sleep_until_or_never(deadline) => {
+                let why = grace.take().map_or_else(String::new, |(_, why)| why);
+                let _ = child.kill().await;
+                break Ending::Stopped(format!("{why}; no checkpoint within {} s", CHECKPOINT_GRACE.as_secs()));
+            }
+            changed = stop.changed() => {
+                let request = match changed {
+                    Ok(()) => stop.borrow().clone(),
+                    Err(_) => Some(StopRequest { why: "the agent is shutting down".into(), checkpoint_first: false }),
+                };
+                match request {
+                    Some(request) if request.checkpoint_first && grace.is_none() => {
+                        // Every rank stops after the iteration in which one of them sees this file.
+                        tokio::fs::write(stop_file, request.why.as_bytes()).await?;
+                        tracing::info!(why = %request.why, "asked to checkpoint and stop");
+                        grace = Some((tokio::time::Instant::now() + CHECKPOINT_GRACE, request.why));
+                    }
+                    Some(request) if !request.checkpoint_first => {
+                        let _ = child.kill().await;
+                        break Ending::Stopped(request.why);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    // What the process wrote before it ended.
+    while let Ok(Some(line)) = stdout.next_line().await {
+        relay.metric_line(&line);
+    }
+    while let Ok(Some(line)) = stderr.next_line().await {
+        relay.stderr_line(line);
+    }
+    Ok(ending)
+}
+
+async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("was killed by signal {signal}"),
+        _ => "ended".to_string(),
+    }
+}

@@ -1,0 +1,165 @@
+//! The ranks placed on a node: the long poll that hands them out (and says which to stop or checkpoint),
+//! rank 0's rendezvous endpoint, and the agent's reports of each rank's progress
+//! (delivered → running → done | failed | cancelled).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::Json;
+use ringtrain_core::{AssignmentState, FieldError, JobId, JobState};
+use ringtrain_protocol::{AssignmentUpdate, EndpointReport, Poll, PollQuery, Work};
+use ringtrain_store::{Assignment, Checkpoint};
+use uuid::Uuid;
+
+use crate::access::{own_assignment, own_node};
+use crate::auth::Agent;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiPath, ApiQuery, JsonBody};
+use crate::state::AppState;
+
+/// What this node should run and stop. With `since`, a long poll: it answers as soon as jobs or assignments
+/// change, or after `wait_s`.
+#[utoipa::path(get, path = "/v1/agent/nodes/{id}/assignments", tag = "agent", params(("id" = Uuid, Path), PollQuery),
+    responses((status = 200, body = Poll), (status = 404)),
+    security(("bearer" = [])))]
+pub async fn poll_assignments(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(query): ApiQuery<PollQuery>,
+) -> ApiResult<Json<Poll>> {
+    let node = own_node(&state, &agent, id).await?;
+    if let Some(since) = query.since {
+        let wait = Duration::from_secs(query.wait_s.unwrap_or(u64::MAX)).min(state.config.max_poll_wait);
+        state.changes.wait_past(since, wait).await;
+    }
+    let version = state.changes.version();
+    let live = state.store.node_assignments(id, &AssignmentState::LIVE).await?;
+    let mut poll = Poll { version, work: Vec::new(), stop: Vec::new(), preempt: Vec::new() };
+    for mut assignment in live {
+        let job = state.store.get_job(JobId(assignment.job_id)).await?;
+        let current = job
+            .as_ref()
+            .filter(|j| j.attempt == assignment.attempt && matches!(j.state, JobState::Scheduled | JobState::Running));
+        let Some(job) = current else {
+            // Read again: the preemption that made this placement stale marked its assignments in the same
+            // transaction, possibly after the list above was read.
+            let fresh = state.store.get_assignment(assignment.id).await?;
+            if fresh.is_some_and(|a| a.preempted) {
+                poll.preempt.push(assignment.id);
+            } else {
+                poll.stop.push(assignment.id);
+            }
+            continue;
+        };
+        let (pending, delivered) = (AssignmentState::Pending, AssignmentState::Delivered);
+        if assignment.state == pending && state.store.set_assignment_state(assignment.id, pending, delivered).await? {
+            assignment.state = delivered;
+        }
+        let rendezvous = if assignment.rank == 0 {
+            assignment.endpoint.clone()
+        } else {
+            let ranks = state.store.job_assignments(job.id, job.attempt).await?;
+            ranks.into_iter().find(|a| a.rank == 0).and_then(|a| a.endpoint)
+        };
+        let resume = if assignment.rank == 0 { latest_checkpoint(&state, job.id).await? } else { None };
+        let device_index = node.devices.iter().find(|d| d.id == assignment.device_id).map_or(0, |d| d.index);
+        poll.work.push(Work {
+            device_index,
+            assignment,
+            spec: job.spec.clone(),
+            effective: job.effective.clone(),
+            dataset_size: job.dataset_size,
+            rendezvous,
+            resume,
+        });
+    }
+    Ok(Json(poll))
+}
+
+/// The newest checkpoint a resumed placement starts from. (Final checkpoints are the same files as the
+/// last epoch's, registered again as the job's weights.)
+async fn latest_checkpoint(state: &AppState, job: JobId) -> ApiResult<Option<Checkpoint>> {
+    let checkpoints = state.store.list_checkpoints(job).await?;
+    Ok(checkpoints.into_iter().filter(|c| !c.is_final).max_by_key(|c| c.iteration))
+}
+
+/// Checks HOST:PORT: a port from 1 to 65535 and a host of letters, digits, `.`, `-`, `:` or brackets.
+pub fn check_endpoint(address: &str) -> Result<(), FieldError> {
+    let bad = |reason: &str| FieldError::new("address", format!("{address:?} is not HOST:PORT: {reason}"));
+    let (host, port) = address.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return Err(bad("the port must be 1 to 65535"));
+    }
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+    if !host_ok {
+        return Err(bad("the host must be a name or an IP address"));
+    }
+    Ok(())
+}
+
+/// Rank 0's agent says where rank 0 listens; the other ranks' agents read it from their polls.
+#[utoipa::path(post, path = "/v1/agent/assignments/{id}/endpoint", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = EndpointReport,
+    responses((status = 200, body = Assignment),
+        (status = 404),
+        (status = 409, description = "Not live any more"),
+        (status = 422)),
+    security(("bearer" = [])))]
+pub async fn report_endpoint(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    JsonBody(body): JsonBody<EndpointReport>,
+) -> ApiResult<Json<Assignment>> {
+    check_endpoint(&body.address).map_err(|e| ApiError::validation(vec![e]))?;
+    let assignment = own_assignment(&state, &agent, id).await?;
+    if assignment.rank != 0 {
+        return Err(ApiError::validation(vec![FieldError::new(
+            "address",
+            format!("assignment {id} is rank {}: only rank 0 has an endpoint", assignment.rank),
+        )]));
+    }
+    if !state.store.set_assignment_endpoint(id, &body.address).await? {
+        return Err(ApiError::conflict(format!("assignment {id} is not delivered or running")));
+    }
+    state.changed().await;
+    Ok(Json(own_assignment(&state, &agent, id).await?))
+}
+
+/// Move one of this node's assignments along (delivered → running → done | failed | cancelled).
+#[utoipa::path(post, path = "/v1/agent/assignments/{id}/state", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = AssignmentUpdate,
+    responses((status = 200, body = Assignment),
+        (status = 404),
+        (status = 409),
+        (status = 422)),
+    security(("bearer" = [])))]
+pub async fn update_assignment(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    JsonBody(body): JsonBody<AssignmentUpdate>,
+) -> ApiResult<Json<Assignment>> {
+    let change = match (body.from.parse::<AssignmentState>(), body.to.parse::<AssignmentState>()) {
+        (Ok(from), Ok(to)) if from.agent_may_report(to) => Some((from, to)),
+        _ => None,
+    };
+    let Some((from, to)) = change else {
+        return Err(ApiError::validation(vec![FieldError::new(
+            "to",
+            format!("{} -> {} is not allowed (delivered -> running -> done | failed | cancelled)", body.from, body.to),
+        )]));
+    };
+    own_assignment(&state, &agent, id).await?;
+    if !state.store.set_assignment_state(id, from, to).await? {
+        return Err(ApiError::conflict(format!("assignment {id} is not {from}")));
+    }
+    if !to.is_live() {
+        // A device became free.
+        state.changed().await;
+    }
+    Ok(Json(own_assignment(&state, &agent, id).await?))
+}

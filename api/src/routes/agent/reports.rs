@@ -1,0 +1,194 @@
+//! What an agent relays from the ranks of one placement: that they started, their metrics, checkpoints,
+//! and the result. Each is accepted only from an agent holding a rank of that attempt.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use ringtrain_core::{FieldError, JobState};
+use ringtrain_protocol::{AttemptBody, CheckpointReport, MetricsAck, MetricsBatch, Outcome, ResultAck, ResultReport};
+use ringtrain_store::{Checkpoint, MetricPoint, NewCheckpoint, Transition};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::access::assigned_job;
+use crate::auth::Agent;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiPath, JsonBody};
+use crate::state::AppState;
+
+/// The ranks of this attempt started: scheduled → running.
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/running", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = AttemptBody,
+    responses((status = 200, description = "Running"),
+        (status = 404),
+        (status = 409, description = "Stale attempt or state")),
+    security(("bearer" = [])))]
+pub async fn job_running(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    JsonBody(body): JsonBody<AttemptBody>,
+) -> ApiResult<StatusCode> {
+    let job = assigned_job(&state, &agent, id, body.attempt).await?;
+    let transition =
+        Transition::new(job.id, JobState::Scheduled, JobState::Running, format!("attempt {} started", body.attempt))
+            .at_attempt(body.attempt);
+    match state.store.transition(&transition).await? {
+        Some(_) => Ok(StatusCode::OK),
+        None => Err(ApiError::conflict(format!("job {id} attempt {} is not scheduled", body.attempt))),
+    }
+}
+
+pub const MAX_REPORTS: usize = 10_000;
+
+/// Turns a rank's report into a stored point, naming the path of anything wrong.
+pub fn parse_report(
+    i: usize,
+    attempt: i32,
+    workers: i32,
+    mut report: Map<String, Value>,
+) -> Result<MetricPoint, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    let path = |field: &str| format!("reports[{i}].{field}");
+    let kind = match report.remove("kind") {
+        Some(Value::String(kind))
+            if (1..=32).contains(&kind.len()) && kind.chars().all(|c| c.is_ascii_lowercase() || c == '_') =>
+        {
+            kind
+        }
+        _ => {
+            errors.push(FieldError::new(path("kind"), "must be a name of a-z and _ (iteration, epoch, ...)"));
+            String::new()
+        }
+    };
+    let mut integer = |field: &str, max: i64| match report.remove(field).and_then(|v| v.as_i64()) {
+        Some(n) if (0..=max).contains(&n) => n,
+        _ => {
+            errors.push(FieldError::new(path(field), format!("must be an integer from 0 to {max}")));
+            0
+        }
+    };
+    let rank = integer("rank", i64::from(workers.max(1) - 1));
+    let epoch = integer("epoch", i64::from(i32::MAX));
+    let iteration = integer("iteration", i64::MAX / 2);
+    for (name, value) in &report {
+        if !(value.is_number() || value.is_null()) {
+            errors.push(FieldError::new(path(name), "must be a number"));
+        }
+    }
+    if errors.is_empty() {
+        Ok(MetricPoint { kind, rank: rank as i32, epoch, iteration, attempt, fields: report })
+    } else {
+        Err(errors)
+    }
+}
+
+/// A batch of metric reports from the ranks of one attempt. (kind, iteration, rank) is the de-duplication
+/// key: a resumed attempt's report replaces the earlier one instead of adding to it.
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/metrics", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = MetricsBatch,
+    responses((status = 200, body = MetricsAck),
+        (status = 404),
+        (status = 422)),
+    security(("bearer" = [])))]
+pub async fn report_metrics(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    JsonBody(body): JsonBody<MetricsBatch>,
+) -> ApiResult<Json<MetricsAck>> {
+    if body.reports.len() > MAX_REPORTS {
+        return Err(ApiError::validation(vec![FieldError::new("reports", format!("at most {MAX_REPORTS} per batch"))]));
+    }
+    let job = assigned_job(&state, &agent, id, body.attempt).await?;
+    let mut points = Vec::with_capacity(body.reports.len());
+    let mut errors = Vec::new();
+    for (i, report) in body.reports.into_iter().enumerate() {
+        match parse_report(i, body.attempt, job.workers, report) {
+            Ok(point) => points.push(point),
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::validation(errors));
+    }
+    state.store.record_metrics(job.id, &points).await?;
+    Ok(Json(MetricsAck { accepted: points.len() }))
+}
+
+/// A checkpoint was written.
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/checkpoints", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = CheckpointReport,
+    responses((status = 201, body = Checkpoint),
+        (status = 404),
+        (status = 422)),
+    security(("bearer" = [])))]
+pub async fn report_checkpoint(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    JsonBody(body): JsonBody<CheckpointReport>,
+) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
+    let mut errors = Vec::new();
+    if body.sha256.len() != 64 || !body.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+        errors.push(FieldError::new("sha256", "must be 64 hex digits"));
+    }
+    if body.path.is_empty() || body.path.len() > 4096 {
+        errors.push(FieldError::new("path", "must be 1 to 4096 characters"));
+    }
+    if body.size_bytes > i64::MAX as u64 || body.iteration > i64::MAX as u64 {
+        errors.push(FieldError::new("size_bytes", "too large"));
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::validation(errors));
+    }
+    let job = assigned_job(&state, &agent, id, body.attempt).await?;
+    let checkpoint = state
+        .store
+        .add_checkpoint(NewCheckpoint {
+            job_id: job.id,
+            attempt: body.attempt,
+            epoch: i64::from(body.epoch),
+            iteration: body.iteration as i64,
+            path: body.path,
+            size_bytes: body.size_bytes as i64,
+            sha256: body.sha256.to_ascii_lowercase(),
+            is_final: body.r#final,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(checkpoint)))
+}
+
+/// The attempt ended. A retryable failure with restarts left requeues the job (it resumes from its last
+/// checkpoint); otherwise the job ends succeeded or failed.
+#[utoipa::path(post, path = "/v1/agent/jobs/{id}/result", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = ResultReport,
+    responses((status = 200, body = ResultAck),
+        (status = 404),
+        (status = 409, description = "Stale attempt, or the job already ended")),
+    security(("bearer" = [])))]
+pub async fn report_result(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+    JsonBody(body): JsonBody<ResultReport>,
+) -> ApiResult<Json<ResultAck>> {
+    if body.error.as_ref().is_some_and(|e| e.len() > 16_384) {
+        return Err(ApiError::validation(vec![FieldError::new("error", "at most 16384 bytes")]));
+    }
+    let job = assigned_job(&state, &agent, id, body.attempt).await?;
+    let ended = match body.outcome {
+        Outcome::Succeeded => state.store.succeed_job(job.id, body.attempt, body.result).await?,
+        Outcome::Failed => {
+            let why = body.error.as_deref().unwrap_or("unknown error");
+            state.store.fail_placement(job.id, body.attempt, why, body.retryable).await?
+        }
+    };
+    let Some(updated) = ended else {
+        return Err(ApiError::conflict(format!("job {id} attempt {} is no longer running", body.attempt)));
+    };
+    // Every agent holding a rank of this attempt learns from its next poll that the attempt is over and
+    // reports its assignments ended, which frees their devices.
+    state.changed().await;
+    Ok(Json(ResultAck { state: updated.state }))
+}

@@ -1,0 +1,195 @@
+//! The bodies and queries of the `/v1/agent` calls, in the order an agent makes them: register its node,
+//! heartbeat, long-poll for work, report rank 0's endpoint, move assignments along, report the job running,
+//! relay metrics, upload checkpoints, report the result. Request bodies refuse unknown fields, so a typo in
+//! an agent is a 422, not a silently ignored field.
+
+use chrono::{DateTime, Utc};
+use ringtrain_core::JobState;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::records::{Assignment, Checkpoint};
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterDevice {
+    /// CUDA ordinal, or 0.. for CPU slots.
+    pub index: u32,
+    /// `cpu` or `gpu`.
+    pub kind: String,
+    pub name: String,
+    pub memory_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterNode {
+    /// Unique in the pool (the host name, usually).
+    pub name: String,
+    /// Where the node's ranks can be reached by other ranks (host or IP).
+    pub address: Option<String>,
+    pub devices: Vec<RegisterDevice>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatAck {
+    pub node_id: Uuid,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PollQuery {
+    /// The `version` of the previous answer: wait until something changed since.
+    pub since: Option<u64>,
+    /// The longest to wait, in seconds (capped by the server, 20 s by default); 0 answers at once.
+    pub wait_s: Option<u64>,
+}
+
+/// What a node should run and stop.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Poll {
+    /// Pass it back as `since`: the poll then waits until something changed after this answer.
+    pub version: u64,
+    /// Ranks to run (pending ones are marked delivered by this poll; delivered and running ones are repeated,
+    /// so a restarted agent finds them again).
+    pub work: Vec<Work>,
+    /// Assignments that are over on the server's side (their job finished, was cancelled or failed, or this
+    /// placement was requeued): stop their ranks at once if they still run, then report each one ended
+    /// (done, failed or cancelled), which frees its device.
+    pub stop: Vec<Uuid>,
+    /// Assignments of a placement the scheduler preempted: ask their ranks to stop after a checkpoint of where
+    /// they are (`ringtrain train --stop-file`), upload it (rank 0), then report them cancelled.
+    #[serde(default)]
+    pub preempt: Vec<Uuid>,
+}
+
+/// One rank to run: its assignment and what it trains.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Work {
+    /// `delivered` (start it) or `running` (it should be running here; an agent that has no such process,
+    /// having restarted, reports it failed).
+    pub assignment: Assignment,
+    #[schema(value_type = Object)]
+    pub spec: Value,
+    #[schema(value_type = Option<Object>)]
+    pub effective: Option<Value>,
+    pub dataset_size: Option<i64>,
+    /// Rank 0's HOST:PORT, once its agent reported it: ranks above 0 wait for it.
+    pub rendezvous: Option<String>,
+    /// The checkpoint to resume from (the job's newest), for rank 0 to download and broadcast.
+    pub resume: Option<Checkpoint>,
+    /// The index of the assignment's device on this node (the CUDA ordinal for a GPU).
+    pub device_index: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointReport {
+    /// Where rank 0 listens for the other ranks: HOST:PORT.
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AssignmentUpdate {
+    /// The state the agent saw (`delivered`, `running`).
+    pub from: String,
+    /// `running`, `done`, `failed`, or `cancelled` (stopped because a poll said so).
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptBody {
+    pub attempt: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsBatch {
+    pub attempt: i32,
+    /// Rank reports as they print them: `{"kind": "iteration", "rank": 0, "epoch": 0, "iteration": 20,
+    /// "lr": 0.1, "loss": 2.3, ...}`; every field besides kind/rank/epoch/iteration must be a number.
+    #[schema(value_type = Vec<Object>)]
+    pub reports: Vec<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MetricsAck {
+    pub accepted: usize,
+}
+
+/// Where a checkpoint archive comes from (the query of its upload).
+#[derive(Debug, Clone, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveParams {
+    /// The placement that wrote it (the agent protocol's attempt).
+    pub attempt: i32,
+    /// Epochs done when it was written.
+    pub epoch: u32,
+    /// The next global iteration when it was written.
+    pub iteration: u64,
+    /// The finished job's weights.
+    #[serde(default)]
+    pub r#final: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointReport {
+    pub attempt: i32,
+    pub epoch: u32,
+    pub iteration: u64,
+    /// Where the agent stored the file.
+    pub path: String,
+    pub size_bytes: u64,
+    /// Hex sha256 of the file.
+    pub sha256: String,
+    /// The finished job's weights.
+    #[serde(default)]
+    pub r#final: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResultReport {
+    pub attempt: i32,
+    pub outcome: Outcome,
+    /// Final metrics (test error, wall time, ...), for `succeeded`.
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    /// What went wrong, for `failed`.
+    pub error: Option<String>,
+    /// A failure worth retrying from the last checkpoint (a lost node, a killed rank), while restarts remain.
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+impl ResultReport {
+    pub fn succeeded(attempt: i32, result: Option<Value>) -> Self {
+        ResultReport { attempt, outcome: Outcome::Succeeded, result, error: None, retryable: false }
+    }
+
+    pub fn failed(attempt: i32, error: impl Into<String>, retryable: bool) -> Self {
+        ResultReport { attempt, outcome: Outcome::Failed, result: None, error: Some(error.into()), retryable }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ResultAck {
+    /// The job's state after the report: succeeded, failed, or queued (to be retried).
+    #[schema(value_type = String)]
+    pub state: JobState,
+}

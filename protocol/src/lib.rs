@@ -1,0 +1,19 @@
+//! How a node agent talks to the server (`/v1/agent`), written once and used by both sides: the API routes
+//! deserialize what the agent serializes, with the same types. Also the conventions between an agent and the
+//! rank processes it starts (exit statuses).
+//!
+//! - [`records`]: what the server answers with (a node, an assignment, a checkpoint);
+//! - [`agent`]: the bodies and queries of each call, in the order an agent makes them;
+//! - [`rank`]: how a rank process tells its agent how it ended, and where its checkpoints are;
+//! - [`timing`]: the heartbeat, lease and long-poll durations both sides must agree on.
+
+pub mod agent;
+pub mod rank;
+pub mod records;
+pub mod timing;
+
+pub use agent::{
+    ArchiveParams, AssignmentUpdate, AttemptBody, CheckpointReport, EndpointReport, HeartbeatAck, MetricsAck,
+    MetricsBatch, Outcome, Poll, PollQuery, RegisterDevice, RegisterNode, ResultAck, ResultReport, Work,
+};
+pub use records::{Assignment, Checkpoint, Device, Node};

@@ -1,0 +1,12 @@
+//! The exit statuses of a rank process (`ringtrain train`) that its agent tells apart. Anything else that
+//! is not success is a crash, which the agent reports as a retryable failure.
+
+/// The rank's job cannot succeed by retrying (bad data, bad shapes, a NaN loss): the agent reports a final
+/// failure rather than restarting the job.
+pub const EXIT_JOB_ERROR: u8 = 3;
+
+/// The rank stopped on request (its stop file appeared) after a checkpoint of where it stopped.
+pub const EXIT_STOPPED: u8 = 4;
+
+/// The file in a rank's `checkpoints/` folder naming its newest complete checkpoint folder (`epoch-NNNN`).
+pub const LATEST: &str = "latest";

@@ -1,0 +1,72 @@
+//! The records the server sends to agents (and users): the store reads and writes them as they are.
+
+use chrono::{DateTime, Utc};
+use ringtrain_core::spec::DeviceKind;
+use ringtrain_core::{AssignmentState, NodeState};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    pub id: Uuid,
+    pub name: String,
+    /// The agent token that registered the node: only it may heartbeat or report for it. Never sent.
+    #[serde(skip)]
+    pub agent_token_id: Uuid,
+    pub address: Option<String>,
+    /// `up`, or `lost` when its heartbeats stopped.
+    #[schema(value_type = String)]
+    pub state: NodeState,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat: DateTime<Utc>,
+    pub devices: Vec<Device>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Device {
+    pub id: Uuid,
+    /// The device's index on its node (CUDA ordinal; 0.. for CPU slots).
+    pub index: i32,
+    /// `cpu` or `gpu`.
+    #[schema(value_type = String)]
+    pub kind: DeviceKind,
+    pub name: String,
+    pub memory_bytes: Option<i64>,
+}
+
+/// One rank of one attempt of a job, placed on one device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Assignment {
+    pub id: Uuid,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub node_id: Uuid,
+    pub device_id: Uuid,
+    pub rank: i32,
+    pub world_size: i32,
+    /// pending | delivered | running | done | failed | cancelled
+    #[schema(value_type = String)]
+    pub state: AssignmentState,
+    /// Rank 0's rendezvous address (HOST:PORT), once its agent reported it.
+    pub endpoint: Option<String>,
+    /// The scheduler preempted this placement: stop the rank after a checkpoint, not at once.
+    pub preempted: bool,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Checkpoint {
+    pub id: Uuid,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub epoch: i64,
+    pub iteration: i64,
+    pub path: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    /// The final weights of a finished job.
+    pub is_final: bool,
+    pub created_at: DateTime<Utc>,
+}

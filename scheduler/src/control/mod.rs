@@ -1,0 +1,150 @@
+//! The scheduler loop: one leader per database (a Postgres advisory lock; the one SQLite server) reads the
+//! cluster into a [`ClusterView`](crate::ClusterView), asks the pure policy ([`plan`](crate::plan)) what to
+//! do, and applies the decisions with the store's guarded operations. It runs on every change (announced
+//! through a [`ChangeNotifier`]) and at least every [`LoopConfig::interval`].
+//!
+//! One pass, in order, each step in its own module:
+//! 1. [`rescue`]: nodes whose heartbeats stopped are marked lost; their placements, and placements whose
+//!    lease ran out, fail (and requeue while the job's restart budget lasts);
+//! 2. [`view`]: the rows become the policy's input; placements still stopping hold their devices;
+//! 3. [`sweep`]: repairs what a crash between two statements left, and fails placements whose ranks all
+//!    ended without a result;
+//! 4. [`apply`]: the plan's preemptions and starts, each one guarded statement.
+
+mod apply;
+mod rescue;
+mod sweep;
+mod view;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use ringtrain_protocol::timing;
+use ringtrain_store::{Store, StoreResult};
+
+/// How the loop learns of, and announces, changes to jobs and assignments.
+#[async_trait]
+pub trait ChangeNotifier: Send + Sync {
+    /// The current version: changes made before this call are included in anything read after it.
+    fn version(&self) -> u64;
+    /// Waits until the version moves past `seen`, or `timeout` passes; returns the version then.
+    async fn wait_past(&self, seen: u64, timeout: Duration) -> u64;
+    /// Tells every waiter (this server's long polls, the other servers' loops) that something changed.
+    async fn announce(&self);
+}
+
+/// The loop's timing and identity.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    /// The longest time between passes.
+    pub interval: Duration,
+    /// A node whose last heartbeat is older is lost, and its ranks with it.
+    pub node_timeout: Duration,
+    /// How long a placement lives without a heartbeat from any agent holding one of its ranks.
+    pub lease: Duration,
+    /// How many queued jobs one pass looks at.
+    pub queue_window: i64,
+    /// Names this server as the owner of the placements it makes.
+    pub owner: String,
+    /// No node is declared lost before this: a server that just (re)started has not heard any heartbeat
+    /// yet, and must not write off every node that kept running while it was down.
+    pub no_lost_nodes_before: Option<Instant>,
+}
+
+impl LoopConfig {
+    /// The configuration of a server starting now: lost nodes only once a full node timeout has passed.
+    pub fn starting_now(lease: Duration) -> Self {
+        let config = LoopConfig { lease, ..LoopConfig::default() };
+        LoopConfig { no_lost_nodes_before: Some(Instant::now() + config.node_timeout), ..config }
+    }
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        LoopConfig {
+            interval: Duration::from_secs(2),
+            node_timeout: timing::NODE_TIMEOUT,
+            lease: timing::LEASE,
+            queue_window: 10_000,
+            owner: format!("scheduler-{}", std::process::id()),
+            no_lost_nodes_before: None,
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassReport {
+    pub leader: bool,
+    pub lost_nodes: usize,
+    pub failed_placements: usize,
+    pub started: usize,
+    pub preempted: usize,
+}
+
+impl PassReport {
+    fn changed_anything(&self) -> bool {
+        self.lost_nodes + self.failed_placements + self.started + self.preempted > 0
+    }
+}
+
+/// The scheduler loop of one server.
+#[derive(Clone)]
+pub struct Scheduler {
+    store: Arc<dyn Store>,
+    changes: Arc<dyn ChangeNotifier>,
+    config: LoopConfig,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler").field("store", &self.store).field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    pub fn new(store: Arc<dyn Store>, changes: Arc<dyn ChangeNotifier>, config: LoopConfig) -> Self {
+        Scheduler { store, changes, config }
+    }
+
+    /// Runs passes forever: after each one, waits for a change or the interval.
+    pub async fn run(self) {
+        let mut was_leader = None;
+        loop {
+            let seen = self.changes.version();
+            let started = Instant::now();
+            match self.pass().await {
+                Ok(report) => {
+                    if was_leader != Some(report.leader) {
+                        tracing::info!(leader = report.leader, "scheduler leadership");
+                        was_leader = Some(report.leader);
+                    }
+                    if report.changed_anything() {
+                        tracing::info!(?report, ms = started.elapsed().as_secs_f64() * 1e3, "scheduler pass");
+                        self.changes.announce().await;
+                    }
+                }
+                Err(err) => tracing::warn!(error = %err, "scheduler pass failed; retrying"),
+            }
+            self.changes.wait_past(seen, self.config.interval).await;
+        }
+    }
+
+    /// One pass: rescue, read the cluster, sweep, plan, apply.
+    #[tracing::instrument(level = "debug", skip(self), fields(owner = %self.config.owner))]
+    pub async fn pass(&self) -> StoreResult<PassReport> {
+        let store = self.store.as_ref();
+        let mut report = PassReport { leader: store.try_lead().await?, ..Default::default() };
+        if !report.leader {
+            return Ok(report);
+        }
+        rescue::rescue(store, &self.config, &mut report).await?;
+        let snapshot = view::Snapshot::read(store, self.config.queue_window).await?;
+        sweep::sweep(store, &snapshot, &mut report).await?;
+        let view = snapshot.cluster_view(store).await?;
+        let plan = crate::plan(&view);
+        apply::apply(store, &self.config, &snapshot, &plan, &mut report).await?;
+        Ok(report)
+    }
+}

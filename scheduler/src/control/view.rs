@@ -1,0 +1,147 @@
+//! The rows one pass reads, and the policy's input built from them. Device ids map to (node, index) slots;
+//! live assignments are grouped by placement: the current placement of an active job holds its devices as a
+//! running job, and any other (cancelled, finished, failed or preempted, its ranks still stopping) holds them
+//! as a "preempting" stand-in — busy, but never chosen again.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use ringtrain_core::spec::DeviceKind;
+use ringtrain_core::{JobId, NodeState};
+use ringtrain_store::{Assignment, Job, Node, Store, StoreResult, Team};
+use uuid::Uuid;
+
+use crate::{ClusterView, DeviceSlot, Node as PoolNode, NodeDevice, NodeId, PerKind, QueuedJob, RunningJob, TeamId};
+
+/// One placement: (job, attempt).
+pub(super) type PlacementKey = (Uuid, i32);
+
+/// What a pass reads from the store, once.
+#[derive(Debug)]
+pub(super) struct Snapshot {
+    /// Nodes that are up.
+    pub up: Vec<Node>,
+    /// Jobs holding devices (scheduled or running), by id.
+    pub active: HashMap<JobId, Job>,
+    /// Live assignments by placement.
+    pub placements: BTreeMap<PlacementKey, Vec<Assignment>>,
+    pub queued: Vec<Job>,
+    pub teams: Vec<Team>,
+    pub devices: DeviceIndex,
+}
+
+impl Snapshot {
+    pub async fn read(store: &dyn Store, queue_window: i64) -> StoreResult<Snapshot> {
+        let up: Vec<Node> = store.list_nodes().await?.into_iter().filter(|n| n.state == NodeState::Up).collect();
+        let active = store.active_jobs().await?.into_iter().map(|j| (j.id, j)).collect();
+        let mut placements: BTreeMap<PlacementKey, Vec<Assignment>> = BTreeMap::new();
+        for assignment in store.live_assignments().await? {
+            placements.entry((assignment.job_id, assignment.attempt)).or_default().push(assignment);
+        }
+        let queued = store.list_queued(queue_window).await?;
+        let teams = store.list_teams().await?;
+        let devices = DeviceIndex::new(&up);
+        Ok(Snapshot { up, active, placements, queued, teams, devices })
+    }
+
+    /// The policy's input. Jobs whose previous placement is still stopping wait for it (a preempted
+    /// placement is writing the checkpoint the next one resumes from).
+    pub async fn cluster_view(&self, store: &dyn Store) -> StoreResult<ClusterView> {
+        let mut view = ClusterView {
+            teams: self.teams.iter().map(pool_team).collect(),
+            nodes: self.devices.pool_nodes(&self.up),
+            queued: self.queued.iter().map(queued_job).collect(),
+            running: Vec::new(),
+        };
+        let mut stopping = HashSet::new();
+        for (&(job_id, attempt), ranks) in &self.placements {
+            let slots: Vec<DeviceSlot> = ranks.iter().filter_map(|a| self.devices.slot(a.device_id)).collect();
+            if let Some(job) = self.active.get(&JobId(job_id)).filter(|j| j.attempt == attempt) {
+                view.running.push(RunningJob {
+                    id: job.id,
+                    team: TeamId(job.team_id),
+                    priority: job.priority,
+                    kind: job.device,
+                    devices: slots,
+                    started: job.started_at.unwrap_or(job.updated_at).timestamp_micros().max(0) as u64,
+                    preemptible: true,
+                    preempting: false,
+                });
+                continue;
+            }
+            stopping.insert(job_id);
+            let Some(job) = store.get_job(JobId(job_id)).await? else { continue };
+            view.running.push(RunningJob {
+                // An assignment id as a stand-in job id keeps it apart from the same job queued again.
+                id: JobId(ranks[0].id),
+                team: TeamId(job.team_id),
+                priority: job.priority,
+                kind: job.device,
+                devices: slots,
+                started: 0,
+                preemptible: false,
+                preempting: true,
+            });
+        }
+        view.queued.retain(|q| !stopping.contains(&q.id.0));
+        Ok(view)
+    }
+}
+
+fn pool_team(team: &Team) -> crate::Team {
+    crate::Team {
+        id: TeamId(team.id),
+        guarantee: PerKind { gpu: team.gpu_quota.max(0) as u32, cpu: team.cpu_quota.max(0) as u32 },
+        weight: 1,
+    }
+}
+
+fn queued_job(job: &Job) -> QueuedJob {
+    QueuedJob {
+        id: job.id,
+        team: TeamId(job.team_id),
+        priority: job.priority,
+        kind: job.device,
+        devices: job.workers.max(0) as u32,
+        submit_seq: job.seq.max(0) as u64,
+    }
+}
+
+/// Device ids ↔ (node, index) slots of the nodes that are up.
+#[derive(Debug, Default)]
+pub(super) struct DeviceIndex {
+    slots: HashMap<Uuid, DeviceSlot>,
+    ids: HashMap<DeviceSlot, Uuid>,
+}
+
+impl DeviceIndex {
+    fn new(nodes: &[Node]) -> Self {
+        let mut index = DeviceIndex::default();
+        for node in nodes {
+            for device in &node.devices {
+                let slot = DeviceSlot { node: NodeId(node.id), index: device.index.max(0) as u32 };
+                index.slots.insert(device.id, slot);
+                index.ids.insert(slot, device.id);
+            }
+        }
+        index
+    }
+
+    pub fn slot(&self, device: Uuid) -> Option<DeviceSlot> {
+        self.slots.get(&device).copied()
+    }
+
+    pub fn device_id(&self, slot: DeviceSlot) -> Option<Uuid> {
+        self.ids.get(&slot).copied()
+    }
+
+    fn pool_nodes(&self, nodes: &[Node]) -> Vec<PoolNode> {
+        let device = |kind: DeviceKind, index: i32| NodeDevice { index: index.max(0) as u32, kind };
+        nodes
+            .iter()
+            .map(|node| PoolNode {
+                id: NodeId(node.id),
+                devices: node.devices.iter().map(|d| device(d.kind, d.index)).collect(),
+            })
+            .collect()
+    }
+}

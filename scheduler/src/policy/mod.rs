@@ -1,0 +1,23 @@
+//! The placement policy: a pure function from a snapshot of the cluster (queued jobs, running jobs, nodes and
+//! their devices, team guarantees and weights) to a [`Plan`] (start these jobs on these devices, preempt
+//! those, hold these devices). No database, no clock, no randomness.
+//!
+//! The rules, each in its own module:
+//! - gang placement with locality (`placement`): all k devices at once, one kind, fewest nodes, best fit;
+//! - quotas and weighted fair share (`fairness`): guarantees first, idle capacity borrowed by weight;
+//! - reclaim (`preemption`): a team below its guarantee preempts a minimal set of borrowers;
+//! - no starvation (`reservation`): the first job that cannot start holds devices; others backfill around.
+
+mod fairness;
+mod index;
+pub mod model;
+mod placement;
+mod plan;
+mod preemption;
+mod reservation;
+
+pub use model::{
+    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason, QueuedJob,
+    Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
+};
+pub use plan::plan;

@@ -1,0 +1,114 @@
+//! Files a job reads or writes, registered by their path in the server's data directory: checkpoints
+//! (per iteration, and the final weights) and uploaded datasets.
+
+use async_trait::async_trait;
+use ringtrain_core::JobId;
+use uuid::Uuid;
+
+use crate::error::StoreResult;
+use crate::model::{Checkpoint, Dataset, NewCheckpoint, NewDataset};
+
+#[async_trait]
+pub trait ArtifactStore: Send + Sync {
+    /// Registers a checkpoint; (job, iteration, final) is unique, and a later attempt's registration
+    /// replaces an earlier one's, never the reverse (Conflict).
+    async fn add_checkpoint(&self, checkpoint: NewCheckpoint) -> StoreResult<Checkpoint>;
+    async fn list_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>>;
+    async fn add_dataset(&self, dataset: NewDataset) -> StoreResult<Dataset>;
+    async fn get_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>>;
+    async fn list_datasets(&self, team_id: Uuid) -> StoreResult<Vec<Dataset>>;
+}
+
+macro_rules! impl_artifact_store {
+    ($store:ty) => {
+        const _: () = {
+            use ringtrain_core::JobId;
+            use sqlx::types::Json;
+            use uuid::Uuid;
+
+            use crate::artifacts::ArtifactStore;
+            use crate::backend::SqlBackend;
+            use crate::rows::{CheckpointRow, DatasetRow, CHECKPOINT_COLUMNS, DATASET_COLUMNS};
+            use crate::{now, Checkpoint, Dataset, NewCheckpoint, NewDataset, StoreError, StoreResult};
+
+            #[async_trait::async_trait]
+            impl ArtifactStore for $store {
+                async fn add_checkpoint(&self, c: NewCheckpoint) -> StoreResult<Checkpoint> {
+                    let sql = format!(
+                        "INSERT INTO checkpoints (id, job_id, attempt, epoch, iteration, path, size_bytes, sha256, \
+                         is_final, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                         ON CONFLICT (job_id, iteration, is_final) DO UPDATE SET attempt = excluded.attempt, \
+                         epoch = excluded.epoch, path = excluded.path, size_bytes = excluded.size_bytes, \
+                         sha256 = excluded.sha256, created_at = excluded.created_at \
+                         WHERE checkpoints.attempt <= excluded.attempt RETURNING {CHECKPOINT_COLUMNS}"
+                    );
+                    let row: Option<CheckpointRow> = sqlx::query_as(&sql)
+                        .bind(Uuid::new_v4())
+                        .bind(c.job_id.0)
+                        .bind(c.attempt)
+                        .bind(c.epoch)
+                        .bind(c.iteration)
+                        .bind(&c.path)
+                        .bind(c.size_bytes)
+                        .bind(&c.sha256)
+                        .bind(c.is_final)
+                        .bind(now())
+                        .fetch_optional(self.pool())
+                        .await?;
+                    // An older placement never replaces what a newer one registered for the same point.
+                    row.map(Into::into).ok_or_else(|| {
+                        StoreError::Conflict(format!(
+                            "a later attempt than {} already registered the checkpoint at iteration {}",
+                            c.attempt, c.iteration
+                        ))
+                    })
+                }
+
+                async fn list_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>> {
+                    let sql = format!(
+                        "SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE job_id = $1 ORDER BY iteration, is_final"
+                    );
+                    let rows: Vec<CheckpointRow> = sqlx::query_as(&sql).bind(job.0).fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn add_dataset(&self, d: NewDataset) -> StoreResult<Dataset> {
+                    let sql = format!(
+                        "INSERT INTO datasets (id, team_id, name, path, size_bytes, sha256, train_samples, \
+                         sample_shape, num_classes, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                         RETURNING {DATASET_COLUMNS}"
+                    );
+                    let row: DatasetRow = sqlx::query_as(&sql)
+                        .bind(d.id)
+                        .bind(d.team_id)
+                        .bind(&d.name)
+                        .bind(&d.path)
+                        .bind(d.size_bytes)
+                        .bind(&d.sha256)
+                        .bind(d.train_samples)
+                        .bind(Json(&d.sample_shape))
+                        .bind(d.num_classes)
+                        .bind(now())
+                        .fetch_one(self.pool())
+                        .await?;
+                    Ok(row.into())
+                }
+
+                async fn get_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>> {
+                    let sql = format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1");
+                    let row: Option<DatasetRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    Ok(row.map(Into::into))
+                }
+
+                async fn list_datasets(&self, team_id: Uuid) -> StoreResult<Vec<Dataset>> {
+                    let sql =
+                        format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE team_id = $1 ORDER BY created_at DESC");
+                    let rows: Vec<DatasetRow> = sqlx::query_as(&sql).bind(team_id).fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+            }
+        };
+    };
+}
+
+pub(crate) use impl_artifact_store;

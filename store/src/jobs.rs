@@ -1,0 +1,231 @@
+//! Jobs as records: submitting (with idempotency keys), reading, the run history, the queue and the views
+//! the scheduler loop reads, and each job's events. State changes are in [`lifecycle`](crate::lifecycle).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use ringtrain_core::{JobId, JobState};
+use uuid::Uuid;
+
+use crate::error::StoreResult;
+use crate::model::{IdempotencyKey, Job, JobEvent, JobFilter, NewJob, Submitted};
+
+#[async_trait]
+pub trait JobStore: Send + Sync {
+    /// Stores a `queued` job (and its first event); with a key, at most one job per (team, key).
+    async fn submit_job(&self, job: NewJob, key: Option<IdempotencyKey>) -> StoreResult<Submitted>;
+    async fn get_job(&self, id: JobId) -> StoreResult<Option<Job>>;
+    /// The run history of a team, newest first.
+    async fn list_jobs(&self, team_id: Uuid, filter: &JobFilter) -> StoreResult<Vec<Job>>;
+    /// Jobs holding devices: scheduled or running.
+    async fn active_jobs(&self) -> StoreResult<Vec<Job>>;
+    /// The queue, highest priority then oldest first.
+    async fn list_queued(&self, limit: i64) -> StoreResult<Vec<Job>>;
+    /// Active jobs whose lease expired before `now` (no agent holding one of their ranks is alive).
+    async fn expired_leases(&self, now: DateTime<Utc>, limit: i64) -> StoreResult<Vec<Job>>;
+    /// Jobs per state, for /metrics.
+    async fn count_jobs_by_state(&self) -> StoreResult<Vec<(JobState, i64)>>;
+    /// A job's history (state changes, restarts) after `after_seq`, oldest first.
+    async fn list_events(&self, job: JobId, after_seq: i64, limit: i64) -> StoreResult<Vec<JobEvent>>;
+}
+
+/// The smallest string greater than every string starting with `prefix` (its last character incremented),
+/// or None when there is none.
+pub(crate) fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+macro_rules! impl_job_store {
+    ($store:ty) => {
+        const _: () = {
+            use chrono::{DateTime, Utc};
+            use ringtrain_core::{JobId, JobState};
+            use sqlx::types::Json;
+            use uuid::Uuid;
+
+            use crate::backend::SqlBackend;
+            use crate::jobs::{prefix_upper_bound, JobStore};
+            use crate::rows::{self, EventRow, JobRow, EVENT_COLUMNS, JOB_COLUMNS};
+            use crate::{now, IdempotencyKey, Job, JobEvent, JobFilter, NewJob, StoreError, StoreResult, Submitted};
+
+            #[async_trait::async_trait]
+            impl JobStore for $store {
+                async fn submit_job(&self, job: NewJob, key: Option<IdempotencyKey>) -> StoreResult<Submitted> {
+                    let now = now();
+                    let mut tx = self.pool().begin().await?;
+                    let sql = format!(
+                        "INSERT INTO jobs (id, team_id, created_by, name, spec, effective, dataset_size, state, \
+                         priority, device, workers, max_restarts, created_at, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', $8, $9, $10, $11, $12, $12) \
+                         RETURNING {JOB_COLUMNS}"
+                    );
+                    let row: JobRow = sqlx::query_as(&sql)
+                        .bind(job.id.0)
+                        .bind(job.team_id)
+                        .bind(job.created_by)
+                        .bind(&job.name)
+                        .bind(Json(&job.spec))
+                        .bind(job.effective.as_ref().map(Json))
+                        .bind(job.dataset_size)
+                        .bind(job.priority)
+                        .bind(job.device.as_str())
+                        .bind(job.workers)
+                        .bind(job.max_restarts)
+                        .bind(now)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    if let Some(key) = &key {
+                        // The first writer of (team, key) wins; a concurrent one waits for it to commit and then
+                        // finds the key taken, drops its own job and replays the winner's.
+                        let claimed = sqlx::query(
+                            "INSERT INTO idempotency_keys (team_id, key, request_hash, job_id, created_at) \
+                             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (team_id, key) DO NOTHING",
+                        )
+                        .bind(job.team_id)
+                        .bind(&key.key)
+                        .bind(&key.request_hash)
+                        .bind(job.id.0)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                        if claimed == 0 {
+                            tx.rollback().await?;
+                            let (hash, job_id): (String, Uuid) = sqlx::query_as(
+                                "SELECT request_hash, job_id FROM idempotency_keys WHERE team_id = $1 AND key = $2",
+                            )
+                            .bind(job.team_id)
+                            .bind(&key.key)
+                            .fetch_one(self.pool())
+                            .await?;
+                            if hash != key.request_hash {
+                                return Ok(Submitted::KeyReused);
+                            }
+                            let existing = self.get_job(JobId(job_id)).await?;
+                            return existing.map(Submitted::Replayed).ok_or_else(|| {
+                                StoreError::Corrupt(format!("idempotency key names missing job {job_id}"))
+                            });
+                        }
+                    }
+                    sqlx::query(
+                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
+                         VALUES ($1, $2, 'state', NULL, 'queued', 0, 'submitted')",
+                    )
+                    .bind(job.id.0)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    Ok(Submitted::Created(row.try_into()?))
+                }
+
+                async fn get_job(&self, id: JobId) -> StoreResult<Option<Job>> {
+                    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+                    let row: Option<JobRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
+                    row.map(TryInto::try_into).transpose()
+                }
+
+                async fn list_jobs(&self, team_id: Uuid, filter: &JobFilter) -> StoreResult<Vec<Job>> {
+                    // Built per request so each filter combination gets a plan that uses its index
+                    // (team, [state,] seq DESC) instead of one generic plan full of `$n IS NULL OR ...`.
+                    let mut q = sqlx::QueryBuilder::<<Self as SqlBackend>::Db>::new(format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE team_id = "
+                    ));
+                    q.push_bind(team_id);
+                    if let Some(state) = filter.state {
+                        q.push(" AND state = ").push_bind(state.as_str());
+                    }
+                    if let Some(prefix) = &filter.name_prefix {
+                        // A byte-order range (served by the jobs_team_name index) narrows the rows; substr then
+                        // checks the prefix exactly. Not LIKE: its wildcards would need escaping, and SQLite's
+                        // LIKE ignores case where Postgres's does not.
+                        let byte_order = <Self as SqlBackend>::BYTE_ORDER;
+                        q.push(format!(" AND name {byte_order} >= ")).push_bind(prefix.clone());
+                        if let Some(upper) = prefix_upper_bound(prefix) {
+                            q.push(format!(" AND name {byte_order} < ")).push_bind(upper);
+                        }
+                        q.push(" AND substr(name, 1, ")
+                            .push_bind(i32::try_from(prefix.chars().count()).unwrap_or(i32::MAX))
+                            .push(") = ")
+                            .push_bind(prefix.clone());
+                    }
+                    if let Some(after) = filter.created_after {
+                        q.push(" AND created_at >= ").push_bind(after);
+                    }
+                    if let Some(before) = filter.created_before {
+                        q.push(" AND created_at < ").push_bind(before);
+                    }
+                    if let Some(seq) = filter.before_seq {
+                        q.push(" AND seq < ").push_bind(seq);
+                    }
+                    q.push(" ORDER BY seq DESC LIMIT ").push_bind(filter.limit);
+                    let rows: Vec<JobRow> = q.build_query_as().fetch_all(self.pool()).await?;
+                    rows::jobs(rows)
+                }
+
+                async fn active_jobs(&self) -> StoreResult<Vec<Job>> {
+                    let sql =
+                        format!("SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('scheduled', 'running') ORDER BY seq");
+                    let rows: Vec<JobRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
+                    rows::jobs(rows)
+                }
+
+                async fn list_queued(&self, limit: i64) -> StoreResult<Vec<Job>> {
+                    let sql = format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq LIMIT $1"
+                    );
+                    let rows: Vec<JobRow> = sqlx::query_as(&sql).bind(limit).fetch_all(self.pool()).await?;
+                    rows::jobs(rows)
+                }
+
+                async fn expired_leases(&self, now: DateTime<Utc>, limit: i64) -> StoreResult<Vec<Job>> {
+                    let sql = format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE lease_owner IS NOT NULL AND lease_expires < $1 \
+                         AND state IN ('scheduled', 'running') ORDER BY lease_expires LIMIT $2"
+                    );
+                    let rows: Vec<JobRow> = sqlx::query_as(&sql).bind(now).bind(limit).fetch_all(self.pool()).await?;
+                    rows::jobs(rows)
+                }
+
+                async fn count_jobs_by_state(&self) -> StoreResult<Vec<(JobState, i64)>> {
+                    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+                        .fetch_all(self.pool())
+                        .await?;
+                    rows.into_iter().map(|(s, n)| Ok((rows::parse(&s)?, n))).collect()
+                }
+
+                async fn list_events(&self, job: JobId, after_seq: i64, limit: i64) -> StoreResult<Vec<JobEvent>> {
+                    let sql = format!(
+                        "SELECT {EVENT_COLUMNS} FROM job_events WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+                    );
+                    let rows: Vec<EventRow> =
+                        sqlx::query_as(&sql).bind(job.0).bind(after_seq).bind(limit).fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+            }
+        };
+    };
+}
+
+pub(crate) use impl_job_store;
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_upper_bound;
+
+    #[test]
+    fn upper_bounds_cover_exactly_the_prefix() {
+        assert_eq!(prefix_upper_bound("bench-1").as_deref(), Some("bench-2"));
+        assert_eq!(prefix_upper_bound("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_upper_bound("\u{10FFFF}"), None);
+        // The surrogate gap is skipped.
+        assert_eq!(prefix_upper_bound("\u{D7FF}").as_deref(), Some("\u{E000}"));
+    }
+}

@@ -1,0 +1,386 @@
+//! The job life cycle: every change of a job's state is one named operation here, in one transaction with
+//! its event row and what it does to the job's assignments. Each is a compare-and-set on the state (and the
+//! attempt, for anything an agent or the scheduler reports about one placement), so a stale writer matches
+//! no row and changes nothing.
+//!
+//! | operation | from → to | assignments |
+//! |---|---|---|
+//! | [`start_job`](LifecycleStore::start_job) | queued → scheduled, attempt + 1 | one pending per rank |
+//! | [`transition`](LifecycleStore::transition) (ranks started) | scheduled → running | — |
+//! | [`succeed_job`](LifecycleStore::succeed_job) | running → succeeded | pending ones cancelled |
+//! | [`fail_placement`](LifecycleStore::fail_placement) | scheduled/running → queued (restarts left) or failed | pending ones cancelled |
+//! | [`preempt_job`](LifecycleStore::preempt_job) | scheduled/running → queued, preemptions + 1 | pending cancelled, live ones marked preempted |
+//! | [`cancel_job`](LifecycleStore::cancel_job) | queued/scheduled/running → cancelled | pending ones cancelled |
+//!
+//! Delivered and running assignments are never ended here: they keep their devices until their agent, told
+//! by its next poll to stop them, reports them ended.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ringtrain_core::JobId;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::error::StoreResult;
+use crate::model::{Assignment, Job, NewAssignment, Transition};
+
+/// What a request to cancel found.
+#[derive(Debug, Clone)]
+pub enum Cancellation {
+    /// The job is now cancelled.
+    Cancelled(Job),
+    /// The job had already ended (succeeded, failed or cancelled); nothing changed.
+    AlreadyEnded(Job),
+}
+
+/// How many times [`LifecycleStore::cancel_job`] re-reads a job that the scheduler or an agent moved between
+/// its read and its write. Each lost round means the job made progress, so a few suffice.
+pub(crate) const CANCEL_ROUNDS: usize = 8;
+
+#[async_trait]
+pub trait LifecycleStore: Send + Sync {
+    /// One guarded state change plus its event. `Ok(None)`: the guard did not match (someone else won, or
+    /// the caller's view is stale) and nothing changed. InvalidTransition when the life cycle forbids it.
+    async fn transition(&self, transition: &Transition) -> StoreResult<Option<Job>>;
+    /// Starts a queued job on the devices the placement policy chose: queued → scheduled, leased to `owner`,
+    /// attempt + 1, with its event, and one pending assignment per rank. None when the job is no longer
+    /// queued; Conflict (and nothing written) when a device is busy after all.
+    async fn start_job(
+        &self,
+        id: JobId,
+        owner: &str,
+        lease: Duration,
+        ranks: &[NewAssignment],
+    ) -> StoreResult<Option<(Job, Vec<Assignment>)>>;
+    /// Placement `attempt` finished training: succeeded with `result`, its pending ranks cancelled. None when
+    /// `attempt` is no longer the job's active placement.
+    async fn succeed_job(&self, id: JobId, attempt: i32, result: Option<Value>) -> StoreResult<Option<Job>>;
+    /// Placement `attempt` failed because of `why`: back to the queue (resuming from the last checkpoint)
+    /// when `retryable` and restarts remain, otherwise failed with `why` as the job's error; its pending
+    /// ranks cancelled. None when `attempt` is no longer the job's active placement.
+    async fn fail_placement(&self, id: JobId, attempt: i32, why: &str, retryable: bool) -> StoreResult<Option<Job>>;
+    /// Requeues a scheduled or running placement whose devices are being reclaimed: back to `queued` with
+    /// `preemptions` + 1 (not a failure), its pending assignments cancelled and its delivered or running ones
+    /// marked `preempted` (their agents checkpoint, then stop them). None when `attempt` is no longer the
+    /// job's active placement.
+    async fn preempt_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>>;
+    /// Cancels a job that has not ended, whatever its state, and its pending ranks. None when there is no
+    /// such job; Conflict when it kept changing state through every round.
+    async fn cancel_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Cancellation>>;
+    /// Extends the lease of every active job with a live assignment on this node (its agent is alive).
+    async fn renew_node_leases(&self, node_id: Uuid, lease: Duration) -> StoreResult<u64>;
+}
+
+macro_rules! impl_lifecycle_store {
+    ($store:ty) => {
+        const _: () = {
+            use std::time::Duration;
+
+            use chrono::{DateTime, Utc};
+            use ringtrain_core::{JobId, JobState};
+            use serde_json::Value;
+            use sqlx::types::Json;
+            use uuid::Uuid;
+
+            use crate::backend::{lease_expiry, SqlBackend};
+            use crate::lifecycle::{Cancellation, LifecycleStore, CANCEL_ROUNDS};
+            use crate::rows::{AssignmentRow, JobRow, ASSIGNMENT_COLUMNS, JOB_COLUMNS};
+            use crate::{now, Assignment, Job, LeaseChange, NewAssignment, StoreError, StoreResult, Transition};
+
+            type Tx<'a> = sqlx::Transaction<'a, <$store as SqlBackend>::Db>;
+
+            impl $store {
+                /// The compare-and-set of [`LifecycleStore::transition`] and its event, inside the caller's
+                /// transaction.
+                async fn transition_in(tx: &mut Tx<'_>, t: &Transition) -> StoreResult<Option<Job>> {
+                    if !t.from.can_become(t.to) {
+                        return Err(StoreError::InvalidTransition(format!("{} -> {}", t.from, t.to)));
+                    }
+                    let (lease_mode, lease_owner, lease_expires) = match &t.lease {
+                        LeaseChange::Keep => ("keep", None, None),
+                        LeaseChange::Clear => ("clear", None, None),
+                        LeaseChange::Set { owner, expires } => ("set", Some(owner.as_str()), Some(*expires)),
+                    };
+                    let now = now();
+                    // State, and optionally owner and attempt, must still be what the caller saw.
+                    let sql = format!(
+                        "UPDATE jobs SET state = $4, updated_at = $5, \
+                         started_at = CASE WHEN $4 = 'running' AND started_at IS NULL THEN $5 ELSE started_at END, \
+                         finished_at = CASE WHEN $4 IN ('succeeded', 'failed', 'cancelled') THEN $5 \
+                             ELSE finished_at END, \
+                         lease_owner = CASE WHEN $6 = 'keep' THEN lease_owner WHEN $6 = 'set' THEN $7 ELSE NULL END, \
+                         lease_expires = CASE WHEN $6 = 'keep' THEN lease_expires WHEN $6 = 'set' THEN $8 \
+                             ELSE NULL END, \
+                         result = COALESCE($9, result), error = COALESCE($10, error) \
+                         WHERE id = $1 AND state = $2 AND ($3 IS NULL OR lease_owner = $3) \
+                         AND ($11 IS NULL OR attempt = $11) RETURNING {JOB_COLUMNS}"
+                    );
+                    let row: Option<JobRow> = sqlx::query_as(&sql)
+                        .bind(t.job.0)
+                        .bind(t.from.as_str())
+                        .bind(t.owner.as_deref())
+                        .bind(t.to.as_str())
+                        .bind(now)
+                        .bind(lease_mode)
+                        .bind(lease_owner)
+                        .bind(lease_expires)
+                        .bind(t.result.as_ref().map(Json))
+                        .bind(t.error.as_deref())
+                        .bind(t.attempt)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                    let Some(row) = row else { return Ok(None) };
+                    let job: Job = row.try_into()?;
+                    Self::insert_state_event(tx, t.job, now, (t.from.as_str(), t.to.as_str()), job.attempt, &t.reason)
+                        .await?;
+                    Ok(Some(job))
+                }
+
+                /// Writes a job's state-change event inside the caller's transaction.
+                async fn insert_state_event(
+                    tx: &mut Tx<'_>,
+                    job: JobId,
+                    at: DateTime<Utc>,
+                    change: (&str, &str),
+                    attempt: i32,
+                    reason: &str,
+                ) -> StoreResult<()> {
+                    sqlx::query(
+                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
+                         VALUES ($1, $2, 'state', $3, $4, $5, $6)",
+                    )
+                    .bind(job.0)
+                    .bind(at)
+                    .bind(change.0)
+                    .bind(change.1)
+                    .bind(attempt)
+                    .bind(reason)
+                    .execute(&mut **tx)
+                    .await?;
+                    Ok(())
+                }
+
+                /// Cancels the job's assignments no agent has picked up yet, inside the caller's transaction.
+                async fn cancel_pending_in(tx: &mut Tx<'_>, job: JobId) -> StoreResult<()> {
+                    sqlx::query(
+                        "UPDATE assignments SET state = 'cancelled', updated_at = $2 \
+                         WHERE job_id = $1 AND state = 'pending'",
+                    )
+                    .bind(job.0)
+                    .bind(now())
+                    .execute(&mut **tx)
+                    .await?;
+                    Ok(())
+                }
+
+                /// The job, if `attempt` is its active (scheduled or running) placement.
+                async fn active_placement(tx: &mut Tx<'_>, id: JobId, attempt: i32) -> StoreResult<Option<Job>> {
+                    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 AND attempt = $2");
+                    let row: Option<JobRow> =
+                        sqlx::query_as(&sql).bind(id.0).bind(attempt).fetch_optional(&mut **tx).await?;
+                    let job: Option<Job> = row.map(TryInto::try_into).transpose()?;
+                    Ok(job.filter(|j| matches!(j.state, JobState::Scheduled | JobState::Running)))
+                }
+
+                /// Ends the active placement `attempt` with `transition` (built from the job as it is now) and
+                /// cancels its pending ranks, in one transaction.
+                async fn end_placement(
+                    &self,
+                    id: JobId,
+                    attempt: i32,
+                    transition: impl FnOnce(&Job) -> Transition + Send,
+                ) -> StoreResult<Option<Job>> {
+                    let mut tx = self.pool().begin().await?;
+                    let Some(job) = Self::active_placement(&mut tx, id, attempt).await? else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    let Some(ended) = Self::transition_in(&mut tx, &transition(&job).at_attempt(attempt)).await? else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    Self::cancel_pending_in(&mut tx, id).await?;
+                    tx.commit().await?;
+                    Ok(Some(ended))
+                }
+            }
+
+            #[async_trait::async_trait]
+            impl LifecycleStore for $store {
+                async fn transition(&self, t: &Transition) -> StoreResult<Option<Job>> {
+                    let mut tx = self.pool().begin().await?;
+                    let job = Self::transition_in(&mut tx, t).await?;
+                    if job.is_some() {
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    Ok(job)
+                }
+
+                async fn start_job(
+                    &self,
+                    id: JobId,
+                    owner: &str,
+                    lease: Duration,
+                    ranks: &[NewAssignment],
+                ) -> StoreResult<Option<(Job, Vec<Assignment>)>> {
+                    let now = now();
+                    let mut tx = self.pool().begin().await?;
+                    let sql = format!(
+                        "UPDATE jobs SET state = 'scheduled', attempt = attempt + 1, lease_owner = $2, \
+                         lease_expires = $3, updated_at = $4 WHERE id = $1 AND state = 'queued' RETURNING {JOB_COLUMNS}"
+                    );
+                    let row: Option<JobRow> = sqlx::query_as(&sql)
+                        .bind(id.0)
+                        .bind(owner)
+                        .bind(lease_expiry(lease))
+                        .bind(now)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let Some(row) = row else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    let job: Job = row.try_into()?;
+                    let nodes: std::collections::BTreeSet<Uuid> = ranks.iter().map(|r| r.node_id).collect();
+                    let reason = format!("placed on {} device(s) of {} node(s) by {owner}", ranks.len(), nodes.len());
+                    Self::insert_state_event(&mut tx, id, now, ("queued", "scheduled"), job.attempt, &reason).await?;
+                    // A busy device fails the whole start (the unique index on live assignments), and dropping
+                    // the transaction undoes the claim with it.
+                    let sql = format!(
+                        "INSERT INTO assignments (id, job_id, attempt, node_id, device_id, rank, world_size, state, \
+                         created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8) \
+                         RETURNING {ASSIGNMENT_COLUMNS}"
+                    );
+                    let mut placed = Vec::with_capacity(ranks.len());
+                    for rank in ranks {
+                        let row: AssignmentRow = sqlx::query_as(&sql)
+                            .bind(Uuid::new_v4())
+                            .bind(id.0)
+                            .bind(job.attempt)
+                            .bind(rank.node_id)
+                            .bind(rank.device_id)
+                            .bind(rank.rank)
+                            .bind(ranks.len() as i32)
+                            .bind(now)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        placed.push(row.try_into()?);
+                    }
+                    tx.commit().await?;
+                    Ok(Some((job, placed)))
+                }
+
+                async fn succeed_job(&self, id: JobId, attempt: i32, result: Option<Value>) -> StoreResult<Option<Job>> {
+                    self.end_placement(id, attempt, |job| {
+                        let reason = format!("attempt {} succeeded", job.user_attempt());
+                        let mut transition = Transition::new(job.id, job.state, JobState::Succeeded, reason);
+                        transition.result = result;
+                        transition
+                    })
+                    .await
+                }
+
+                async fn fail_placement(
+                    &self,
+                    id: JobId,
+                    attempt: i32,
+                    why: &str,
+                    retryable: bool,
+                ) -> StoreResult<Option<Job>> {
+                    self.end_placement(id, attempt, |job| {
+                        let (to, reason) = if retryable && job.may_restart() {
+                            (JobState::Queued, format!("attempt {} failed, retrying: {why}", job.user_attempt()))
+                        } else {
+                            (JobState::Failed, format!("attempt {} failed: {why}", job.user_attempt()))
+                        };
+                        let mut transition = Transition::new(job.id, job.state, to, reason);
+                        if to == JobState::Failed {
+                            transition.error = Some(why.to_string());
+                        }
+                        transition
+                    })
+                    .await
+                }
+
+                async fn preempt_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>> {
+                    let now = now();
+                    let mut tx = self.pool().begin().await?;
+                    let Some(current) = Self::active_placement(&mut tx, id, attempt).await? else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    let from = current.state.as_str();
+                    // Guarded on the state just read: a concurrent finish or cancel wins and this changes nothing.
+                    let sql = format!(
+                        "UPDATE jobs SET state = 'queued', preemptions = preemptions + 1, lease_owner = NULL, \
+                         lease_expires = NULL, updated_at = $3 \
+                         WHERE id = $1 AND attempt = $2 AND state = $4 RETURNING {JOB_COLUMNS}"
+                    );
+                    let row: Option<JobRow> = sqlx::query_as(&sql)
+                        .bind(id.0)
+                        .bind(attempt)
+                        .bind(now)
+                        .bind(from)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let Some(row) = row else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    let job: Job = row.try_into()?;
+                    let reason = format!("preempted: {reason}");
+                    Self::insert_state_event(&mut tx, id, now, (from, "queued"), attempt, &reason).await?;
+                    Self::cancel_pending_in(&mut tx, id).await?;
+                    sqlx::query(
+                        "UPDATE assignments SET preempted = TRUE, updated_at = $3 \
+                         WHERE job_id = $1 AND attempt = $2 AND state IN ('delivered', 'running')",
+                    )
+                    .bind(id.0)
+                    .bind(attempt)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    Ok(Some(job))
+                }
+
+                async fn cancel_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Cancellation>> {
+                    for _ in 0..CANCEL_ROUNDS {
+                        let Some(job) = crate::jobs::JobStore::get_job(self, id).await? else { return Ok(None) };
+                        if job.state.is_terminal() {
+                            return Ok(Some(Cancellation::AlreadyEnded(job)));
+                        }
+                        let mut tx = self.pool().begin().await?;
+                        let transition = Transition::new(id, job.state, JobState::Cancelled, reason);
+                        if let Some(cancelled) = Self::transition_in(&mut tx, &transition).await? {
+                            Self::cancel_pending_in(&mut tx, id).await?;
+                            tx.commit().await?;
+                            return Ok(Some(Cancellation::Cancelled(cancelled)));
+                        }
+                        // The scheduler or an agent moved the job between the read and the write: look again.
+                        tx.rollback().await?;
+                    }
+                    Err(StoreError::Conflict(format!("job {id} kept changing state; try again")))
+                }
+
+                async fn renew_node_leases(&self, node_id: Uuid, lease: Duration) -> StoreResult<u64> {
+                    let done = sqlx::query(
+                        "UPDATE jobs SET lease_expires = $2 WHERE state IN ('scheduled', 'running') \
+                         AND lease_owner IS NOT NULL AND id IN (SELECT job_id FROM assignments WHERE node_id = $1 \
+                         AND attempt = jobs.attempt AND state IN ('pending', 'delivered', 'running'))",
+                    )
+                    .bind(node_id)
+                    .bind(lease_expiry(lease))
+                    .execute(self.pool())
+                    .await?;
+                    Ok(done.rows_affected())
+                }
+            }
+        };
+    };
+}
+
+pub(crate) use impl_lifecycle_store;

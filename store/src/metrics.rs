@@ -1,0 +1,137 @@
+//! What ranks report per iteration and per epoch: upserted on (job, kind, iteration, rank), read in pages,
+//! optionally downsampled.
+
+use async_trait::async_trait;
+use ringtrain_core::JobId;
+
+use crate::error::StoreResult;
+use crate::model::{MetricPoint, MetricsQuery};
+
+#[async_trait]
+pub trait MetricStore: Send + Sync {
+    /// Upserts on (job, kind, iteration, rank); returns how many points were written.
+    async fn record_metrics(&self, job: JobId, points: &[MetricPoint]) -> StoreResult<u64>;
+    async fn query_metrics(&self, job: JobId, query: &MetricsQuery) -> StoreResult<Vec<MetricPoint>>;
+    /// Points matching the query's kind, rank and from_iteration (for choosing a downsampling stride).
+    async fn count_metrics(&self, job: JobId, query: &MetricsQuery) -> StoreResult<i64>;
+}
+
+/// Most metric points written per INSERT: 8 parameters each stays far under both databases' limits.
+pub(crate) const METRICS_CHUNK: usize = 500;
+
+/// Keeps the last of several points with the same (kind, iteration, rank): one INSERT may not update a row
+/// twice on Postgres.
+pub(crate) fn dedup_points(points: &[MetricPoint]) -> Vec<&MetricPoint> {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<&MetricPoint> =
+        points.iter().rev().filter(|p| seen.insert((p.kind.as_str(), p.iteration, p.rank))).collect();
+    kept.reverse();
+    kept
+}
+
+/// Appends the filters that [`MetricStore::query_metrics`] and [`MetricStore::count_metrics`] share.
+macro_rules! push_metric_filters {
+    ($q:expr, $query:expr) => {
+        if let Some(kind) = &$query.kind {
+            $q.push(" AND kind = ").push_bind(kind.clone());
+        }
+        if let Some(rank) = $query.rank {
+            $q.push(" AND rank = ").push_bind(rank);
+        }
+        if let Some(from) = $query.from_iteration {
+            $q.push(" AND iteration >= ").push_bind(from);
+        }
+    };
+}
+
+pub(crate) use push_metric_filters;
+
+macro_rules! impl_metric_store {
+    ($store:ty) => {
+        const _: () = {
+            use ringtrain_core::JobId;
+            use sqlx::types::Json;
+
+            use crate::backend::SqlBackend;
+            use crate::metrics::{dedup_points, push_metric_filters, MetricStore, METRICS_CHUNK};
+            use crate::rows::{MetricRow, METRIC_COLUMNS};
+            use crate::{now, MetricPoint, MetricsQuery, StoreResult};
+
+            type Builder<'a> = sqlx::QueryBuilder<'a, <$store as SqlBackend>::Db>;
+
+            #[async_trait::async_trait]
+            impl MetricStore for $store {
+                async fn record_metrics(&self, job: JobId, points: &[MetricPoint]) -> StoreResult<u64> {
+                    let points = dedup_points(points);
+                    let now = now();
+                    let mut written = 0;
+                    let mut tx = self.pool().begin().await?;
+                    for chunk in points.chunks(METRICS_CHUNK) {
+                        let mut q = Builder::new(
+                            "INSERT INTO metrics (job_id, kind, iteration, rank, epoch, attempt, fields, reported_at) ",
+                        );
+                        q.push_values(chunk, |mut row, p| {
+                            row.push_bind(job.0)
+                                .push_bind(p.kind.clone())
+                                .push_bind(p.iteration)
+                                .push_bind(p.rank)
+                                .push_bind(p.epoch)
+                                .push_bind(p.attempt)
+                                .push_bind(Json(p.fields.clone()))
+                                .push_bind(now);
+                        });
+                        // A later attempt replaces what an earlier one reported for the same step (the resumed
+                        // run is the one the final weights come from); an older attempt never overwrites a newer.
+                        q.push(
+                            " ON CONFLICT (job_id, kind, iteration, rank) DO UPDATE SET epoch = excluded.epoch, \
+                             attempt = excluded.attempt, fields = excluded.fields, reported_at = excluded.reported_at \
+                             WHERE metrics.attempt <= excluded.attempt",
+                        );
+                        written += q.build().execute(&mut *tx).await?.rows_affected();
+                    }
+                    tx.commit().await?;
+                    Ok(written)
+                }
+
+                async fn query_metrics(&self, job: JobId, query: &MetricsQuery) -> StoreResult<Vec<MetricPoint>> {
+                    let stride = query.stride.max(1);
+                    let mut q = Builder::new(format!("SELECT {METRIC_COLUMNS} FROM "));
+                    if stride > 1 {
+                        // Every stride-th point of each (kind, rank) series, numbered along the iteration axis.
+                        q.push(
+                            "(SELECT m.*, ROW_NUMBER() OVER (PARTITION BY kind, rank ORDER BY iteration) - 1 AS rn \
+                             FROM metrics m WHERE job_id = ",
+                        );
+                    } else {
+                        q.push("(SELECT m.*, 0 AS rn FROM metrics m WHERE job_id = ");
+                    }
+                    q.push_bind(job.0);
+                    push_metric_filters!(q, query);
+                    q.push(") s WHERE rn % ").push_bind(stride).push(" = 0");
+                    if let Some((kind, iteration, rank)) = &query.after {
+                        q.push(" AND (kind, iteration, rank) > (")
+                            .push_bind(kind.clone())
+                            .push(", ")
+                            .push_bind(*iteration)
+                            .push(", ")
+                            .push_bind(*rank)
+                            .push(")");
+                    }
+                    q.push(" ORDER BY kind, iteration, rank LIMIT ").push_bind(query.limit);
+                    let rows: Vec<MetricRow> = q.build_query_as().fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn count_metrics(&self, job: JobId, query: &MetricsQuery) -> StoreResult<i64> {
+                    let mut q = Builder::new("SELECT COUNT(*) FROM metrics WHERE job_id = ");
+                    q.push_bind(job.0);
+                    push_metric_filters!(q, query);
+                    let (count,): (i64,) = q.build_query_as().fetch_one(self.pool()).await?;
+                    Ok(count)
+                }
+            }
+        };
+    };
+}
+
+pub(crate) use impl_metric_store;

@@ -1,0 +1,136 @@
+//! The worker pool: nodes (one per agent host) and their devices, registered and kept alive by agents.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::error::StoreResult;
+use crate::model::{Node, NodeRegistration};
+
+#[async_trait]
+pub trait NodeStore: Send + Sync {
+    /// Registers a node under an agent token, or refreshes it (same name, same token): devices are
+    /// upserted by index. Conflict when the name belongs to another agent token.
+    async fn register_node(&self, agent_token: Uuid, node: NodeRegistration) -> StoreResult<Node>;
+    /// Records a heartbeat (a lost node is up again); false when the node is not this agent's.
+    async fn heartbeat(&self, node_id: Uuid, agent_token: Uuid) -> StoreResult<bool>;
+    async fn get_node(&self, id: Uuid) -> StoreResult<Option<Node>>;
+    async fn list_nodes(&self) -> StoreResult<Vec<Node>>;
+    /// Marks `up` nodes whose last heartbeat is older than `before` as `lost`; returns their ids.
+    async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>>;
+}
+
+macro_rules! impl_node_store {
+    ($store:ty) => {
+        const _: () = {
+            use std::collections::HashMap;
+
+            use chrono::{DateTime, Utc};
+            use uuid::Uuid;
+
+            use crate::backend::SqlBackend;
+            use crate::nodes::NodeStore;
+            use crate::rows::{DeviceRow, NodeRow, DEVICE_COLUMNS, NODE_COLUMNS};
+            use crate::{now, Device, Node, NodeRegistration, StoreError, StoreResult};
+
+            #[async_trait::async_trait]
+            impl NodeStore for $store {
+                async fn register_node(&self, agent_token: Uuid, node: NodeRegistration) -> StoreResult<Node> {
+                    let now = now();
+                    let mut tx = self.pool().begin().await?;
+                    // Upsert by name, but only for the agent token that first registered it: another agent
+                    // cannot take over a node (the WHERE turns its attempt into zero rows).
+                    let id: Option<(Uuid,)> = sqlx::query_as(
+                        "INSERT INTO nodes (id, name, agent_token_id, address, state, registered_at, last_heartbeat) \
+                         VALUES ($1, $2, $3, $4, 'up', $5, $5) \
+                         ON CONFLICT (name) DO UPDATE SET address = excluded.address, state = 'up', \
+                         last_heartbeat = excluded.last_heartbeat WHERE nodes.agent_token_id = excluded.agent_token_id \
+                         RETURNING id",
+                    )
+                    .bind(Uuid::new_v4())
+                    .bind(&node.name)
+                    .bind(agent_token)
+                    .bind(&node.address)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                    let Some((node_id,)) = id else {
+                        return Err(StoreError::Conflict(format!(
+                            "node {:?} is registered by another agent token",
+                            node.name
+                        )));
+                    };
+                    for device in &node.devices {
+                        sqlx::query(
+                            "INSERT INTO devices (id, node_id, idx, kind, name, memory_bytes) \
+                             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (node_id, idx) DO UPDATE SET \
+                             kind = excluded.kind, name = excluded.name, memory_bytes = excluded.memory_bytes",
+                        )
+                        .bind(Uuid::new_v4())
+                        .bind(node_id)
+                        .bind(device.index)
+                        .bind(device.kind.as_str())
+                        .bind(&device.name)
+                        .bind(device.memory_bytes)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    tx.commit().await?;
+                    self.get_node(node_id).await?.ok_or_else(|| StoreError::Corrupt(format!("node {node_id} vanished")))
+                }
+
+                async fn heartbeat(&self, node_id: Uuid, agent_token: Uuid) -> StoreResult<bool> {
+                    let done = sqlx::query(
+                        "UPDATE nodes SET last_heartbeat = $3, state = 'up' WHERE id = $1 AND agent_token_id = $2",
+                    )
+                    .bind(node_id)
+                    .bind(agent_token)
+                    .bind(now())
+                    .execute(self.pool())
+                    .await?;
+                    Ok(done.rows_affected() == 1)
+                }
+
+                async fn get_node(&self, id: Uuid) -> StoreResult<Option<Node>> {
+                    let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1");
+                    let row: Option<NodeRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let Some(row) = row else { return Ok(None) };
+                    let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE node_id = $1 ORDER BY idx");
+                    let devices: Vec<DeviceRow> = sqlx::query_as(&sql).bind(id).fetch_all(self.pool()).await?;
+                    let devices = devices.into_iter().map(TryInto::try_into).collect::<StoreResult<_>>()?;
+                    Ok(Some(row.with_devices(devices)?))
+                }
+
+                async fn list_nodes(&self) -> StoreResult<Vec<Node>> {
+                    let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY name");
+                    let nodes: Vec<NodeRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
+                    let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices ORDER BY node_id, idx");
+                    let devices: Vec<DeviceRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
+                    let mut by_node: HashMap<Uuid, Vec<Device>> = HashMap::new();
+                    for device in devices {
+                        by_node.entry(device.node_id).or_default().push(device.try_into()?);
+                    }
+                    nodes
+                        .into_iter()
+                        .map(|n| {
+                            let devices = by_node.remove(&n.id).unwrap_or_default();
+                            n.with_devices(devices)
+                        })
+                        .collect()
+                }
+
+                async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>> {
+                    let rows: Vec<(Uuid,)> = sqlx::query_as(
+                        "UPDATE nodes SET state = 'lost' WHERE state = 'up' AND last_heartbeat < $1 RETURNING id",
+                    )
+                    .bind(before)
+                    .fetch_all(self.pool())
+                    .await?;
+                    Ok(rows.into_iter().map(|(id,)| id).collect())
+                }
+            }
+        };
+    };
+}
+
+pub(crate) use impl_node_store;
