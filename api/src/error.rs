@@ -111,7 +111,6 @@ impl ApiError {
         error
     }
 
-
     pub fn status(&self) -> StatusCode {
         self.status
     }

@@ -9,9 +9,9 @@ pub mod changes;
 pub mod error;
 pub mod extract;
 pub mod files;
+pub mod metrics;
 pub mod routes;
 pub mod state;
-pub mod telemetry;
 
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(error::log_internal_errors))
-        .layer(middleware::from_fn_with_state(state.clone(), telemetry::record))
+        .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(CompressionLayer::new())

@@ -1,4 +1,4 @@
-//! What every handler shares: the store, the configuration and the request telemetry.
+//! What every handler shares: the store, the configuration, the server's metrics and the change counter.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use ringtrain_scheduler::{ChangeNotifier, LoopConfig, Scheduler};
 use ringtrain_store::Store;
 
 use crate::changes::Changes;
-use crate::telemetry::Telemetry;
+use crate::metrics::ServerMetrics;
 
 /// Limits and locations of the API.
 #[derive(Debug, Clone)]
@@ -51,7 +51,7 @@ impl ApiConfig {
 pub struct AppState {
     pub store: Arc<dyn Store>,
     pub config: Arc<ApiConfig>,
-    pub telemetry: Arc<Telemetry>,
+    pub metrics: Arc<ServerMetrics>,
     pub changes: Arc<Changes>,
 }
 
@@ -60,7 +60,7 @@ impl AppState {
         AppState {
             store,
             config: Arc::new(config),
-            telemetry: Arc::new(Telemetry::default()),
+            metrics: Arc::new(ServerMetrics::default()),
             changes: Arc::new(Changes::default()),
         }
     }

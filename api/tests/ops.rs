@@ -143,15 +143,19 @@ async fn health_readiness_and_prometheus(app: TestApp) {
     app.get("/v1/jobs/00000000-0000-0000-0000-000000000001", &team.member).await;
     let reply = app.call(Method::GET, "/metrics", None, None).await;
     assert_eq!(reply.status, 200);
-    assert!(reply.content_type().starts_with("text/plain"));
+    assert!(reply.content_type().starts_with("application/openmetrics-text"));
     let text = reply.text;
     assert!(text.contains(r#"ringtrain_http_requests_total{method="POST",route="/v1/jobs",status="201"} 1"#), "{text}");
     assert!(
         text.contains(r#"ringtrain_http_requests_total{method="GET",route="/v1/jobs/{id}",status="404"} 1"#),
         "{text}"
     );
-    assert!(text
-        .contains("ringtrain_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/jobs\",le=\"+Inf\"} 1"));
+    assert!(
+        text.contains(
+            "ringtrain_http_request_duration_seconds_bucket{le=\"+Inf\",method=\"POST\",route=\"/v1/jobs\"} 1"
+        ),
+        "{text}"
+    );
     assert!(text.contains("ringtrain_jobs{state=\"queued\"} 1"), "{text}");
     assert!(text.contains("ringtrain_queue_depth 1"));
 }

@@ -39,13 +39,18 @@ pub async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
     }
 }
 
-/// Prometheus text: requests by route and status, latency histograms, jobs by state, queue depth.
+/// The OpenMetrics content type Prometheus scrapes.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Prometheus metrics (OpenMetrics text): requests by route and status, latency histograms, jobs by state,
+/// queue depth.
 #[utoipa::path(get, path = "/metrics", tag = "ops",
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+    responses((status = 200, description = "OpenMetrics text format", body = String,
+        content_type = "application/openmetrics-text")))]
 pub async fn prometheus(State(state): State<AppState>) -> ApiResult<Response> {
     let jobs = state.store.count_jobs_by_state().await?;
-    let text = state.telemetry.render(&jobs);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+    let text = state.metrics.render(&jobs);
+    Ok(([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response())
 }
 
 /// This document.

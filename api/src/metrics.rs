@@ -1,0 +1,105 @@
+//! Prometheus metrics of the server itself, with the `prometheus-client` crate: requests by route and
+//! status, a latency histogram per route, and (read from the store at scrape time) jobs by state and the
+//! queue depth. Routes are their templates (`/v1/jobs/{id}`, never the raw path), so ids cannot explode the
+//! label set.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use ringtrain_core::JobState;
+
+use crate::state::AppState;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    method: String,
+    route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+type LatencyFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+/// The server's metric families and the registry that renders them.
+#[derive(Debug)]
+pub struct ServerMetrics {
+    /// Held for rendering only: the families below are shared handles into it.
+    registry: Mutex<Registry>,
+    requests: Family<RequestLabels, Counter>,
+    latency: LatencyFamily,
+    jobs: Family<StateLabels, Gauge>,
+    queue_depth: Gauge,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("ringtrain_http_requests", "HTTP requests by route and status", requests.clone());
+        let latency: LatencyFamily = Family::new_with_constructor(|| Histogram::new(BUCKETS));
+        registry.register("ringtrain_http_request_duration_seconds", "HTTP request latency by route", latency.clone());
+        let jobs = Family::<StateLabels, Gauge>::default();
+        registry.register("ringtrain_jobs", "Jobs by state", jobs.clone());
+        let queue_depth = Gauge::default();
+        registry.register("ringtrain_queue_depth", "Jobs waiting to be scheduled", queue_depth.clone());
+        ServerMetrics { registry: Mutex::new(registry), requests, latency, jobs, queue_depth }
+    }
+}
+
+impl ServerMetrics {
+    pub fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        let route = RouteLabels { method: method.to_string(), route: route.to_string() };
+        self.latency.get_or_create(&route).observe(seconds);
+        let request = RequestLabels { method: route.method, route: route.route, status };
+        self.requests.get_or_create(&request).inc();
+    }
+
+    /// The exposition text (OpenMetrics); `jobs` is the count per state, read at scrape time.
+    pub fn render(&self, jobs: &[(JobState, i64)]) -> String {
+        let count = |state: JobState| jobs.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
+        for state in JobState::ALL {
+            self.jobs.get_or_create(&StateLabels { state: state.as_str() }).set(count(state));
+        }
+        self.queue_depth.set(count(JobState::Queued));
+        let registry = self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+        text
+    }
+}
+
+/// Middleware: times every request and counts it under its route template.
+pub async fn record(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
+    let response = next.run(request).await;
+    state.metrics.observe(&method, &route, response.status().as_u16(), started.elapsed().as_secs_f64());
+    response
+}
