@@ -272,4 +272,4 @@ async fn agents_are_isolated(app: TestApp) {
     assert_eq!(paths, vec!["devices[1].index", "devices[1].kind"]);
 }
 
-on_both_backends!(agent_runs_a_job_to_success, retryable_failure_requeues_and_cancel_stops_ranks, agents_are_isolated);
+ringtrain_store::on_both_backends!(setup = crate::common::TestApp::new; agent_runs_a_job_to_success, retryable_failure_requeues_and_cancel_stops_ranks, agents_are_isolated);

@@ -403,7 +403,8 @@ async fn schedule_preview_compares_world_sizes(app: TestApp) {
     app.get(&format!("/v1/jobs/{id}/schedule"), &team.viewer).await.problem(409);
 }
 
-on_both_backends!(
+ringtrain_store::on_both_backends!(
+    setup = crate::common::TestApp::new;
     submit_returns_job_effective_lr_and_links,
     invalid_specs_name_every_field,
     malformed_requests_are_problems,

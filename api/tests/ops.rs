@@ -242,7 +242,8 @@ async fn datasets_upload_check_and_isolate(app: TestApp) {
     assert_eq!(files.len(), 1, "only the accepted upload stays");
 }
 
-on_both_backends!(
+ringtrain_store::on_both_backends!(
+    setup = crate::common::TestApp::new;
     openapi_lists_every_route,
     health_readiness_and_prometheus,
     responses_carry_request_ids_and_compress,

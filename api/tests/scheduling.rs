@@ -197,7 +197,8 @@ async fn checkpoint_archives_go_up_and_come_back(app: TestApp) {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
-on_both_backends!(
+ringtrain_store::on_both_backends!(
+    setup = crate::common::TestApp::new;
     a_pass_places_jobs_and_the_long_poll_delivers_them_with_the_rendezvous,
     a_lost_node_fails_its_placements_which_restart_elsewhere,
     a_team_below_its_guarantee_reclaims_and_the_victim_keeps_its_attempt,

@@ -28,6 +28,8 @@ mod model;
 mod rows;
 mod token;
 
+pub mod test_support;
+
 pub mod artifacts;
 pub mod assignments;
 pub mod jobs;

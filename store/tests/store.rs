@@ -11,24 +11,9 @@ use ringtrain_core::{AssignmentState, JobId, JobState, NodeState};
 use ringtrain_store::*;
 use serde_json::json;
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[sqlx::test(migrations = false)]
-            async fn postgres(pool: sqlx::PgPool) {
-                let store = ringtrain_store::PgStore::from_pool(pool).await.unwrap();
-                super::$name(std::sync::Arc::new(store)).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                let dir = tempfile::tempdir().unwrap();
-                let url = format!("sqlite:{}", dir.path().join("store.db").display());
-                let store = ringtrain_store::SqliteStore::connect(&url).await.unwrap();
-                super::$name(std::sync::Arc::new(store)).await
-            }
-        }
-    )*};
+/// The store itself is the fixture.
+async fn store(store: Arc<dyn Store>) -> Arc<dyn Store> {
+    store
 }
 
 async fn team(store: &Arc<dyn Store>) -> Team {
@@ -390,7 +375,8 @@ async fn starts_are_atomic_and_preemptions_keep_the_restart_budget(store: Arc<dy
     let _ = agent;
 }
 
-on_both_backends!(
+ringtrain_store::on_both_backends!(
+    setup = crate::store;
     guarded_transitions_refuse_stale_writers,
     concurrent_starts_never_share_a_job,
     leases_renew_and_expire,

@@ -9,29 +9,11 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use axum::Router;
 use ringtrain_api::{app, ApiConfig, AppState};
-use ringtrain_store::{PgStore, SqliteStore, Store};
+use ringtrain_store::Store;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
 pub const ADMIN: &str = "rt_test_bootstrap_admin";
-
-/// Writes each test once; runs it on Postgres and on SQLite.
-#[macro_export]
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[sqlx::test(migrations = false)]
-            async fn postgres(pool: sqlx::PgPool) {
-                super::$name($crate::common::TestApp::postgres(pool).await).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name($crate::common::TestApp::sqlite().await).await
-            }
-        }
-    )*};
-}
 
 pub struct TestApp {
     pub router: Router,
@@ -77,23 +59,9 @@ pub struct Team {
 }
 
 impl TestApp {
-    pub async fn postgres(pool: sqlx::PgPool) -> TestApp {
-        let store = PgStore::from_pool(pool).await.expect("migrations apply on Postgres");
-        Self::with_store(Arc::new(store)).await
-    }
-
-    pub async fn sqlite() -> TestApp {
+    /// The app on a fresh store (see `on_both_backends!`), with its data directory in a temporary folder.
+    pub async fn new(store: Arc<dyn Store>) -> TestApp {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite:{}", dir.path().join("test.db").display());
-        let store = SqliteStore::connect(&url).await.expect("SQLite opens");
-        Self::with_store_in(Arc::new(store), dir).await
-    }
-
-    async fn with_store(store: Arc<dyn Store>) -> TestApp {
-        Self::with_store_in(store, tempfile::tempdir().unwrap()).await
-    }
-
-    async fn with_store_in(store: Arc<dyn Store>, dir: tempfile::TempDir) -> TestApp {
         ringtrain_api::bootstrap::bootstrap(store.as_ref(), Some(ADMIN)).await.unwrap();
         let mut config = ApiConfig::new(dir.path());
         config.event_poll = std::time::Duration::from_millis(50);
