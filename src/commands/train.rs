@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::JobSpec;
 use ringtrain_worker::metrics::Metric;
-use ringtrain_worker::{JobError, RendezvousConfig, RingCollective, Stopped, TrainOptions, Trainer};
+use ringtrain_worker::{FaultInjection, JobError, RendezvousConfig, RingCollective, Stopped, TrainOptions, Trainer};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -64,11 +64,9 @@ pub struct Args {
     stop_file: Option<PathBuf>,
 }
 
-/// The exit status of a rank whose job cannot succeed by retrying (see [`JobError`]); agents report it as a
-/// final failure rather than restarting the job.
-pub const EXIT_JOB_ERROR: u8 = 3;
-/// The exit status of a rank that stopped on request (`--stop-file`) after a checkpoint of where it stopped.
-pub const EXIT_STOPPED: u8 = 4;
+/// The exit statuses the agent tells apart: a job that cannot succeed by retrying (see [`JobError`]), and a
+/// rank that stopped on request (`--stop-file`) after a checkpoint of where it stopped.
+pub use ringtrain_protocol::rank::{EXIT_JOB_ERROR, EXIT_STOPPED};
 
 pub fn run(args: Args) -> ExitCode {
     let outcome = match (args.local, args.rank) {
@@ -129,16 +127,13 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         bucket_bytes: args.bucket_mb.max(1) << 20,
         device,
         dataset_file: args.dataset_file.clone(),
-        crash_at_iteration: fault_injection("RINGTRAIN_CRASH", rank),
-        nan_inputs_at_iteration: fault_injection("RINGTRAIN_NAN", rank),
         stop_file: args.stop_file.clone(),
-        stop_at_iteration: fault_injection("RINGTRAIN_STOP", rank),
         ..Default::default()
     };
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     }
-    let mut trainer = Trainer::new(&spec, &mut comm, options)?;
+    let mut trainer = Trainer::new(&spec, &mut comm, options)?.with_faults(faults_from_env(rank));
     let stdout = std::io::stdout();
     let mut sink = |metric: &Metric| {
         let mut out = stdout.lock();
@@ -165,7 +160,16 @@ fn exit_with_parent() {
 
 /// Test-only fault injection, `VARIABLE=RANK:ITERATION`: `RINGTRAIN_CRASH` makes that rank abort at that
 /// iteration; `RINGTRAIN_NAN` feeds it NaN inputs there; `RINGTRAIN_STOP` makes it ask for a stop there.
-fn fault_injection(variable: &str, rank: usize) -> Option<u64> {
+fn faults_from_env(rank: usize) -> FaultInjection {
+    FaultInjection {
+        crash_at_iteration: injected_at("RINGTRAIN_CRASH", rank),
+        nan_inputs_at_iteration: injected_at("RINGTRAIN_NAN", rank),
+        stop_at_iteration: injected_at("RINGTRAIN_STOP", rank),
+    }
+}
+
+/// The iteration `variable` names for `rank`, if it names this rank.
+fn injected_at(variable: &str, rank: usize) -> Option<u64> {
     let value = std::env::var(variable).ok()?;
     let (r, iteration) = value.split_once(':')?;
     (r.parse::<usize>().ok()? == rank).then(|| iteration.parse().ok()).flatten()

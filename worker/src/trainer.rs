@@ -5,56 +5,54 @@
 //! statistics, and back-propagates; the gradients are all-reduce-summed and divided by k; every rank applies
 //! the same SGD update with the lr `core`'s schedule gives for t. Virtual ranks let one process act as v
 //! ranks (v micro-batches, BN per micro-batch, gradients accumulated), reproducing k workers exactly.
+//!
+//! This module is the step; the epoch loop around it is in [`epochs`]. The per-rank BatchNorm tables live in
+//! [`crate::batch_norm`]; what a checkpoint holds and how the ranks agree on where to start, in
+//! [`crate::checkpoint`]; the faults tests inject, in [`crate::faults`].
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use ringtrain_core::{Effective, JobSpec};
 use tch::nn::{ModuleT, VarStore};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 
-use crate::checkpoint::{self, CheckpointState, CheckpointTensors, PartialEpoch};
+use crate::batch_norm::BatchNormState;
+use crate::checkpoint::{PartialEpoch, Replica, StartPoint};
 use crate::collective::Collective;
-use crate::data::shuffle::{batch_indices, epoch_permutation};
+use crate::data::shuffle::batch_indices;
 use crate::data::Dataset;
+use crate::faults::FaultInjection;
 use crate::gradients::{GradientReducer, DEFAULT_BUCKET_BYTES};
-use crate::metrics::{EpochRecord, Metric, RunResult};
+use crate::metrics::EpochRecord;
 use crate::models;
 use crate::optim::{Sgd, SgdConfig};
 
+mod epochs;
+
 /// A failure of the job itself (its spec does not fit its dataset, its loss diverged): retrying it on other
 /// devices would fail the same way, unlike a lost peer or a killed process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct JobError(pub String);
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for JobError {}
 
 /// Every rank stopped at the same iteration because one was asked to (`TrainOptions::stop_file`), after
 /// rank 0 wrote a checkpoint of exactly that point: resuming from it continues as if nothing happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{}", describe_stop(.next_iteration))]
 pub struct Stopped {
     /// The next iteration, where a resumed run starts (when known: a launcher of several ranks only knows
     /// that they stopped).
     pub next_iteration: Option<u64>,
 }
 
-impl std::fmt::Display for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.next_iteration {
-            Some(next) => write!(f, "stopped on request with a checkpoint before iteration {next}"),
-            None => write!(f, "stopped on request with a checkpoint of where the ranks stopped"),
-        }
+fn describe_stop(next_iteration: &Option<u64>) -> String {
+    match next_iteration {
+        Some(next) => format!("stopped on request with a checkpoint before iteration {next}"),
+        None => "stopped on request with a checkpoint of where the ranks stopped".to_string(),
     }
 }
-
-impl std::error::Error for Stopped {}
 
 #[derive(Debug, Clone)]
 pub struct TrainOptions {
@@ -70,16 +68,9 @@ pub struct TrainOptions {
     pub dataset_file: Option<PathBuf>,
     /// Samples per forward pass when evaluating.
     pub eval_batch: usize,
-    /// Fault injection for tests: abort this process (like a crash or kill -9: no clean-up, no unwinding)
-    /// when it is about to take this global iteration.
-    pub crash_at_iteration: Option<u64>,
-    /// Fault injection for tests: feed this process NaN inputs at this global iteration (bad data).
-    pub nan_inputs_at_iteration: Option<u64>,
     /// When this file exists, this rank asks every rank to stop after the current iteration with a
     /// checkpoint of it (the agent creates it on preemption). Looked at once per iteration.
     pub stop_file: Option<PathBuf>,
-    /// For tests: ask to stop (as if the stop file appeared) at this global iteration.
-    pub stop_at_iteration: Option<u64>,
 }
 
 impl Default for TrainOptions {
@@ -92,10 +83,7 @@ impl Default for TrainOptions {
             device: Device::Cpu,
             dataset_file: None,
             eval_batch: 1000,
-            crash_at_iteration: None,
-            nan_inputs_at_iteration: None,
             stop_file: None,
-            stop_at_iteration: None,
         }
     }
 }
@@ -131,91 +119,6 @@ pub struct StepOutcome {
     pub stop: bool,
 }
 
-/// The running BatchNorm statistics: per rank, never synchronised (Goyal §2.3). With virtual ranks each
-/// virtual rank keeps its own table, swapped in around its micro-batch.
-#[derive(Debug)]
-struct BatchNormState {
-    buffers: Vec<(String, Tensor)>,
-    /// One flat table per virtual rank of this process (only used when v > 1).
-    tables: Vec<Vec<f32>>,
-}
-
-impl BatchNormState {
-    fn new(vs: &VarStore, virtual_ranks: usize) -> BatchNormState {
-        let mut buffers: Vec<(String, Tensor)> =
-            vs.variables().into_iter().filter(|(_, t)| !t.requires_grad()).collect();
-        buffers.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut state = BatchNormState { buffers, tables: Vec::new() };
-        let initial = state.snapshot();
-        state.tables = vec![initial; if virtual_ranks > 1 { virtual_ranks } else { 0 }];
-        state
-    }
-
-    fn len(&self) -> usize {
-        self.buffers.iter().map(|(_, t)| t.numel()).sum()
-    }
-
-    fn snapshot(&self) -> Vec<f32> {
-        flatten(self.buffers.iter().map(|(_, t)| t))
-    }
-
-    fn restore(&self, flat: &[f32]) {
-        unflatten_into(flat, self.buffers.iter().map(|(_, t)| t));
-    }
-
-    /// The table of virtual rank j of this process (the live buffers when v = 1).
-    fn table(&self, j: usize) -> Vec<f32> {
-        if self.tables.is_empty() {
-            self.snapshot()
-        } else {
-            self.tables[j].clone()
-        }
-    }
-
-    fn set_table(&mut self, j: usize, flat: Vec<f32>) {
-        if self.tables.is_empty() {
-            self.restore(&flat);
-        } else {
-            self.tables[j] = flat;
-        }
-    }
-}
-
-/// A u64 as four 16-bit pieces, each exact in an f32: how exact integers and f64 bits travel through the
-/// f32 broadcast.
-fn pack_u64(value: u64) -> [f32; 4] {
-    [0, 16, 32, 48].map(|shift| ((value >> shift) & 0xFFFF) as f32)
-}
-
-fn unpack_u64(pieces: &[f32]) -> u64 {
-    pieces.iter().zip([0, 16, 32, 48]).fold(0, |acc, (&p, shift)| acc | ((p as u64) << shift))
-}
-
-fn flatten<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> Vec<f32> {
-    let mut out = Vec::new();
-    for t in tensors {
-        let host = t.to_kind(Kind::Float).to_device(Device::Cpu).contiguous();
-        let n = host.numel();
-        let start = out.len();
-        out.resize(start + n, 0.0);
-        host.copy_data(&mut out[start..], n);
-    }
-    out
-}
-
-fn unflatten_into<'a>(flat: &[f32], tensors: impl Iterator<Item = &'a Tensor>) {
-    let mut offset = 0;
-    tch::no_grad(|| {
-        for t in tensors {
-            let n = t.numel();
-            let src = Tensor::from_slice(&flat[offset..offset + n]).view(t.size().as_slice()).to_device(t.device());
-            let mut dst = t.shallow_clone();
-            dst.copy_(&src);
-            offset += n;
-        }
-    });
-}
-
 pub struct Trainer<'c> {
     spec: JobSpec,
     effective: Effective,
@@ -227,15 +130,13 @@ pub struct Trainer<'c> {
     bn: BatchNormState,
     comm: &'c mut dyn Collective,
     options: TrainOptions,
+    faults: FaultInjection,
     /// k: every rank of the job, virtual ones included.
     total_ranks: usize,
     pub times: PhaseTimes,
     history: Vec<EpochRecord>,
-    start_epoch: u64,
-    /// Where training starts: `start_epoch * iterations_per_epoch`, or later when resuming mid-epoch.
-    start_iteration: u64,
-    /// The interrupted epoch's running sums when resuming mid-epoch.
-    start_partial: PartialEpoch,
+    /// Where training starts: iteration 0, or where the checkpoint it resumed from was taken.
+    start: StartPoint,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -266,10 +167,19 @@ impl<'c> Trainer<'c> {
         tch::manual_seed(spec.seed as i64);
         let vs = VarStore::new(options.device);
         let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes, spec.bn_zero_init_last)?;
-        let opt = Sgd::new(&vs, SgdConfig::from_effective(&effective));
+        let mut opt = Sgd::new(&vs, SgdConfig::from_effective(&effective));
         let reducer = GradientReducer::new(opt.params(), options.bucket_bytes);
-        let bn = BatchNormState::new(&vs, v);
-        let mut trainer = Trainer {
+        let mut bn = BatchNormState::new(&vs, v);
+        let (start, history) = Replica {
+            comm: &mut *comm,
+            opt: &mut opt,
+            bn: &mut bn,
+            total_ranks,
+            seed: spec.seed,
+            effective: &effective,
+        }
+        .agree_on_start(options.resume_from.as_deref())?;
+        Ok(Trainer {
             spec: spec.clone(),
             effective,
             data,
@@ -280,15 +190,18 @@ impl<'c> Trainer<'c> {
             bn,
             comm,
             options,
+            faults: FaultInjection::default(),
             total_ranks,
             times: PhaseTimes::default(),
-            history: Vec::new(),
-            start_epoch: 0,
-            start_iteration: 0,
-            start_partial: PartialEpoch::default(),
-        };
-        trainer.synchronise_start()?;
-        Ok(trainer)
+            history,
+            start,
+        })
+    }
+
+    /// Injects `faults` (tests only).
+    pub fn with_faults(mut self, faults: FaultInjection) -> Self {
+        self.faults = faults;
+        self
     }
 
     pub fn effective(&self) -> &Effective {
@@ -303,133 +216,27 @@ impl<'c> Trainer<'c> {
         self.comm.rank() == 0
     }
 
-    /// Rank 0 reads the checkpoint (if resuming), then broadcasts the epoch to start at, the weights, and
-    /// on resume the momentum buffers and every rank's BatchNorm statistics.
-    fn synchronise_start(&mut self) -> Result<()> {
-        let mut loaded: Option<(CheckpointState, CheckpointTensors)> = None;
-        if self.is_root() {
-            if let Some(root) = &self.options.resume_from {
-                if let Some(dir) = checkpoint::latest(root)? {
-                    loaded = Some(checkpoint::read(&dir)?);
-                }
-            }
-        }
-        // Where to start, bit-exact: the next iteration and the interrupted epoch's sums, as 16-bit pieces.
-        let (next, partial) = loaded
-            .as_ref()
-            .map_or((0, PartialEpoch::default()), |(s, _)| (s.next_iteration, s.partial.unwrap_or_default()));
-        let mut header = [next, partial.loss_sum.to_bits(), partial.wrong_sum.to_bits(), partial.seconds.to_bits()]
-            .iter()
-            .flat_map(|&v| pack_u64(v))
-            .collect::<Vec<f32>>();
-        self.comm.broadcast(&mut header, 0)?;
-        let words: Vec<u64> = header.chunks(4).map(unpack_u64).collect();
-        self.start_iteration = words[0];
-        self.start_partial = PartialEpoch {
-            loss_sum: f64::from_bits(words[1]),
-            wrong_sum: f64::from_bits(words[2]),
-            seconds: f64::from_bits(words[3]),
-        };
-        self.start_epoch = self.start_iteration / self.effective.iterations_per_epoch.max(1);
-
-        if let Some((state, tensors)) = &loaded {
-            ensure!(
-                state.seed == self.spec.seed,
-                "the checkpoint was made with seed {}, the spec says {}",
-                state.seed,
-                self.spec.seed
-            );
-            ensure!(
-                state.world == self.total_ranks,
-                "the checkpoint has {} ranks' BN statistics, this run has {}",
-                state.world,
-                self.total_ranks
-            );
-            for p in self.opt.params() {
-                let saved = find(&tensors.model, &p.name)?;
-                tch::no_grad(|| p.tensor.shallow_clone().copy_(saved));
-            }
-            self.opt.load_state(&tensors.optimizer)?;
-            self.history = state.history.clone();
-        }
-
-        let params: Vec<Tensor> = self.opt.params().iter().map(|p| p.tensor.shallow_clone()).collect();
-        let mut flat = flatten(params.iter());
-        self.comm.broadcast(&mut flat, 0)?;
-        unflatten_into(&flat, params.iter());
-
-        if self.start_iteration > 0 {
-            let momentum: Vec<Tensor> = self.opt.state().into_iter().map(|(_, t)| t).collect();
-            let mut flat = flatten(momentum.iter());
-            self.comm.broadcast(&mut flat, 0)?;
-            unflatten_into(&flat, momentum.iter());
-            self.opt.set_last_lr(self.start_iteration.checked_sub(1).map(|t| self.effective.lr_at(t)));
-
-            let b = self.bn.len();
-            let mut all = vec![0.0f32; b * self.total_ranks];
-            if let Some((_, tensors)) = &loaded {
-                for vr in 0..self.total_ranks {
-                    for (offset, (name, t)) in offsets(&self.bn.buffers) {
-                        let saved = find(&tensors.batch_norm, &format!("rank{vr}.{name}"))?;
-                        let n = t.numel();
-                        saved
-                            .to_kind(Kind::Float)
-                            .contiguous()
-                            .copy_data(&mut all[vr * b + offset..vr * b + offset + n], n);
-                    }
-                }
-            }
-            self.comm.broadcast(&mut all, 0)?;
-            let first = self.comm.rank() * self.virtual_ranks();
-            for j in 0..self.virtual_ranks() {
-                let vr = first + j;
-                self.bn.set_table(j, all[vr * b..(vr + 1) * b].to_vec());
-            }
-        }
-        Ok(())
+    fn start_epoch(&self) -> u64 {
+        self.start.next_iteration / self.effective.iterations_per_epoch.max(1)
     }
 
     /// One iteration: forward/backward of every virtual rank's batch, the gradient all-reduce, the update.
     pub fn train_step(&mut self, iteration: u64, step_in_epoch: usize, permutation: &[i64]) -> Result<StepOutcome> {
-        let v = self.virtual_ranks();
-        let n = self.spec.per_worker_batch as usize;
-        let device = self.options.device;
-        if self.options.crash_at_iteration == Some(iteration) {
-            eprintln!("rank {}: crashing at iteration {iteration} (fault injection)", self.comm.rank());
-            std::process::abort();
-        }
+        self.faults.crash_if_due(iteration, self.comm.rank());
         self.opt.zero_grad();
-        let mut rank_loss = 0.0;
-        let mut wrong = 0.0;
-        for j in 0..v {
-            let virtual_rank = self.comm.rank() * v + j;
-            if v > 1 {
-                self.bn.restore(&self.bn.tables[j]);
-            }
-            let indices = batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n);
-            let (mut x, y) = self.data.train_batch(indices, device);
-            if self.options.nan_inputs_at_iteration == Some(iteration) {
-                x *= f64::NAN;
-            }
-            let started = Instant::now();
-            let logits = self.model.forward_t(&x, true);
-            let loss = logits.cross_entropy_for_logits(&y);
-            self.times.forward += started.elapsed();
-            let started = Instant::now();
-            loss.backward();
-            self.times.backward += started.elapsed();
-            rank_loss += loss.double_value(&[]);
-            wrong += logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64).int64_value(&[]) as f64;
-            if v > 1 {
-                self.bn.tables[j] = self.bn.snapshot();
-            }
+        let mut mine = StepTally { loss_sum: 0.0, wrong: 0.0, stop: false };
+        for j in 0..self.virtual_ranks() {
+            let (loss, wrong) = self.micro_batch(iteration, j, step_in_epoch, permutation);
+            mine.loss_sum += loss;
+            mine.wrong += wrong;
         }
-        // the loss sum, the error count and the stop request ride along with the gradients
-        let mut extras = [rank_loss as f32, wrong as f32, f32::from(u8::from(self.stop_requested(iteration)))];
+        mine.stop = self.stop_requested(iteration);
+        let mut extras = mine.pack();
         let (grads, allreduce) =
             self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &mut extras)?;
+        let all = StepTally::unpack(extras);
         self.times.allreduce += allreduce;
-        let loss = f64::from(extras[0]) / self.total_ranks as f64;
+        let loss = all.loss_sum / self.total_ranks as f64;
         if !loss.is_finite() {
             return Err(JobError(format!(
                 "the training loss became {loss} at iteration {iteration} (lr {}): stopping; the last good checkpoint is kept",
@@ -442,216 +249,122 @@ impl<'c> Trainer<'c> {
         self.opt.step(lr, &grads);
         self.times.optimizer += started.elapsed();
         self.times.steps += 1;
-        Ok(StepOutcome {
-            lr,
-            loss,
-            rank_loss: rank_loss / v as f64,
-            wrong: f64::from(extras[1]),
-            allreduce,
-            stop: extras[2] > 0.0,
-        })
+        let rank_loss = mine.loss_sum / self.virtual_ranks() as f64;
+        Ok(StepOutcome { lr, loss, rank_loss, wrong: all.wrong, allreduce, stop: all.stop })
+    }
+
+    /// Forward and backward of virtual rank j's micro-batch, with that rank's BatchNorm statistics; returns
+    /// its mean loss and how many of its samples it misclassified.
+    fn micro_batch(&mut self, iteration: u64, j: usize, step_in_epoch: usize, permutation: &[i64]) -> (f64, f64) {
+        let virtual_rank = self.comm.rank() * self.virtual_ranks() + j;
+        self.bn.swap_in(j);
+        let n = self.spec.per_worker_batch as usize;
+        let indices = batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n);
+        let (mut x, y) = self.data.train_batch(indices, self.options.device);
+        self.faults.poison_if_due(iteration, &mut x);
+        let started = Instant::now();
+        let logits = self.model.forward_t(&x, true);
+        let loss = logits.cross_entropy_for_logits(&y);
+        self.times.forward += started.elapsed();
+        let started = Instant::now();
+        loss.backward();
+        self.times.backward += started.elapsed();
+        let wrong = logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64).int64_value(&[]) as f64;
+        self.bn.swap_out(j);
+        (loss.double_value(&[]), wrong)
     }
 
     fn stop_requested(&self, iteration: u64) -> bool {
-        self.options.stop_at_iteration == Some(iteration) || self.options.stop_file.as_ref().is_some_and(|f| f.exists())
+        self.faults.stop_due(iteration) || self.options.stop_file.as_ref().is_some_and(|f| f.exists())
     }
 
     /// Top-1 error and mean loss on the whole test split, split across processes, with rank 0's BatchNorm
     /// statistics (as PyTorch DDP evaluates); each rank's own statistics are put back afterwards.
     pub fn evaluate(&mut self) -> Result<(f64, f64)> {
         let own = self.bn.snapshot();
-        if self.bn.len() > 0 {
-            let mut rank0 = self.bn.table(0);
-            self.comm.broadcast(&mut rank0, 0)?;
-            self.bn.restore(&rank0);
-        }
+        self.bn.load_rank0(&mut *self.comm)?;
         let (p, world) = (self.comm.rank(), self.comm.world_size());
         let len = self.data.test.len();
         let range = p * len / world..(p + 1) * len / world;
-        let mut counts = [0.0f32; 3]; // wrong, seen, loss sum
+        let mut mine = EvalTally::default();
         tch::no_grad(|| {
             let mut start = range.start;
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
                 let (x, y) = self.data.test_batch(start, size, self.options.device);
                 let logits = self.model.forward_t(&x, false);
-                counts[0] += logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64).int64_value(&[]) as f32;
-                counts[1] += size as f32;
-                counts[2] += logits.cross_entropy_for_logits(&y).double_value(&[]) as f32 * size as f32;
+                mine.wrong += logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64).int64_value(&[]) as f32;
+                mine.seen += size as f32;
+                mine.loss_sum += logits.cross_entropy_for_logits(&y).double_value(&[]) as f32 * size as f32;
                 start += size;
             }
         });
+        let mut counts = mine.pack();
         self.comm.all_reduce_sum(&mut counts)?;
+        let all = EvalTally::unpack(counts);
         self.bn.restore(&own);
-        let seen = f64::from(counts[1]).max(1.0);
-        Ok((f64::from(counts[0]) / seen, f64::from(counts[2]) / seen))
+        let seen = f64::from(all.seen).max(1.0);
+        Ok((f64::from(all.wrong) / seen, f64::from(all.loss_sum) / seen))
     }
 
-    /// Every rank's BatchNorm running statistics (name-sorted buffers, flattened), gathered on all ranks
-    /// with an all-reduce of a zeroed table in which each rank fills its own slots. Indexed by virtual rank:
-    /// rank r's table is `[r * len .. (r + 1) * len]`.
+    /// Every rank's BatchNorm running statistics (name-sorted buffers, flattened), gathered on all ranks.
+    /// Indexed by virtual rank: rank r's table is `[r * len .. (r + 1) * len]`.
     pub fn gather_batch_norm(&mut self) -> Result<Vec<f32>> {
-        let b = self.bn.len();
-        let mut all = vec![0.0f32; b * self.total_ranks];
-        let first = self.comm.rank() * self.virtual_ranks();
-        for j in 0..self.virtual_ranks() {
-            all[(first + j) * b..(first + j + 1) * b].copy_from_slice(&self.bn.table(j));
-        }
-        self.comm.all_reduce_sum(&mut all)?;
-        Ok(all)
+        Ok(self.bn.gather(&mut *self.comm, self.total_ranks)?)
     }
 
-    /// Rank 0 writes a checkpoint from which training resumes at `next_iteration` (an epoch boundary, or
-    /// mid-epoch with the interrupted epoch's `partial` sums); every rank takes part in gathering the
-    /// BatchNorm statistics.
+    /// A checkpoint from which training resumes at `next_iteration` (see [`Replica::save`]); every rank calls it.
     fn write_checkpoint(&mut self, next_iteration: u64, partial: Option<PartialEpoch>) -> Result<()> {
-        let epochs_done = next_iteration / self.effective.iterations_per_epoch.max(1);
-        let all_bn = self.gather_batch_norm()?;
-        let Some(out) = self.options.out_dir.clone().filter(|_| self.is_root()) else { return Ok(()) };
-        let b = self.bn.len();
-        let mut model: Vec<(String, Tensor)> =
-            self.opt.params().iter().map(|p| (p.name.clone(), p.tensor.detach().copy())).collect();
-        let mut batch_norm = Vec::new();
-        for (offset, (name, t)) in offsets(&self.bn.buffers) {
-            let shape = t.size();
-            let n = t.numel();
-            // the model file carries rank 0's statistics: the ones evaluation uses
-            model.push((name.clone(), Tensor::from_slice(&all_bn[offset..offset + n]).view(shape.as_slice())));
-            for vr in 0..self.total_ranks {
-                let at = vr * b + offset;
-                batch_norm
-                    .push((format!("rank{vr}.{name}"), Tensor::from_slice(&all_bn[at..at + n]).view(shape.as_slice())));
-            }
-        }
-        let state = CheckpointState {
-            epochs_done,
-            next_iteration,
-            last_lr: next_iteration.checked_sub(1).map(|t| self.effective.lr_at(t)),
+        let mut replica = Replica {
+            comm: &mut *self.comm,
+            opt: &mut self.opt,
+            bn: &mut self.bn,
+            total_ranks: self.total_ranks,
             seed: self.spec.seed,
-            world: self.total_ranks,
-            history: self.history.clone(),
-            partial,
+            effective: &self.effective,
         };
-        let tensors = CheckpointTensors { model, optimizer: self.opt.state(), batch_norm };
-        checkpoint::write(&out.join("checkpoints"), &state, &tensors)?;
-        Ok(())
-    }
-
-    /// Trains from the start epoch to the end, reporting through `sink`; rank 0 writes checkpoints and
-    /// `result.json`.
-    pub fn run(&mut self, sink: &mut dyn FnMut(&Metric)) -> Result<RunResult> {
-        let run_started = Instant::now();
-        let eff = self.effective.clone();
-        let ipe = eff.iterations_per_epoch as usize;
-        let rank = self.comm.rank();
-        let log_every = u64::from(self.spec.log_every_iterations.max(1));
-        let global_batch = eff.global_batch as f64;
-        let mut training_time = Duration::ZERO;
-        let mut trained_steps = 0u64;
-        for epoch in self.start_epoch..u64::from(eff.epochs) {
-            let epoch_started = Instant::now();
-            let permutation = epoch_permutation(self.spec.seed, epoch, self.data.train.len());
-            // A run resumed mid-epoch continues the interrupted epoch's sums and step.
-            let resumed = epoch == self.start_epoch;
-            let first_step = if resumed { (self.start_iteration - epoch * ipe as u64) as usize } else { 0 };
-            let carried = if resumed { self.start_partial } else { PartialEpoch::default() };
-            let (mut loss_sum, mut wrong_sum) = (carried.loss_sum, carried.wrong_sum);
-            let mut window = (Instant::now(), 0u64, Duration::ZERO);
-            let mut stop = false;
-            for t in first_step..ipe {
-                let iteration = epoch * ipe as u64 + t as u64;
-                let outcome = self.train_step(iteration, t, &permutation)?;
-                loss_sum += outcome.loss;
-                wrong_sum += outcome.wrong;
-                window.1 += 1;
-                window.2 += outcome.allreduce;
-                if (iteration + 1) % log_every == 0 || t + 1 == ipe {
-                    let elapsed = window.0.elapsed().as_secs_f64().max(1e-9);
-                    sink(&Metric::Iteration {
-                        rank,
-                        epoch,
-                        iteration,
-                        lr: outcome.lr,
-                        loss: outcome.loss,
-                        rank_loss: outcome.rank_loss,
-                        samples_per_s: window.1 as f64 * global_batch / elapsed,
-                        allreduce_s: window.2.as_secs_f64(),
-                    });
-                    window = (Instant::now(), 0, Duration::ZERO);
-                }
-                stop = outcome.stop;
-                if stop && t + 1 < ipe {
-                    let seconds = carried.seconds + epoch_started.elapsed().as_secs_f64();
-                    self.write_checkpoint(iteration + 1, Some(PartialEpoch { loss_sum, wrong_sum, seconds }))?;
-                    return Err(Stopped { next_iteration: Some(iteration + 1) }.into());
-                }
-            }
-            training_time += epoch_started.elapsed();
-            trained_steps += (ipe - first_step) as u64;
-            let (test_error, test_loss) = self.evaluate()?;
-            let record = EpochRecord {
-                rank,
-                epoch,
-                iteration: (epoch + 1) * ipe as u64 - 1,
-                train_loss: loss_sum / ipe as f64,
-                train_error: wrong_sum / (ipe as f64 * global_batch),
-                test_error,
-                test_loss,
-                seconds: carried.seconds + epoch_started.elapsed().as_secs_f64(),
-            };
-            sink(&Metric::Epoch(record.clone()));
-            self.history.push(record);
-            let done = epoch + 1;
-            let every = u64::from(self.spec.checkpoint_every_epochs);
-            // A stop asked for in an epoch's last step is served by the epoch's checkpoint.
-            if done == u64::from(eff.epochs) || (every > 0 && done % every == 0) || stop {
-                self.write_checkpoint(done * ipe as u64, None)?;
-            }
-            if stop && done < u64::from(eff.epochs) {
-                return Err(Stopped { next_iteration: Some(done * ipe as u64) }.into());
-            }
-        }
-        let result = RunResult {
-            spec: self.spec.clone(),
-            effective: eff.clone(),
-            schedule: eff.render(false),
-            epochs: self.history.clone(),
-            final_test_error: self.history.last().map_or(f64::NAN, |r| r.test_error),
-            wall_seconds: run_started.elapsed().as_secs_f64(),
-            samples_per_s: trained_steps as f64 * global_batch / training_time.as_secs_f64().max(1e-9),
-            communication_fraction: self.times.allreduce.as_secs_f64() / self.times.total().as_secs_f64().max(1e-9),
-            processes: self.comm.world_size(),
-            virtual_ranks: self.virtual_ranks(),
-        };
-        if let Some(out) = self.options.out_dir.as_ref().filter(|_| rank == 0) {
-            let path = out.join("result.json");
-            let tmp = out.join("result.json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&result)?)
-                .with_context(|| format!("cannot write {}", tmp.display()))?;
-            std::fs::rename(&tmp, &path)?;
-        }
-        Ok(result)
+        replica.save(self.options.out_dir.as_deref(), next_iteration, partial, &self.history)
     }
 }
 
-fn offsets(buffers: &[(String, Tensor)]) -> Vec<(usize, &(String, Tensor))> {
-    let mut offset = 0;
-    buffers
-        .iter()
-        .map(|entry| {
-            let at = offset;
-            offset += entry.1.numel();
-            (at, entry)
-        })
-        .collect()
+/// What one rank adds to the gradient all-reduce besides its gradients, which comes back summed over all
+/// ranks: the loss summed over its micro-batches, its misclassified samples, and whether it asks to stop.
+#[derive(Debug, Clone, Copy)]
+struct StepTally {
+    loss_sum: f64,
+    wrong: f64,
+    stop: bool,
 }
 
-fn find<'a>(named: &'a [(String, Tensor)], name: &str) -> Result<&'a Tensor> {
-    named
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, t)| t)
-        .with_context(|| format!("the checkpoint has no tensor {name}"))
+impl StepTally {
+    /// It rides in the gradients' f32 buffer (see [`GradientReducer::reduce`]): `stop` goes as 1 or 0, so
+    /// its sum is the number of ranks asking, and any is enough.
+    fn pack(self) -> [f32; 3] {
+        [self.loss_sum as f32, self.wrong as f32, f32::from(u8::from(self.stop))]
+    }
+
+    fn unpack(summed: [f32; 3]) -> StepTally {
+        StepTally { loss_sum: f64::from(summed[0]), wrong: f64::from(summed[1]), stop: summed[2] > 0.0 }
+    }
+}
+
+/// One rank's share of the test split, summed over ranks by an all-reduce. Kept in f32, the all-reduce's
+/// element type, from the start.
+#[derive(Debug, Clone, Copy, Default)]
+struct EvalTally {
+    wrong: f32,
+    seen: f32,
+    loss_sum: f32,
+}
+
+impl EvalTally {
+    fn pack(self) -> [f32; 3] {
+        [self.wrong, self.seen, self.loss_sum]
+    }
+
+    fn unpack(summed: [f32; 3]) -> EvalTally {
+        EvalTally { wrong: summed[0], seen: summed[1], loss_sum: summed[2] }
+    }
 }
 
 fn join(errors: &[ringtrain_core::FieldError]) -> String {

@@ -1,5 +1,7 @@
 //! BatchNorm statistics are per rank and computed over that rank's n samples, whatever k is.
 
+use std::sync::Mutex;
+
 use ringtrain_core::JobSpec;
 use ringtrain_worker::data::shuffle::epoch_permutation;
 use ringtrain_worker::{SoloCollective, TrainOptions, Trainer};
@@ -12,8 +14,14 @@ fn spec(workers: usize) -> JobSpec {
     .unwrap()
 }
 
+/// libtorch has one random generator per process, which `Trainer::new` seeds and then draws the initial
+/// weights from: tests building trainers on parallel threads take turns, or one's seeding lands in the
+/// middle of another's initialisation and the weights differ.
+static TORCH_RNG: Mutex<()> = Mutex::new(());
+
 /// Virtual rank 0's statistics after one step, and all virtual ranks' tables.
 fn after_one_step(k: usize) -> (Vec<f32>, Vec<f32>) {
+    let _turn = TORCH_RNG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let spec = spec(k);
     let mut comm = SoloCollective;
     let options = TrainOptions { virtual_ranks: k, ..Default::default() };

@@ -61,14 +61,37 @@ pub trait Collective {
 }
 
 fn stage(tensor: &mut Tensor, staging: &mut Vec<f32>, op: impl FnOnce(&mut [f32]) -> CommResult<()>) -> CommResult<()> {
-    let n = tensor.numel();
-    staging.resize(n, 0.0);
-    let host = tensor.to_kind(Kind::Float).to_device(tch::Device::Cpu).contiguous();
-    host.copy_data(&mut staging[..], n);
+    to_host(std::iter::once(&*tensor), staging);
     op(&mut staging[..])?;
-    let reduced = Tensor::from_slice(&staging[..]).view(tensor.size().as_slice());
-    tch::no_grad(|| tensor.copy_(&reduced));
+    from_host(staging, std::iter::once(&*tensor));
     Ok(())
+}
+
+/// Copies `tensors` (any device, any float kind), one after the other, into `host` as f32: the one way tensors
+/// become the flat host buffers the collectives work on.
+pub(crate) fn to_host<'a>(tensors: impl IntoIterator<Item = &'a Tensor>, host: &mut Vec<f32>) {
+    host.clear();
+    for t in tensors {
+        let staged = t.to_kind(Kind::Float).to_device(tch::Device::Cpu).contiguous();
+        let n = staged.numel();
+        let start = host.len();
+        host.resize(start + n, 0.0);
+        staged.copy_data(&mut host[start..], n);
+    }
+}
+
+/// The inverse of [`to_host`]: copies consecutive pieces of `host` back into `tensors`, in place, on their
+/// own device and kind.
+pub(crate) fn from_host<'a>(host: &[f32], tensors: impl IntoIterator<Item = &'a Tensor>) {
+    let mut offset = 0;
+    tch::no_grad(|| {
+        for t in tensors {
+            let n = t.numel();
+            let piece = Tensor::from_slice(&host[offset..offset + n]).view(t.size().as_slice());
+            t.shallow_clone().copy_(&piece);
+            offset += n;
+        }
+    });
 }
 
 /// The world of one process: every collective is the identity.

@@ -86,8 +86,10 @@ fn serve_table(config: &RendezvousConfig, ring_port: u16) -> CommResult<Vec<Sock
     let mut joined: Vec<TcpStream> = Vec::new();
     while peers.iter().any(Option::is_none) {
         let stream = accept_before(&listener, deadline).map_err(|_| {
-            let missing: Vec<usize> = (0..config.world).filter(|&r| peers[r].is_none()).collect();
-            rv_err(format!("ranks {missing:?} did not join within {:?}", config.join_timeout))
+            // Each missing rank named as "rank N", the way every other failure names a rank.
+            let missing: Vec<String> =
+                (0..config.world).filter(|&r| peers[r].is_none()).map(|r| format!("rank {r}")).collect();
+            rv_err(format!("{} did not join within {:?}", missing.join(", "), config.join_timeout))
         })?;
         let peer_ip = stream.peer_addr().map_err(|e| rv_err(e.to_string()))?.ip();
         let (hello, stream) = read_line::<Hello>(stream, config.join_timeout).map_err(|e| rv_err(e.to_string()))?;

@@ -1,0 +1,172 @@
+//! The epoch loop around [`Trainer::train_step`]: where each epoch starts (mid-epoch after a resume), how
+//! often a metrics line goes out, the end-of-epoch evaluation, when to checkpoint and how a stop request
+//! ends the run, and `result.json`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::{StepOutcome, Stopped, Trainer};
+use crate::checkpoint::{self, PartialEpoch};
+use crate::data::shuffle::epoch_permutation;
+use crate::metrics::{EpochRecord, Metric, RunResult};
+
+impl Trainer<'_> {
+    /// Trains from the start epoch to the end, reporting through `sink`; rank 0 writes checkpoints and
+    /// `result.json`.
+    pub fn run(&mut self, sink: &mut dyn FnMut(&Metric)) -> Result<RunResult> {
+        let run_started = Instant::now();
+        let (mut training_time, mut trained_steps) = (Duration::ZERO, 0u64);
+        for epoch in self.start_epoch()..u64::from(self.effective.epochs) {
+            let started = Instant::now();
+            let progress = self.train_epoch(epoch, started, sink)?;
+            training_time += started.elapsed();
+            trained_steps += self.effective.iterations_per_epoch - progress.first_step;
+            self.end_epoch(epoch, &progress, started, sink)?;
+        }
+        let result = self.result(run_started, training_time, trained_steps);
+        if let Some(out) = self.options.out_dir.as_ref().filter(|_| self.is_root()) {
+            checkpoint::write_atomically(&out.join("result.json"), &serde_json::to_vec_pretty(&result)?)?;
+        }
+        Ok(result)
+    }
+
+    /// Where epoch `epoch` starts: at its first step with nothing summed yet, or, in the epoch a run resumed
+    /// in, at the step it stopped before with the sums the epoch had then.
+    fn epoch_start(&self, epoch: u64) -> EpochProgress {
+        if epoch == self.start_epoch() {
+            let first_step = self.start.next_iteration - epoch * self.effective.iterations_per_epoch;
+            EpochProgress { first_step, sums: self.start.partial, stop: false }
+        } else {
+            EpochProgress { first_step: 0, sums: PartialEpoch::default(), stop: false }
+        }
+    }
+
+    /// Trains epoch `epoch` (begun at `started`), with a metrics line every `log_every_iterations` and at
+    /// the epoch's last step. A stop asked for before the last step ends the run here, with a checkpoint
+    /// of exactly this point and the epoch's sums so far.
+    fn train_epoch(&mut self, epoch: u64, started: Instant, sink: &mut dyn FnMut(&Metric)) -> Result<EpochProgress> {
+        let ipe = self.effective.iterations_per_epoch;
+        let log_every = u64::from(self.spec.log_every_iterations.max(1));
+        let permutation = epoch_permutation(self.spec.seed, epoch, self.data.train.len());
+        let mut progress = self.epoch_start(epoch);
+        let mut window = LogWindow::new();
+        for t in progress.first_step..ipe {
+            let iteration = epoch * ipe + t;
+            let outcome = self.train_step(iteration, t as usize, &permutation)?;
+            progress.sums.loss_sum += outcome.loss;
+            progress.sums.wrong_sum += outcome.wrong;
+            window.steps += 1;
+            window.allreduce += outcome.allreduce;
+            if (iteration + 1) % log_every == 0 || t + 1 == ipe {
+                sink(&self.iteration_line(epoch, iteration, &outcome, &window));
+                window = LogWindow::new();
+            }
+            progress.stop = outcome.stop;
+            if progress.stop && t + 1 < ipe {
+                let seconds = progress.sums.seconds + started.elapsed().as_secs_f64();
+                self.write_checkpoint(iteration + 1, Some(PartialEpoch { seconds, ..progress.sums }))?;
+                return Err(Stopped { next_iteration: Some(iteration + 1) }.into());
+            }
+        }
+        Ok(progress)
+    }
+
+    /// The metrics line of `iteration`, with the throughput and all-reduce time since the previous line.
+    fn iteration_line(&self, epoch: u64, iteration: u64, outcome: &StepOutcome, window: &LogWindow) -> Metric {
+        let elapsed = window.started.elapsed().as_secs_f64().max(1e-9);
+        Metric::Iteration {
+            rank: self.comm.rank(),
+            epoch,
+            iteration,
+            lr: outcome.lr,
+            loss: outcome.loss,
+            rank_loss: outcome.rank_loss,
+            samples_per_s: window.steps as f64 * self.effective.global_batch as f64 / elapsed,
+            allreduce_s: window.allreduce.as_secs_f64(),
+        }
+    }
+
+    /// Evaluates the trained epoch, reports and records it, then checkpoints as the spec asks.
+    fn end_epoch(
+        &mut self,
+        epoch: u64,
+        progress: &EpochProgress,
+        started: Instant,
+        sink: &mut dyn FnMut(&Metric),
+    ) -> Result<()> {
+        let (test_error, test_loss) = self.evaluate()?;
+        let ipe = self.effective.iterations_per_epoch;
+        let record = EpochRecord {
+            rank: self.comm.rank(),
+            epoch,
+            iteration: (epoch + 1) * ipe - 1,
+            train_loss: progress.sums.loss_sum / ipe as f64,
+            train_error: progress.sums.wrong_sum / (ipe as f64 * self.effective.global_batch as f64),
+            test_error,
+            test_loss,
+            seconds: progress.sums.seconds + started.elapsed().as_secs_f64(),
+        };
+        sink(&Metric::Epoch(record.clone()));
+        self.history.push(record);
+        self.checkpoint_after_epoch(epoch + 1, progress.stop)
+    }
+
+    /// Checkpoints after the last epoch, every `checkpoint_every_epochs` epochs, and when the epoch's last
+    /// step asked to stop: that checkpoint serves the stop, which then ends the run unless it ended anyway.
+    fn checkpoint_after_epoch(&mut self, done: u64, stop: bool) -> Result<()> {
+        let epochs = u64::from(self.effective.epochs);
+        let every = u64::from(self.spec.checkpoint_every_epochs);
+        let next_iteration = done * self.effective.iterations_per_epoch;
+        if done == epochs || (every > 0 && done % every == 0) || stop {
+            self.write_checkpoint(next_iteration, None)?;
+        }
+        if stop && done < epochs {
+            return Err(Stopped { next_iteration: Some(next_iteration) }.into());
+        }
+        Ok(())
+    }
+
+    /// `result.json`: the curves, and the throughput of the `trained_steps` steps taken in `training_time`
+    /// (evaluation excluded).
+    fn result(&self, run_started: Instant, training_time: Duration, trained_steps: u64) -> RunResult {
+        let eff = &self.effective;
+        RunResult {
+            spec: self.spec.clone(),
+            effective: eff.clone(),
+            schedule: eff.render(false),
+            epochs: self.history.clone(),
+            final_test_error: self.history.last().map_or(f64::NAN, |r| r.test_error),
+            wall_seconds: run_started.elapsed().as_secs_f64(),
+            samples_per_s: trained_steps as f64 * eff.global_batch as f64 / training_time.as_secs_f64().max(1e-9),
+            communication_fraction: self.times.allreduce.as_secs_f64() / self.times.total().as_secs_f64().max(1e-9),
+            processes: self.comm.world_size(),
+            virtual_ranks: self.virtual_ranks(),
+        }
+    }
+}
+
+/// An epoch's training so far.
+#[derive(Debug, Clone, Copy)]
+struct EpochProgress {
+    /// The step it started at: 0, or where a stopped run resumed.
+    first_step: u64,
+    /// Its running loss and error sums, and the seconds it ran before a stop (when resumed in it).
+    sums: PartialEpoch,
+    /// Its latest step asked to stop.
+    stop: bool,
+}
+
+/// The iterations since the previous metrics line.
+#[derive(Debug)]
+struct LogWindow {
+    started: Instant,
+    steps: u64,
+    allreduce: Duration,
+}
+
+impl LogWindow {
+    fn new() -> LogWindow {
+        LogWindow { started: Instant::now(), steps: 0, allreduce: Duration::ZERO }
+    }
+}
