@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ringtrain_client::{ApiClient, CallError, Method};
-use ringtrain_core::AssignmentState;
+use ringtrain_core::{AssignmentId, AssignmentState, JobId, NodeId};
 use ringtrain_protocol::{
     AssignmentUpdate, AttemptBody, EndpointReport, MetricsBatch, Node, Poll, RegisterDevice, RegisterNode, ResultAck,
     ResultReport,
@@ -50,12 +50,12 @@ impl Client {
         self.api.post("/v1/agent/nodes", &body).await
     }
 
-    pub async fn heartbeat(&self, node: Uuid) -> Result<(), CallError> {
+    pub async fn heartbeat(&self, node: NodeId) -> Result<(), CallError> {
         self.api.post::<Value>(&format!("/v1/agent/nodes/{node}/heartbeat"), &serde_json::json!({})).await.map(drop)
     }
 
     /// Long poll: answers when something changed after `since`, or after `wait`.
-    pub async fn poll(&self, node: Uuid, since: Option<u64>, wait: Duration) -> Result<Poll, CallError> {
+    pub async fn poll(&self, node: NodeId, since: Option<u64>, wait: Duration) -> Result<Poll, CallError> {
         let query = match since {
             Some(v) => format!("?since={v}&wait_s={}", wait.as_secs()),
             None => String::new(),
@@ -66,7 +66,7 @@ impl Client {
 
     pub async fn set_assignment_state(
         &self,
-        assignment: Uuid,
+        assignment: AssignmentId,
         from: AssignmentState,
         to: AssignmentState,
     ) -> Result<(), CallError> {
@@ -74,18 +74,18 @@ impl Client {
         self.api.post::<Value>(&format!("/v1/agent/assignments/{assignment}/state"), &body).await.map(drop)
     }
 
-    pub async fn report_endpoint(&self, assignment: Uuid, address: &str) -> Result<(), CallError> {
+    pub async fn report_endpoint(&self, assignment: AssignmentId, address: &str) -> Result<(), CallError> {
         let body = EndpointReport { address: address.to_string() };
         self.api.post::<Value>(&format!("/v1/agent/assignments/{assignment}/endpoint"), &body).await.map(drop)
     }
 
-    pub async fn job_running(&self, job: Uuid, attempt: i32) -> Result<(), CallError> {
+    pub async fn job_running(&self, job: JobId, attempt: i32) -> Result<(), CallError> {
         self.api.post_ignoring_answer(&format!("/v1/agent/jobs/{job}/running"), &AttemptBody { attempt }).await
     }
 
     pub async fn report_metrics(
         &self,
-        job: Uuid,
+        job: JobId,
         attempt: i32,
         reports: &[Map<String, Value>],
     ) -> Result<(), CallError> {
@@ -93,12 +93,12 @@ impl Client {
         self.api.post::<Value>(&format!("/v1/agent/jobs/{job}/metrics"), &body).await.map(drop)
     }
 
-    pub async fn report_result(&self, job: Uuid, report: &ResultReport) -> Result<ResultAck, CallError> {
+    pub async fn report_result(&self, job: JobId, report: &ResultReport) -> Result<ResultAck, CallError> {
         self.api.post(&format!("/v1/agent/jobs/{job}/result"), report).await
     }
 
     /// Uploads a checkpoint archive and registers it.
-    pub async fn upload_checkpoint(&self, job: Uuid, archive: &CheckpointArchive) -> Result<(), CallError> {
+    pub async fn upload_checkpoint(&self, job: JobId, archive: &CheckpointArchive) -> Result<(), CallError> {
         let a = archive;
         let path = format!(
             "/v1/agent/jobs/{job}/checkpoints/{}?attempt={}&epoch={}&iteration={}&final={}",

@@ -21,11 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use ringtrain_core::AssignmentState;
+use ringtrain_core::{AssignmentId, AssignmentState, NodeId};
 use ringtrain_protocol::{Poll, ResultReport, Work};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use uuid::Uuid;
 
 use client::Client;
 use rank::{AgentContext, StopRequest};
@@ -77,13 +76,13 @@ struct RankHandle {
 
 pub struct Agent {
     ctx: Arc<AgentContext>,
-    node: Uuid,
+    node: NodeId,
     heartbeat: Duration,
     lease: Duration,
-    ranks: HashMap<Uuid, RankHandle>,
+    ranks: HashMap<AssignmentId, RankHandle>,
     /// Ranks that ended here, with the state reported for them: if the server still lists one (the report
     /// did not get through), it is reported again rather than taken for a rank lost in an agent restart.
-    ended: HashMap<Uuid, AssignmentState>,
+    ended: HashMap<AssignmentId, AssignmentState>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -175,7 +174,8 @@ impl Agent {
     }
 
     async fn collect_ended(&mut self) {
-        let finished: Vec<Uuid> = self.ranks.iter().filter(|(_, r)| r.task.is_finished()).map(|(id, _)| *id).collect();
+        let finished: Vec<AssignmentId> =
+            self.ranks.iter().filter(|(_, r)| r.task.is_finished()).map(|(id, _)| *id).collect();
         for id in finished {
             if let Some(rank) = self.ranks.remove(&id) {
                 let state = rank.task.await.unwrap_or(AssignmentState::Failed);
@@ -185,7 +185,7 @@ impl Agent {
     }
 
     async fn apply(&mut self, poll: Poll) {
-        let listed: std::collections::HashSet<Uuid> = poll
+        let listed: std::collections::HashSet<AssignmentId> = poll
             .work
             .iter()
             .map(|w| w.assignment.id)
@@ -201,7 +201,7 @@ impl Agent {
                 let _ = rank.stop.send(Some(StopRequest { why: why.into(), checkpoint_first: false }));
             }
         }
-        let preempt: Vec<(Uuid, bool)> = poll.preempt.iter().map(|id| (*id, true)).collect();
+        let preempt: Vec<(AssignmentId, bool)> = poll.preempt.iter().map(|id| (*id, true)).collect();
         for (id, checkpoint_first) in poll.stop.into_iter().map(|id| (id, false)).chain(preempt) {
             if let Some(state) = self.ended.get(&id) {
                 report::end_assignment(&self.ctx, id, *state).await;
@@ -274,7 +274,7 @@ impl Agent {
     }
 }
 
-async fn heartbeats(client: Client, node: Uuid, every: Duration, last_ok: Arc<Mutex<Instant>>) {
+async fn heartbeats(client: Client, node: NodeId, every: Duration, last_ok: Arc<Mutex<Instant>>) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;

@@ -27,7 +27,7 @@ use crate::report::{end_assignment, report_failure, OUTCOME_TRIES};
 #[derive(Debug)]
 pub struct AgentContext {
     pub client: Client,
-    pub node_id: uuid::Uuid,
+    pub node_id: ringtrain_core::NodeId,
     pub node_name: String,
     /// Where this node's ranks listen (rank 0's rendezvous host).
     pub address: std::net::IpAddr,

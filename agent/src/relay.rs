@@ -20,7 +20,7 @@ const MAX_BUFFERED: usize = 200_000;
 /// checkpoint.
 pub(crate) struct Relay<'a> {
     ctx: &'a AgentContext,
-    job: uuid::Uuid,
+    job: ringtrain_core::JobId,
     attempt: i32,
     pub is_root: bool,
     out: PathBuf,

@@ -4,14 +4,14 @@
 use std::time::Duration;
 
 use ringtrain_client::CallError;
-use ringtrain_core::AssignmentState;
+use ringtrain_core::{AssignmentId, AssignmentState, JobId};
 use ringtrain_protocol::{ResultAck, ResultReport, Work};
 
 use crate::rank::AgentContext;
 
 /// Reports the assignment ended (from `running`, or `delivered` if its rank never started); retried later,
 /// from the poll, when the server cannot be reached now.
-pub async fn end_assignment(ctx: &AgentContext, assignment: uuid::Uuid, to: AssignmentState) {
+pub async fn end_assignment(ctx: &AgentContext, assignment: AssignmentId, to: AssignmentState) {
     let mut last = None;
     for from in [AssignmentState::Running, AssignmentState::Delivered] {
         match ctx.client.set_assignment_state(assignment, from, to).await {
@@ -26,11 +26,7 @@ pub async fn end_assignment(ctx: &AgentContext, assignment: uuid::Uuid, to: Assi
 
 /// Reports an attempt's outcome, retrying for a while when the server cannot be reached (or answers 5xx):
 /// the assignment is reported ended only afterwards, so a lost report must not be given up early.
-pub async fn report_outcome(
-    ctx: &AgentContext,
-    job: uuid::Uuid,
-    report: &ResultReport,
-) -> Result<ResultAck, CallError> {
+pub async fn report_outcome(ctx: &AgentContext, job: JobId, report: &ResultReport) -> Result<ResultAck, CallError> {
     let mut tries = 0;
     loop {
         match ctx.client.report_result(job, report).await {

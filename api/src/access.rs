@@ -3,7 +3,7 @@
 //! caller cannot tell another team's job from no job at all. A store failure stays a store failure (503),
 //! never a 404.
 
-use ringtrain_core::JobId;
+use ringtrain_core::{AssignmentId, JobId, NodeId};
 use ringtrain_store::{Assignment, Job, Node};
 use uuid::Uuid;
 
@@ -20,7 +20,7 @@ pub async fn team_job(state: &AppState, user: &User, id: Uuid) -> ApiResult<Job>
 }
 
 /// This agent's node, or 404.
-pub async fn own_node(state: &AppState, agent: &Agent, id: Uuid) -> ApiResult<Node> {
+pub async fn own_node(state: &AppState, agent: &Agent, id: NodeId) -> ApiResult<Node> {
     match state.store.get_node(id).await? {
         Some(node) if node.agent_token_id == agent.token.id => Ok(node),
         _ => Err(ApiError::not_found(format!("no node {id} of this agent"))),
@@ -28,7 +28,7 @@ pub async fn own_node(state: &AppState, agent: &Agent, id: Uuid) -> ApiResult<No
 }
 
 /// An assignment on one of this agent's nodes, or 404.
-pub async fn own_assignment(state: &AppState, agent: &Agent, id: Uuid) -> ApiResult<Assignment> {
+pub async fn own_assignment(state: &AppState, agent: &Agent, id: AssignmentId) -> ApiResult<Assignment> {
     let not_found = || ApiError::not_found(format!("no assignment {id}"));
     let assignment = state.store.get_assignment(id).await?.ok_or_else(not_found)?;
     let node = state.store.get_node(assignment.node_id).await?;
@@ -43,7 +43,7 @@ pub async fn assigned_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i3
     let not_found = || ApiError::not_found(format!("no job {id} attempt {attempt} assigned to this agent"));
     let job = state.store.get_job(JobId(id)).await?.ok_or_else(not_found)?;
     let assignments = state.store.job_assignments(job.id, attempt).await?;
-    let mut nodes: Vec<Uuid> = assignments.iter().map(|a| a.node_id).collect();
+    let mut nodes: Vec<NodeId> = assignments.iter().map(|a| a.node_id).collect();
     nodes.dedup();
     for node in nodes {
         if state.store.get_node(node).await?.is_some_and(|n| n.agent_token_id == agent.token.id) {

@@ -4,8 +4,8 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts};
+use ringtrain_core::TeamId;
 use ringtrain_store::{hash_token, Role, TokenInfo};
-use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -27,7 +27,7 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<TokenInfo, ApiE
 #[derive(Debug, Clone)]
 pub struct User {
     pub token: TokenInfo,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
 }
 
 impl User {
@@ -54,7 +54,7 @@ impl User {
 
     /// Another team's objects do not exist for this caller: 404, never 403, so ids of other teams' objects
     /// cannot be probed.
-    pub fn owns(&self, team_id: Uuid) -> bool {
+    pub fn owns(&self, team_id: TeamId) -> bool {
         self.team_id == team_id
     }
 }

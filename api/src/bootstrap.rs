@@ -46,7 +46,7 @@ async fn default_team(store: &dyn Store) -> StoreResult<Team> {
     }
 }
 
-async fn create_admin(store: &dyn Store, team_id: uuid::Uuid, token: &str) -> StoreResult<()> {
+async fn create_admin(store: &dyn Store, team_id: ringtrain_core::TeamId, token: &str) -> StoreResult<()> {
     let new = NewToken {
         token_hash: hash_token(token),
         role: Role::Admin,

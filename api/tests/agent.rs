@@ -6,10 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::{spec, TestApp};
-use ringtrain_core::{AssignmentState, JobId};
+use ringtrain_core::{AssignmentState, DeviceId, JobId, NodeId};
 use ringtrain_store::{Assignment, Job, NewAssignment, StoreResult};
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 fn devices(n: usize) -> serde_json::Value {
     json!((0..n).map(|i| json!({"index": i, "kind": "cpu", "name": format!("cpu{i}")})).collect::<Vec<_>>())
@@ -21,8 +20,8 @@ async fn place(app: &TestApp, agent: &str, job: &str) -> (String, i32) {
         .post("/v1/agent/nodes", agent, &json!({"name": "node-a", "address": "127.0.0.1", "devices": devices(2)}))
         .await;
     assert_eq!(node.status, 200, "{}", node.text);
-    let node_id: Uuid = node.body["id"].as_str().unwrap().parse().unwrap();
-    let device_ids: Vec<Uuid> =
+    let node_id: NodeId = node.body["id"].as_str().unwrap().parse().unwrap();
+    let device_ids: Vec<DeviceId> =
         node.body["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().parse().unwrap()).collect();
     let ranks: Vec<NewAssignment> = device_ids
         .iter()
@@ -218,7 +217,7 @@ async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
     app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await.problem(409);
 
     // The old attempt's ranks hold their devices until the agent, told to stop them, says they ended.
-    let node_id: Uuid = node.parse().unwrap();
+    let node_id: NodeId = node.parse().unwrap();
     let node_info = app.store.get_node(node_id).await.unwrap().unwrap();
     let ranks: Vec<NewAssignment> = node_info
         .devices

@@ -1,5 +1,6 @@
 //! Typed ids: one newtype per kind of row, so a node id cannot be passed where a token id is expected.
-//! Each is a UUID on the wire and in the database (`#[serde(transparent)]`; the store binds `.0`).
+//! Each is a UUID on the wire, in the OpenAPI document and in the database (`#[serde(transparent)]`; the
+//! store binds `.0`).
 
 use std::fmt;
 
@@ -32,9 +33,37 @@ macro_rules! id_type {
             }
         }
 
+        impl std::str::FromStr for $name {
+            type Err = uuid::Error;
+
+            fn from_str(text: &str) -> Result<Self, Self::Err> {
+                text.parse().map($name)
+            }
+        }
+
         impl From<Uuid> for $name {
             fn from(id: Uuid) -> Self {
                 $name(id)
+            }
+        }
+
+        /// A UUID in the OpenAPI document.
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {
+            // Registered as a component of its own, so a `$ref` to it always resolves.
+            fn schemas(
+                schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)>,
+            ) {
+                schemas.push((stringify!($name).to_string(), <Self as utoipa::PartialSchema>::schema()));
             }
         }
     )+};

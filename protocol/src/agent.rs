@@ -4,11 +4,10 @@
 //! an agent is a 422, not a silently ignored field.
 
 use chrono::{DateTime, Utc};
-use ringtrain_core::JobState;
+use ringtrain_core::{AssignmentId, JobState, NodeId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use crate::records::{Assignment, Checkpoint};
 
@@ -35,7 +34,7 @@ pub struct RegisterNode {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct HeartbeatAck {
-    pub node_id: Uuid,
+    pub node_id: NodeId,
     pub at: DateTime<Utc>,
 }
 
@@ -60,11 +59,11 @@ pub struct Poll {
     /// Assignments that are over on the server's side (their job finished, was cancelled or failed, or this
     /// placement was requeued): stop their ranks at once if they still run, then report each one ended
     /// (done, failed or cancelled), which frees its device.
-    pub stop: Vec<Uuid>,
+    pub stop: Vec<AssignmentId>,
     /// Assignments of a placement the scheduler preempted: ask their ranks to stop after a checkpoint of where
     /// they are (`ringtrain train --stop-file`), upload it (rank 0), then report them cancelled.
     #[serde(default)]
-    pub preempt: Vec<Uuid>,
+    pub preempt: Vec<AssignmentId>,
 }
 
 /// One rank to run: its assignment and what it trains.

@@ -2,18 +2,18 @@
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{AssignmentState, NodeState};
+use ringtrain_core::{AssignmentId, AssignmentState, DeviceId, JobId, NodeId, NodeState, TokenId};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Node {
-    pub id: Uuid,
+    pub id: NodeId,
     pub name: String,
     /// The agent token that registered the node: only it may heartbeat or report for it. Never sent.
     #[serde(skip)]
-    pub agent_token_id: Uuid,
+    pub agent_token_id: TokenId,
     pub address: Option<String>,
     /// `up`, or `lost` when its heartbeats stopped.
     #[schema(value_type = String)]
@@ -25,7 +25,7 @@ pub struct Node {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Device {
-    pub id: Uuid,
+    pub id: DeviceId,
     /// The device's index on its node (CUDA ordinal; 0.. for CPU slots).
     pub index: i32,
     /// `cpu` or `gpu`.
@@ -38,11 +38,11 @@ pub struct Device {
 /// One rank of one attempt of a job, placed on one device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Assignment {
-    pub id: Uuid,
-    pub job_id: Uuid,
+    pub id: AssignmentId,
+    pub job_id: JobId,
     pub attempt: i32,
-    pub node_id: Uuid,
-    pub device_id: Uuid,
+    pub node_id: NodeId,
+    pub device_id: DeviceId,
     pub rank: i32,
     pub world_size: i32,
     /// pending | delivered | running | done | failed | cancelled
@@ -59,7 +59,7 @@ pub struct Assignment {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Checkpoint {
     pub id: Uuid,
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub epoch: i64,
     pub iteration: i64,

@@ -2,7 +2,7 @@
 //! (per iteration, and the final weights) and uploaded datasets.
 
 use async_trait::async_trait;
-use ringtrain_core::JobId;
+use ringtrain_core::{JobId, TeamId};
 use uuid::Uuid;
 
 use crate::error::StoreResult;
@@ -16,13 +16,13 @@ pub trait ArtifactStore: Send + Sync {
     async fn list_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>>;
     async fn add_dataset(&self, dataset: NewDataset) -> StoreResult<Dataset>;
     async fn get_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>>;
-    async fn list_datasets(&self, team_id: Uuid) -> StoreResult<Vec<Dataset>>;
+    async fn list_datasets(&self, team_id: TeamId) -> StoreResult<Vec<Dataset>>;
 }
 
 macro_rules! impl_artifact_store {
     ($store:ty) => {
         const _: () = {
-            use ringtrain_core::JobId;
+            use ringtrain_core::{JobId, TeamId};
             use sqlx::types::Json;
             use uuid::Uuid;
 
@@ -80,7 +80,7 @@ macro_rules! impl_artifact_store {
                     );
                     let row: DatasetRow = sqlx::query_as(&sql)
                         .bind(d.id)
-                        .bind(d.team_id)
+                        .bind(d.team_id.0)
                         .bind(&d.name)
                         .bind(&d.path)
                         .bind(d.size_bytes)
@@ -100,10 +100,10 @@ macro_rules! impl_artifact_store {
                     Ok(row.map(Into::into))
                 }
 
-                async fn list_datasets(&self, team_id: Uuid) -> StoreResult<Vec<Dataset>> {
+                async fn list_datasets(&self, team_id: TeamId) -> StoreResult<Vec<Dataset>> {
                     let sql =
                         format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE team_id = $1 ORDER BY created_at DESC");
-                    let rows: Vec<DatasetRow> = sqlx::query_as(&sql).bind(team_id).fetch_all(self.pool()).await?;
+                    let rows: Vec<DatasetRow> = sqlx::query_as(&sql).bind(team_id.0).fetch_all(self.pool()).await?;
                     Ok(rows.into_iter().map(Into::into).collect())
                 }
             }

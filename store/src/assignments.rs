@@ -3,8 +3,7 @@
 //! live one (pending, delivered or running) holds its device, which a unique index enforces.
 
 use async_trait::async_trait;
-use ringtrain_core::{AssignmentState, JobId};
-use uuid::Uuid;
+use ringtrain_core::{AssignmentId, AssignmentState, JobId, NodeId};
 
 use crate::error::StoreResult;
 use crate::model::Assignment;
@@ -12,28 +11,32 @@ use crate::model::Assignment;
 #[async_trait]
 pub trait AssignmentStore: Send + Sync {
     /// A node's assignments in any of `states`.
-    async fn node_assignments(&self, node_id: Uuid, states: &[AssignmentState]) -> StoreResult<Vec<Assignment>>;
+    async fn node_assignments(&self, node_id: NodeId, states: &[AssignmentState]) -> StoreResult<Vec<Assignment>>;
     /// Every live assignment: the devices in use.
     async fn live_assignments(&self) -> StoreResult<Vec<Assignment>>;
-    async fn get_assignment(&self, id: Uuid) -> StoreResult<Option<Assignment>>;
+    async fn get_assignment(&self, id: AssignmentId) -> StoreResult<Option<Assignment>>;
     /// The ranks of one placement, by rank.
     async fn job_assignments(&self, job: JobId, attempt: i32) -> StoreResult<Vec<Assignment>>;
     /// Guarded state change; false when it was not in `from`.
-    async fn set_assignment_state(&self, id: Uuid, from: AssignmentState, to: AssignmentState) -> StoreResult<bool>;
+    async fn set_assignment_state(
+        &self,
+        id: AssignmentId,
+        from: AssignmentState,
+        to: AssignmentState,
+    ) -> StoreResult<bool>;
     /// Records rank 0's rendezvous address on its assignment; false when it is not delivered or running.
-    async fn set_assignment_endpoint(&self, id: Uuid, endpoint: &str) -> StoreResult<bool>;
+    async fn set_assignment_endpoint(&self, id: AssignmentId, endpoint: &str) -> StoreResult<bool>;
     /// Cancels the job's assignments no agent has picked up yet. Delivered and running ones stay live (their
     /// devices busy) until their agent, told to stop them by its next poll, reports them ended.
     async fn cancel_pending_assignments(&self, job: JobId) -> StoreResult<u64>;
     /// Ends every live assignment on a node as `to` (the node was lost, so its ranks are gone).
-    async fn end_node_assignments(&self, node_id: Uuid, to: AssignmentState) -> StoreResult<u64>;
+    async fn end_node_assignments(&self, node_id: NodeId, to: AssignmentState) -> StoreResult<u64>;
 }
 
 macro_rules! impl_assignment_store {
     ($store:ty) => {
         const _: () = {
-            use ringtrain_core::{AssignmentState, JobId};
-            use uuid::Uuid;
+            use ringtrain_core::{AssignmentId, AssignmentState, JobId, NodeId};
 
             use crate::assignments::AssignmentStore;
             use crate::backend::SqlBackend;
@@ -48,13 +51,13 @@ macro_rules! impl_assignment_store {
             impl AssignmentStore for $store {
                 async fn node_assignments(
                     &self,
-                    node_id: Uuid,
+                    node_id: NodeId,
                     states: &[AssignmentState],
                 ) -> StoreResult<Vec<Assignment>> {
                     let mut q = sqlx::QueryBuilder::<<Self as SqlBackend>::Db>::new(format!(
                         "SELECT {ASSIGNMENT_COLUMNS} FROM assignments WHERE node_id = "
                     ));
-                    q.push_bind(node_id).push(" AND state IN (");
+                    q.push_bind(node_id.0).push(" AND state IN (");
                     let mut list = q.separated(", ");
                     for state in states {
                         list.push_bind(state.as_str());
@@ -71,9 +74,10 @@ macro_rules! impl_assignment_store {
                     assignments(sqlx::query_as(&sql).fetch_all(self.pool()).await?)
                 }
 
-                async fn get_assignment(&self, id: Uuid) -> StoreResult<Option<Assignment>> {
+                async fn get_assignment(&self, id: AssignmentId) -> StoreResult<Option<Assignment>> {
                     let sql = format!("SELECT {ASSIGNMENT_COLUMNS} FROM assignments WHERE id = $1");
-                    let row: Option<AssignmentRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let row: Option<AssignmentRow> =
+                        sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     row.map(TryInto::try_into).transpose()
                 }
 
@@ -86,13 +90,13 @@ macro_rules! impl_assignment_store {
 
                 async fn set_assignment_state(
                     &self,
-                    id: Uuid,
+                    id: AssignmentId,
                     from: AssignmentState,
                     to: AssignmentState,
                 ) -> StoreResult<bool> {
                     let done =
                         sqlx::query("UPDATE assignments SET state = $3, updated_at = $4 WHERE id = $1 AND state = $2")
-                            .bind(id)
+                            .bind(id.0)
                             .bind(from.as_str())
                             .bind(to.as_str())
                             .bind(now())
@@ -101,12 +105,12 @@ macro_rules! impl_assignment_store {
                     Ok(done.rows_affected() == 1)
                 }
 
-                async fn set_assignment_endpoint(&self, id: Uuid, endpoint: &str) -> StoreResult<bool> {
+                async fn set_assignment_endpoint(&self, id: AssignmentId, endpoint: &str) -> StoreResult<bool> {
                     let done = sqlx::query(
                         "UPDATE assignments SET endpoint = $2, updated_at = $3 \
                          WHERE id = $1 AND state IN ('delivered', 'running')",
                     )
-                    .bind(id)
+                    .bind(id.0)
                     .bind(endpoint)
                     .bind(now())
                     .execute(self.pool())
@@ -126,12 +130,12 @@ macro_rules! impl_assignment_store {
                     Ok(done.rows_affected())
                 }
 
-                async fn end_node_assignments(&self, node_id: Uuid, to: AssignmentState) -> StoreResult<u64> {
+                async fn end_node_assignments(&self, node_id: NodeId, to: AssignmentState) -> StoreResult<u64> {
                     let done = sqlx::query(
                         "UPDATE assignments SET state = $2, updated_at = $3 \
                          WHERE node_id = $1 AND state IN ('pending', 'delivered', 'running')",
                     )
-                    .bind(node_id)
+                    .bind(node_id.0)
                     .bind(to.as_str())
                     .bind(now())
                     .execute(self.pool())

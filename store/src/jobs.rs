@@ -3,8 +3,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use ringtrain_core::{JobId, JobState};
-use uuid::Uuid;
+use ringtrain_core::{JobId, JobState, TeamId};
 
 use crate::error::StoreResult;
 use crate::model::{IdempotencyKey, Job, JobEvent, JobFilter, NewJob, Submitted};
@@ -15,7 +14,7 @@ pub trait JobStore: Send + Sync {
     async fn submit_job(&self, job: NewJob, key: Option<IdempotencyKey>) -> StoreResult<Submitted>;
     async fn get_job(&self, id: JobId) -> StoreResult<Option<Job>>;
     /// The run history of a team, newest first.
-    async fn list_jobs(&self, team_id: Uuid, filter: &JobFilter) -> StoreResult<Vec<Job>>;
+    async fn list_jobs(&self, team_id: TeamId, filter: &JobFilter) -> StoreResult<Vec<Job>>;
     /// Jobs holding devices: scheduled or running.
     async fn active_jobs(&self) -> StoreResult<Vec<Job>>;
     /// The queue, highest priority then oldest first.
@@ -46,7 +45,7 @@ macro_rules! impl_job_store {
     ($store:ty) => {
         const _: () = {
             use chrono::{DateTime, Utc};
-            use ringtrain_core::{JobId, JobState};
+            use ringtrain_core::{JobId, JobState, TeamId};
             use sqlx::types::Json;
             use uuid::Uuid;
 
@@ -68,8 +67,8 @@ macro_rules! impl_job_store {
                     );
                     let row: JobRow = sqlx::query_as(&sql)
                         .bind(job.id.0)
-                        .bind(job.team_id)
-                        .bind(job.created_by)
+                        .bind(job.team_id.0)
+                        .bind(job.created_by.map(|t| t.0))
                         .bind(&job.name)
                         .bind(Json(&job.spec))
                         .bind(job.effective.as_ref().map(Json))
@@ -88,7 +87,7 @@ macro_rules! impl_job_store {
                             "INSERT INTO idempotency_keys (team_id, key, request_hash, job_id, created_at) \
                              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (team_id, key) DO NOTHING",
                         )
-                        .bind(job.team_id)
+                        .bind(job.team_id.0)
                         .bind(&key.key)
                         .bind(&key.request_hash)
                         .bind(job.id.0)
@@ -101,7 +100,7 @@ macro_rules! impl_job_store {
                             let (hash, job_id): (String, Uuid) = sqlx::query_as(
                                 "SELECT request_hash, job_id FROM idempotency_keys WHERE team_id = $1 AND key = $2",
                             )
-                            .bind(job.team_id)
+                            .bind(job.team_id.0)
                             .bind(&key.key)
                             .fetch_one(self.pool())
                             .await?;
@@ -132,13 +131,13 @@ macro_rules! impl_job_store {
                     row.map(TryInto::try_into).transpose()
                 }
 
-                async fn list_jobs(&self, team_id: Uuid, filter: &JobFilter) -> StoreResult<Vec<Job>> {
+                async fn list_jobs(&self, team_id: TeamId, filter: &JobFilter) -> StoreResult<Vec<Job>> {
                     // Built per request so each filter combination gets a plan that uses its index
                     // (team, [state,] seq DESC) instead of one generic plan full of `$n IS NULL OR ...`.
                     let mut q = sqlx::QueryBuilder::<<Self as SqlBackend>::Db>::new(format!(
                         "SELECT {JOB_COLUMNS} FROM jobs WHERE team_id = "
                     ));
-                    q.push_bind(team_id);
+                    q.push_bind(team_id.0);
                     if let Some(state) = filter.state {
                         q.push(" AND state = ").push_bind(state.as_str());
                     }

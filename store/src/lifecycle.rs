@@ -18,9 +18,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ringtrain_core::JobId;
+use ringtrain_core::{JobId, NodeId};
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::error::StoreResult;
 use crate::model::{Assignment, Job, NewAssignment, Transition};
@@ -69,7 +68,7 @@ pub trait LifecycleStore: Send + Sync {
     /// such job; Conflict when it kept changing state through every round.
     async fn cancel_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Cancellation>>;
     /// Extends the lease of every active job with a live assignment on this node (its agent is alive).
-    async fn renew_node_leases(&self, node_id: Uuid, lease: Duration) -> StoreResult<u64>;
+    async fn renew_node_leases(&self, node_id: NodeId, lease: Duration) -> StoreResult<u64>;
 }
 
 macro_rules! impl_lifecycle_store {
@@ -78,7 +77,7 @@ macro_rules! impl_lifecycle_store {
             use std::time::Duration;
 
             use chrono::{DateTime, Utc};
-            use ringtrain_core::{JobId, JobState};
+            use ringtrain_core::{JobId, JobState, NodeId};
             use serde_json::Value;
             use sqlx::types::Json;
             use uuid::Uuid;
@@ -244,7 +243,7 @@ macro_rules! impl_lifecycle_store {
                         return Ok(None);
                     };
                     let job: Job = row.try_into()?;
-                    let nodes: std::collections::BTreeSet<Uuid> = ranks.iter().map(|r| r.node_id).collect();
+                    let nodes: std::collections::BTreeSet<NodeId> = ranks.iter().map(|r| r.node_id).collect();
                     let reason = format!("placed on {} device(s) of {} node(s) by {owner}", ranks.len(), nodes.len());
                     Self::insert_state_event(&mut tx, id, now, ("queued", "scheduled"), job.attempt, &reason).await?;
                     // A busy device fails the whole start (the unique index on live assignments), and dropping
@@ -260,8 +259,8 @@ macro_rules! impl_lifecycle_store {
                             .bind(Uuid::new_v4())
                             .bind(id.0)
                             .bind(job.attempt)
-                            .bind(rank.node_id)
-                            .bind(rank.device_id)
+                            .bind(rank.node_id.0)
+                            .bind(rank.device_id.0)
                             .bind(rank.rank)
                             .bind(ranks.len() as i32)
                             .bind(now)
@@ -366,13 +365,13 @@ macro_rules! impl_lifecycle_store {
                     Err(StoreError::Conflict(format!("job {id} kept changing state; try again")))
                 }
 
-                async fn renew_node_leases(&self, node_id: Uuid, lease: Duration) -> StoreResult<u64> {
+                async fn renew_node_leases(&self, node_id: NodeId, lease: Duration) -> StoreResult<u64> {
                     let done = sqlx::query(
                         "UPDATE jobs SET lease_expires = $2 WHERE state IN ('scheduled', 'running') \
                          AND lease_owner IS NOT NULL AND id IN (SELECT job_id FROM assignments WHERE node_id = $1 \
                          AND attempt = jobs.attempt AND state IN ('pending', 'delivered', 'running'))",
                     )
-                    .bind(node_id)
+                    .bind(node_id.0)
                     .bind(lease_expiry(lease))
                     .execute(self.pool())
                     .await?;

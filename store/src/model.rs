@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{JobId, JobState};
+use ringtrain_core::{DeviceId, JobId, JobState, NodeId, TeamId, TokenId};
 pub use ringtrain_protocol::{Assignment, Checkpoint, Device, Node};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -24,7 +24,7 @@ pub fn now() -> DateTime<Utc> {
 
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Team {
-    pub id: Uuid,
+    pub id: TeamId,
     pub name: String,
     /// GPUs the team's running jobs may hold at once.
     pub gpu_quota: i32,
@@ -77,10 +77,10 @@ impl Role {
 /// A token as the store knows it: never the token itself.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct TokenInfo {
-    pub id: Uuid,
+    pub id: TokenId,
     pub role: Role,
     /// None for agent tokens.
-    pub team_id: Option<Uuid>,
+    pub team_id: Option<TeamId>,
     pub label: Option<String>,
     pub created_at: DateTime<Utc>,
 }
@@ -89,7 +89,7 @@ pub struct TokenInfo {
 pub struct NewToken {
     pub token_hash: String,
     pub role: Role,
-    pub team_id: Option<Uuid>,
+    pub team_id: Option<TeamId>,
     pub label: Option<String>,
 }
 
@@ -99,8 +99,8 @@ pub struct Job {
     pub id: JobId,
     /// Insertion order: the run history's sort key and cursor.
     pub seq: i64,
-    pub team_id: Uuid,
-    pub created_by: Option<Uuid>,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
     pub name: Option<String>,
     pub spec: Value,
     /// `ringtrain_core::Effective` as JSON; None while the dataset's size is unknown (`idx:` datasets).
@@ -142,8 +142,8 @@ impl Job {
 #[derive(Debug, Clone)]
 pub struct NewJob {
     pub id: JobId,
-    pub team_id: Uuid,
-    pub created_by: Option<Uuid>,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
     pub name: Option<String>,
     pub spec: Value,
     pub effective: Option<Value>,
@@ -239,7 +239,7 @@ impl Transition {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct JobEvent {
     pub seq: i64,
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub at: DateTime<Utc>,
     /// `state` for transitions.
     pub kind: String,
@@ -292,8 +292,8 @@ pub struct NewDevice {
 
 #[derive(Debug, Clone)]
 pub struct NewAssignment {
-    pub node_id: Uuid,
-    pub device_id: Uuid,
+    pub node_id: NodeId,
+    pub device_id: DeviceId,
     pub rank: i32,
 }
 
@@ -312,7 +312,7 @@ pub struct NewCheckpoint {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Dataset {
     pub id: Uuid,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub name: String,
     /// Where the file lies in the server's data directory.
     pub path: String,
@@ -328,7 +328,7 @@ pub struct Dataset {
 #[derive(Debug, Clone)]
 pub struct NewDataset {
     pub id: Uuid,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub name: String,
     pub path: String,
     pub size_bytes: i64,

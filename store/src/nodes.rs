@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use uuid::Uuid;
+use ringtrain_core::{NodeId, TokenId};
 
 use crate::error::StoreResult;
 use crate::model::{Node, NodeRegistration};
@@ -11,13 +11,13 @@ use crate::model::{Node, NodeRegistration};
 pub trait NodeStore: Send + Sync {
     /// Registers a node under an agent token, or refreshes it (same name, same token): devices are
     /// upserted by index. Conflict when the name belongs to another agent token.
-    async fn register_node(&self, agent_token: Uuid, node: NodeRegistration) -> StoreResult<Node>;
+    async fn register_node(&self, agent_token: TokenId, node: NodeRegistration) -> StoreResult<Node>;
     /// Records a heartbeat (a lost node is up again); false when the node is not this agent's.
-    async fn heartbeat(&self, node_id: Uuid, agent_token: Uuid) -> StoreResult<bool>;
-    async fn get_node(&self, id: Uuid) -> StoreResult<Option<Node>>;
+    async fn heartbeat(&self, node_id: NodeId, agent_token: TokenId) -> StoreResult<bool>;
+    async fn get_node(&self, id: NodeId) -> StoreResult<Option<Node>>;
     async fn list_nodes(&self) -> StoreResult<Vec<Node>>;
     /// Marks `up` nodes whose last heartbeat is older than `before` as `lost`; returns their ids.
-    async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>>;
+    async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<NodeId>>;
 }
 
 macro_rules! impl_node_store {
@@ -26,6 +26,7 @@ macro_rules! impl_node_store {
             use std::collections::HashMap;
 
             use chrono::{DateTime, Utc};
+            use ringtrain_core::{NodeId, TokenId};
             use uuid::Uuid;
 
             use crate::backend::SqlBackend;
@@ -35,7 +36,7 @@ macro_rules! impl_node_store {
 
             #[async_trait::async_trait]
             impl NodeStore for $store {
-                async fn register_node(&self, agent_token: Uuid, node: NodeRegistration) -> StoreResult<Node> {
+                async fn register_node(&self, agent_token: TokenId, node: NodeRegistration) -> StoreResult<Node> {
                     let now = now();
                     let mut tx = self.pool().begin().await?;
                     // Upsert by name, but only for the agent token that first registered it: another agent
@@ -49,7 +50,7 @@ macro_rules! impl_node_store {
                     )
                     .bind(Uuid::new_v4())
                     .bind(&node.name)
-                    .bind(agent_token)
+                    .bind(agent_token.0)
                     .bind(&node.address)
                     .bind(now)
                     .fetch_optional(&mut *tx)
@@ -76,27 +77,27 @@ macro_rules! impl_node_store {
                         .await?;
                     }
                     tx.commit().await?;
-                    self.get_node(node_id).await?.ok_or_else(|| StoreError::Corrupt(format!("node {node_id} vanished")))
+                    self.get_node(NodeId(node_id)).await?.ok_or_else(|| StoreError::Corrupt(format!("node {node_id} vanished")))
                 }
 
-                async fn heartbeat(&self, node_id: Uuid, agent_token: Uuid) -> StoreResult<bool> {
+                async fn heartbeat(&self, node_id: NodeId, agent_token: TokenId) -> StoreResult<bool> {
                     let done = sqlx::query(
                         "UPDATE nodes SET last_heartbeat = $3, state = 'up' WHERE id = $1 AND agent_token_id = $2",
                     )
-                    .bind(node_id)
-                    .bind(agent_token)
+                    .bind(node_id.0)
+                    .bind(agent_token.0)
                     .bind(now())
                     .execute(self.pool())
                     .await?;
                     Ok(done.rows_affected() == 1)
                 }
 
-                async fn get_node(&self, id: Uuid) -> StoreResult<Option<Node>> {
+                async fn get_node(&self, id: NodeId) -> StoreResult<Option<Node>> {
                     let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1");
-                    let row: Option<NodeRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let row: Option<NodeRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     let Some(row) = row else { return Ok(None) };
                     let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE node_id = $1 ORDER BY idx");
-                    let devices: Vec<DeviceRow> = sqlx::query_as(&sql).bind(id).fetch_all(self.pool()).await?;
+                    let devices: Vec<DeviceRow> = sqlx::query_as(&sql).bind(id.0).fetch_all(self.pool()).await?;
                     let devices = devices.into_iter().map(TryInto::try_into).collect::<StoreResult<_>>()?;
                     Ok(Some(row.with_devices(devices)?))
                 }
@@ -119,14 +120,14 @@ macro_rules! impl_node_store {
                         .collect()
                 }
 
-                async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>> {
+                async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<NodeId>> {
                     let rows: Vec<(Uuid,)> = sqlx::query_as(
                         "UPDATE nodes SET state = 'lost' WHERE state = 'up' AND last_heartbeat < $1 RETURNING id",
                     )
                     .bind(before)
                     .fetch_all(self.pool())
                     .await?;
-                    Ok(rows.into_iter().map(|(id,)| id).collect())
+                    Ok(rows.into_iter().map(|(id,)| NodeId(id)).collect())
                 }
             }
         };

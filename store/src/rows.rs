@@ -2,7 +2,7 @@
 //! only types that decode the same way on Postgres and SQLite (states are TEXT, JSON is `Json<Value>`).
 
 use chrono::{DateTime, Utc};
-use ringtrain_core::JobId;
+use ringtrain_core::{AssignmentId, DeviceId, JobId, NodeId, TeamId, TokenId};
 use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -54,8 +54,8 @@ impl TryFrom<JobRow> for Job {
         Ok(Job {
             id: JobId(row.id),
             seq: row.seq,
-            team_id: row.team_id,
-            created_by: row.created_by,
+            team_id: TeamId(row.team_id),
+            created_by: row.created_by.map(TokenId),
             name: row.name,
             spec: row.spec.0,
             effective: row.effective.map(|j| j.0),
@@ -97,7 +97,7 @@ pub(crate) struct TeamRow {
 impl From<TeamRow> for Team {
     fn from(row: TeamRow) -> Self {
         Team {
-            id: row.id,
+            id: TeamId(row.id),
             name: row.name,
             gpu_quota: row.gpu_quota,
             cpu_quota: row.cpu_quota,
@@ -122,7 +122,13 @@ impl TryFrom<TokenRow> for TokenInfo {
 
     fn try_from(row: TokenRow) -> Result<Self, Self::Error> {
         let role = Role::parse(&row.role).ok_or_else(|| StoreError::Corrupt(format!("unknown role {:?}", row.role)))?;
-        Ok(TokenInfo { id: row.id, role, team_id: row.team_id, label: row.label, created_at: row.created_at })
+        Ok(TokenInfo {
+            id: TokenId(row.id),
+            role,
+            team_id: row.team_id.map(TeamId),
+            label: row.label,
+            created_at: row.created_at,
+        })
     }
 }
 
@@ -144,7 +150,7 @@ impl From<EventRow> for JobEvent {
     fn from(row: EventRow) -> Self {
         JobEvent {
             seq: row.seq,
-            job_id: row.job_id,
+            job_id: JobId(row.job_id),
             at: row.at,
             kind: row.kind,
             from_state: row.from_state,
@@ -196,9 +202,9 @@ pub(crate) struct NodeRow {
 impl NodeRow {
     pub(crate) fn with_devices(self, devices: Vec<Device>) -> Result<Node, StoreError> {
         Ok(Node {
-            id: self.id,
+            id: NodeId(self.id),
             name: self.name,
-            agent_token_id: self.agent_token_id,
+            agent_token_id: TokenId(self.agent_token_id),
             address: self.address,
             state: parse(&self.state)?,
             registered_at: self.registered_at,
@@ -225,7 +231,7 @@ impl TryFrom<DeviceRow> for Device {
 
     fn try_from(row: DeviceRow) -> Result<Self, Self::Error> {
         let kind = parse(&row.kind)?;
-        Ok(Device { id: row.id, index: row.idx, kind, name: row.name, memory_bytes: row.memory_bytes })
+        Ok(Device { id: DeviceId(row.id), index: row.idx, kind, name: row.name, memory_bytes: row.memory_bytes })
     }
 }
 
@@ -253,11 +259,11 @@ impl TryFrom<AssignmentRow> for Assignment {
 
     fn try_from(row: AssignmentRow) -> Result<Self, Self::Error> {
         Ok(Assignment {
-            id: row.id,
-            job_id: row.job_id,
+            id: AssignmentId(row.id),
+            job_id: JobId(row.job_id),
             attempt: row.attempt,
-            node_id: row.node_id,
-            device_id: row.device_id,
+            node_id: NodeId(row.node_id),
+            device_id: DeviceId(row.device_id),
             rank: row.rank,
             world_size: row.world_size,
             state: parse(&row.state)?,
@@ -290,7 +296,7 @@ impl From<CheckpointRow> for Checkpoint {
     fn from(row: CheckpointRow) -> Self {
         Checkpoint {
             id: row.id,
-            job_id: row.job_id,
+            job_id: JobId(row.job_id),
             attempt: row.attempt,
             epoch: row.epoch,
             iteration: row.iteration,
@@ -324,7 +330,7 @@ impl From<DatasetRow> for Dataset {
     fn from(row: DatasetRow) -> Self {
         Dataset {
             id: row.id,
-            team_id: row.team_id,
+            team_id: TeamId(row.team_id),
             name: row.name,
             path: row.path,
             size_bytes: row.size_bytes,

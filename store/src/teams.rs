@@ -1,7 +1,7 @@
 //! Teams and their bearer tokens (stored only as hashes).
 
 use async_trait::async_trait;
-use uuid::Uuid;
+use ringtrain_core::TeamId;
 
 use crate::error::StoreResult;
 use crate::model::{NewTeam, NewToken, Team, TokenInfo};
@@ -10,7 +10,7 @@ use crate::model::{NewTeam, NewToken, Team, TokenInfo};
 pub trait TeamStore: Send + Sync {
     /// Conflict when the name is taken.
     async fn create_team(&self, team: NewTeam) -> StoreResult<Team>;
-    async fn get_team(&self, id: Uuid) -> StoreResult<Option<Team>>;
+    async fn get_team(&self, id: TeamId) -> StoreResult<Option<Team>>;
     async fn get_team_by_name(&self, name: &str) -> StoreResult<Option<Team>>;
     async fn list_teams(&self) -> StoreResult<Vec<Team>>;
     async fn create_token(&self, token: NewToken) -> StoreResult<TokenInfo>;
@@ -21,6 +21,7 @@ pub trait TeamStore: Send + Sync {
 macro_rules! impl_team_store {
     ($store:ty) => {
         const _: () = {
+            use ringtrain_core::TeamId;
             use uuid::Uuid;
 
             use crate::backend::SqlBackend;
@@ -46,9 +47,9 @@ macro_rules! impl_team_store {
                     Ok(row.into())
                 }
 
-                async fn get_team(&self, id: Uuid) -> StoreResult<Option<Team>> {
+                async fn get_team(&self, id: TeamId) -> StoreResult<Option<Team>> {
                     let sql = format!("SELECT {TEAM_COLUMNS} FROM teams WHERE id = $1");
-                    let row: Option<TeamRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let row: Option<TeamRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     Ok(row.map(Into::into))
                 }
 
@@ -73,7 +74,7 @@ macro_rules! impl_team_store {
                         .bind(Uuid::new_v4())
                         .bind(&token.token_hash)
                         .bind(token.role.as_str())
-                        .bind(token.team_id)
+                        .bind(token.team_id.map(|t| t.0))
                         .bind(&token.label)
                         .bind(now())
                         .fetch_one(self.pool())

@@ -3,11 +3,10 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ringtrain_core::FieldError;
+use ringtrain_core::{FieldError, TeamId};
 use ringtrain_store::{generate_token, hash_token, NewTeam, NewToken, Node, Role, Team, TokenInfo};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
@@ -121,7 +120,7 @@ fn check_label(label: &Option<String>) -> ApiResult<()> {
 pub async fn create_team_token(
     State(state): State<AppState>,
     user: User,
-    ApiPath(team_id): ApiPath<Uuid>,
+    ApiPath(team_id): ApiPath<TeamId>,
     JsonBody(body): JsonBody<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
     user.require_admin()?;

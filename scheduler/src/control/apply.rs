@@ -28,7 +28,7 @@ pub(super) async fn apply(
             .enumerate()
             .map(|(rank, slot)| {
                 let device_id = snapshot.devices.device_id(*slot)?;
-                Some(NewAssignment { node_id: slot.node.0, device_id, rank: rank as i32 })
+                Some(NewAssignment { node_id: slot.node, device_id, rank: rank as i32 })
             })
             .collect();
         let Some(ranks) = ranks else { continue };

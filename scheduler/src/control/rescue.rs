@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use ringtrain_core::{AssignmentState, JobId};
+use ringtrain_core::AssignmentState;
 use ringtrain_store::{Store, StoreResult};
 
 use super::{LoopConfig, PassReport};
@@ -20,7 +20,7 @@ pub(super) async fn rescue(store: &dyn Store, config: &LoopConfig, report: &mut 
         let why = format!("node {name} was lost (no heartbeat for {} s)", config.node_timeout.as_secs());
         for assignment in store.node_assignments(node, &AssignmentState::LIVE).await? {
             // Only the job's current placement fails; an older one is already over.
-            let failed = store.fail_placement(JobId(assignment.job_id), assignment.attempt, &why, true).await?;
+            let failed = store.fail_placement(assignment.job_id, assignment.attempt, &why, true).await?;
             report.failed_placements += usize::from(failed.is_some());
         }
         store.end_node_assignments(node, AssignmentState::Failed).await?;

@@ -10,9 +10,8 @@
 
 use std::collections::HashSet;
 
-use ringtrain_core::{AssignmentState, JobId};
+use ringtrain_core::{AssignmentState, NodeId};
 use ringtrain_store::{Store, StoreResult};
-use uuid::Uuid;
 
 use super::view::Snapshot;
 use super::PassReport;
@@ -22,14 +21,14 @@ use super::PassReport;
 const RESULT_GRACE: chrono::Duration = chrono::Duration::seconds(10);
 
 pub(super) async fn sweep(store: &dyn Store, snapshot: &Snapshot, report: &mut PassReport) -> StoreResult<()> {
-    let up: HashSet<Uuid> = snapshot.up.iter().map(|n| n.id).collect();
-    let mut gone: Vec<Uuid> =
+    let up: HashSet<NodeId> = snapshot.up.iter().map(|n| n.id).collect();
+    let mut gone: Vec<NodeId> =
         snapshot.placements.values().flatten().map(|a| a.node_id).filter(|n| !up.contains(n)).collect();
     gone.sort_unstable();
     gone.dedup();
     for node in gone {
         for job in snapshot.active.values() {
-            let ranks = snapshot.placements.get(&(job.id.0, job.attempt));
+            let ranks = snapshot.placements.get(&(job.id, job.attempt));
             if ranks.is_some_and(|r| r.iter().any(|a| a.node_id == node)) {
                 let failed = store.fail_placement(job.id, job.attempt, "its node is lost", true).await?;
                 report.failed_placements += usize::from(failed.is_some());
@@ -39,12 +38,12 @@ pub(super) async fn sweep(store: &dyn Store, snapshot: &Snapshot, report: &mut P
     }
     for (&(job_id, _attempt), ranks) in &snapshot.placements {
         // Only when the job has no active placement at all: cancelling pending ranks is per job.
-        let over = !snapshot.active.contains_key(&JobId(job_id));
+        let over = !snapshot.active.contains_key(&job_id);
         if over && ranks.iter().any(|a| a.state == AssignmentState::Pending) {
-            store.cancel_pending_assignments(JobId(job_id)).await?;
+            store.cancel_pending_assignments(job_id).await?;
         }
     }
-    let unplaced = snapshot.active.values().filter(|j| !snapshot.placements.contains_key(&(j.id.0, j.attempt)));
+    let unplaced = snapshot.active.values().filter(|j| !snapshot.placements.contains_key(&(j.id, j.attempt)));
     for job in unplaced {
         let ended = store.job_assignments(job.id, job.attempt).await?.iter().map(|a| a.updated_at).max();
         if ended.is_none_or(|at| ringtrain_store::now() - at > RESULT_GRACE) {

@@ -6,14 +6,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{JobId, NodeState};
+use ringtrain_core::{DeviceId, JobId, NodeState};
 use ringtrain_store::{Assignment, Job, Node, Store, StoreResult, Team};
-use uuid::Uuid;
 
-use crate::{ClusterView, DeviceSlot, Node as PoolNode, NodeDevice, NodeId, PerKind, QueuedJob, RunningJob, TeamId};
+use crate::{ClusterView, DeviceSlot, Node as PoolNode, NodeDevice, PerKind, QueuedJob, RunningJob};
 
 /// One placement: (job, attempt).
-pub(super) type PlacementKey = (Uuid, i32);
+pub(super) type PlacementKey = (JobId, i32);
 
 /// What a pass reads from the store, once.
 #[derive(Debug)]
@@ -55,10 +54,10 @@ impl Snapshot {
         let mut stopping = HashSet::new();
         for (&(job_id, attempt), ranks) in &self.placements {
             let slots: Vec<DeviceSlot> = ranks.iter().filter_map(|a| self.devices.slot(a.device_id)).collect();
-            if let Some(job) = self.active.get(&JobId(job_id)).filter(|j| j.attempt == attempt) {
+            if let Some(job) = self.active.get(&job_id).filter(|j| j.attempt == attempt) {
                 view.running.push(RunningJob {
                     id: job.id,
-                    team: TeamId(job.team_id),
+                    team: job.team_id,
                     priority: job.priority,
                     kind: job.device,
                     devices: slots,
@@ -69,11 +68,11 @@ impl Snapshot {
                 continue;
             }
             stopping.insert(job_id);
-            let Some(job) = store.get_job(JobId(job_id)).await? else { continue };
+            let Some(job) = store.get_job(job_id).await? else { continue };
             view.running.push(RunningJob {
                 // An assignment id as a stand-in job id keeps it apart from the same job queued again.
-                id: JobId(ranks[0].id),
-                team: TeamId(job.team_id),
+                id: JobId(ranks[0].id.0),
+                team: job.team_id,
                 priority: job.priority,
                 kind: job.device,
                 devices: slots,
@@ -82,14 +81,14 @@ impl Snapshot {
                 preempting: true,
             });
         }
-        view.queued.retain(|q| !stopping.contains(&q.id.0));
+        view.queued.retain(|q| !stopping.contains(&q.id));
         Ok(view)
     }
 }
 
 fn pool_team(team: &Team) -> crate::Team {
     crate::Team {
-        id: TeamId(team.id),
+        id: team.id,
         guarantee: PerKind { gpu: team.gpu_quota.max(0) as u32, cpu: team.cpu_quota.max(0) as u32 },
         weight: 1,
     }
@@ -98,7 +97,7 @@ fn pool_team(team: &Team) -> crate::Team {
 fn queued_job(job: &Job) -> QueuedJob {
     QueuedJob {
         id: job.id,
-        team: TeamId(job.team_id),
+        team: job.team_id,
         priority: job.priority,
         kind: job.device,
         devices: job.workers.max(0) as u32,
@@ -109,8 +108,8 @@ fn queued_job(job: &Job) -> QueuedJob {
 /// Device ids ↔ (node, index) slots of the nodes that are up.
 #[derive(Debug, Default)]
 pub(super) struct DeviceIndex {
-    slots: HashMap<Uuid, DeviceSlot>,
-    ids: HashMap<DeviceSlot, Uuid>,
+    slots: HashMap<DeviceId, DeviceSlot>,
+    ids: HashMap<DeviceSlot, DeviceId>,
 }
 
 impl DeviceIndex {
@@ -118,7 +117,7 @@ impl DeviceIndex {
         let mut index = DeviceIndex::default();
         for node in nodes {
             for device in &node.devices {
-                let slot = DeviceSlot { node: NodeId(node.id), index: device.index.max(0) as u32 };
+                let slot = DeviceSlot { node: node.id, index: device.index.max(0) as u32 };
                 index.slots.insert(device.id, slot);
                 index.ids.insert(slot, device.id);
             }
@@ -126,11 +125,11 @@ impl DeviceIndex {
         index
     }
 
-    pub fn slot(&self, device: Uuid) -> Option<DeviceSlot> {
+    pub fn slot(&self, device: DeviceId) -> Option<DeviceSlot> {
         self.slots.get(&device).copied()
     }
 
-    pub fn device_id(&self, slot: DeviceSlot) -> Option<Uuid> {
+    pub fn device_id(&self, slot: DeviceSlot) -> Option<DeviceId> {
         self.ids.get(&slot).copied()
     }
 
@@ -139,7 +138,7 @@ impl DeviceIndex {
         nodes
             .iter()
             .map(|node| PoolNode {
-                id: NodeId(node.id),
+                id: node.id,
                 devices: node.devices.iter().map(|d| device(d.kind, d.index)).collect(),
             })
             .collect()

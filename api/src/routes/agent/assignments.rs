@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
-use ringtrain_core::{AssignmentState, FieldError, JobId, JobState};
+use ringtrain_core::{AssignmentId, AssignmentState, FieldError, JobId, JobState, NodeId};
 use ringtrain_protocol::{AssignmentUpdate, EndpointReport, Poll, PollQuery, Work};
 use ringtrain_store::{Assignment, Checkpoint};
-use uuid::Uuid;
 
 use crate::access::{own_assignment, own_node};
 use crate::auth::Agent;
@@ -25,7 +24,7 @@ use crate::state::AppState;
 pub async fn poll_assignments(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<NodeId>,
     ApiQuery(query): ApiQuery<PollQuery>,
 ) -> ApiResult<Json<Poll>> {
     let node = own_node(&state, &agent, id).await?;
@@ -37,7 +36,7 @@ pub async fn poll_assignments(
     let live = state.store.node_assignments(id, &AssignmentState::LIVE).await?;
     let mut poll = Poll { version, work: Vec::new(), stop: Vec::new(), preempt: Vec::new() };
     for mut assignment in live {
-        let job = state.store.get_job(JobId(assignment.job_id)).await?;
+        let job = state.store.get_job(assignment.job_id).await?;
         let current = job
             .as_ref()
             .filter(|j| j.attempt == assignment.attempt && matches!(j.state, JobState::Scheduled | JobState::Running));
@@ -111,7 +110,7 @@ pub fn check_endpoint(address: &str) -> Result<(), FieldError> {
 pub async fn report_endpoint(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<AssignmentId>,
     JsonBody(body): JsonBody<EndpointReport>,
 ) -> ApiResult<Json<Assignment>> {
     check_endpoint(&body.address).map_err(|e| ApiError::validation(vec![e]))?;
@@ -140,7 +139,7 @@ pub async fn report_endpoint(
 pub async fn update_assignment(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<AssignmentId>,
     JsonBody(body): JsonBody<AssignmentUpdate>,
 ) -> ApiResult<Json<Assignment>> {
     let change = match (body.from.parse::<AssignmentState>(), body.to.parse::<AssignmentState>()) {

@@ -3,10 +3,9 @@
 
 use axum::extract::State;
 use axum::Json;
-use ringtrain_core::FieldError;
+use ringtrain_core::{FieldError, NodeId};
 use ringtrain_protocol::{HeartbeatAck, RegisterNode};
 use ringtrain_store::{NewDevice, Node, NodeRegistration};
-use uuid::Uuid;
 
 use crate::auth::Agent;
 use crate::error::{ApiError, ApiResult};
@@ -77,7 +76,7 @@ pub async fn register_node(
 pub async fn heartbeat(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<NodeId>,
 ) -> ApiResult<Json<HeartbeatAck>> {
     if !state.store.heartbeat(id, agent.token.id).await? {
         return Err(ApiError::not_found(format!("no node {id} of this agent")));

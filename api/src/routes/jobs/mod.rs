@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{JobId, JobState};
+use ringtrain_core::{JobId, JobState, TeamId};
 use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, NewJob, Submitted};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -31,7 +31,7 @@ pub struct JobView {
     pub name: Option<String>,
     #[schema(value_type = String, example = "queued")]
     pub state: JobState,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub priority: i32,
     /// `cpu` or `gpu`.
     #[schema(value_type = String, example = "cpu")]
