@@ -40,10 +40,6 @@ impl Client {
         Ok(Client { api: ApiClient::new(base, token)? })
     }
 
-    pub fn server(&self) -> &str {
-        self.api.base()
-    }
-
     pub async fn register(&self, name: &str, address: &str, devices: &[RegisterDevice]) -> Result<Node, CallError> {
         let body =
             RegisterNode { name: name.to_string(), address: Some(address.to_string()), devices: devices.to_vec() };

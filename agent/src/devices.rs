@@ -3,7 +3,8 @@
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::process::Command;
 
-use ringtrain_protocol::RegisterDevice as DeviceInfo;
+use ringtrain_core::spec::DeviceKind;
+use ringtrain_protocol::RegisterDevice;
 
 /// Which GPUs to offer: `all` (every GPU nvidia-smi lists; none when it is missing), `none`, or indices.
 pub fn parse_gpus(text: &str) -> Result<Option<Vec<u32>>, String> {
@@ -21,7 +22,7 @@ pub fn parse_gpus(text: &str) -> Result<Option<Vec<u32>>, String> {
 }
 
 /// GPUs as `nvidia-smi` lists them (index, name, memory), filtered to `wanted`; empty without nvidia-smi.
-pub fn gpus(wanted: Option<&[u32]>) -> Vec<DeviceInfo> {
+pub fn gpus(wanted: Option<&[u32]>) -> Vec<RegisterDevice> {
     let output = Command::new("nvidia-smi")
         .args(["--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"])
         .output();
@@ -33,22 +34,27 @@ pub fn gpus(wanted: Option<&[u32]>) -> Vec<DeviceInfo> {
 }
 
 /// `0, NVIDIA H200, 143771` per line (memory in MiB).
-pub fn parse_nvidia_smi(text: &str) -> Vec<DeviceInfo> {
+pub fn parse_nvidia_smi(text: &str) -> Vec<RegisterDevice> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split(',').map(str::trim);
             let index = fields.next()?.parse().ok()?;
             let name = fields.next()?.to_string();
             let memory_bytes = fields.next().and_then(|m| m.parse::<u64>().ok()).map(|mib| mib << 20);
-            Some(DeviceInfo { index, kind: "gpu".into(), name, memory_bytes })
+            Some(RegisterDevice { index, kind: DeviceKind::Gpu.to_string(), name, memory_bytes })
         })
         .collect()
 }
 
 /// `count` CPU slots, each one rank's worth of this machine.
-pub fn cpu_slots(count: u32) -> Vec<DeviceInfo> {
+pub fn cpu_slots(count: u32) -> Vec<RegisterDevice> {
     (0..count)
-        .map(|index| DeviceInfo { index, kind: "cpu".into(), name: format!("cpu slot {index}"), memory_bytes: None })
+        .map(|index| RegisterDevice {
+            index,
+            kind: DeviceKind::Cpu.to_string(),
+            name: format!("cpu slot {index}"),
+            memory_bytes: None,
+        })
         .collect()
 }
 

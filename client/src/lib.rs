@@ -54,11 +54,6 @@ impl ApiClient {
         Ok(ApiClient { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
     }
 
-    /// The server's base URL.
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
     /// A request to `path` (absolute, e.g. `/v1/jobs`), not yet sent.
     pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         self.http.request(method, format!("{}{path}", self.base))
