@@ -1,1 +1,5 @@
 include!("worker/rpath.rs");
+
+fn main() {
+    link_libtorch();
+}

@@ -14,12 +14,14 @@
 # GPU machines use a full torch 2.11.0 (the one python3 already has, else a pip install into the cache).
 set -euo pipefail
 
-TORCH_VERSION=2.11.0
 CUDA_TOOLKIT_VERSION=13.0.2 # the cuda-toolkit pin in torch 2.11.0's wheel metadata
 CACHE="${RINGTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ringtrain}"
 mkdir -p "$CACHE"
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# TORCH_VERSION, python3_torch and venv_torch (shared with device/build-gpu-binary.sh)
+# shellcheck source=torch.sh
+source "$(dirname "${BASH_SOURCE[0]}")/torch.sh"
 
 have_gpu() {
   case "${RINGTRAIN_GPU:-auto}" in
@@ -60,19 +62,7 @@ cpu_libtorch() {
 }
 
 gpu_libtorch() {
-  local probe="import torch, os; print(torch.__version__.split('+')[0], os.path.dirname(torch.__file__))"
-  local found
-  if found=$(python3 -c "$probe" 2>/dev/null) && [ "${found%% *}" = "$TORCH_VERSION" ]; then
-    echo "${found#* }"; return
-  fi
-  local venv="$CACHE/torch-$TORCH_VERSION-venv"
-  if [ ! -f "$venv/.complete" ]; then
-    say "installing the full torch==$TORCH_VERSION (CUDA) into $venv (once; ~3.5 GB)"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "torch==$TORCH_VERSION" >&2
-    touch "$venv/.complete"
-  fi
-  "$venv/bin/python" -c "$probe" | cut -d' ' -f2-
+  python3_torch || venv_torch
 }
 
 if [ -n "${LIBTORCH:-}" ]; then

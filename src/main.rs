@@ -36,6 +36,8 @@ enum Command {
     /// Jobs from the terminal (`jobs watch ID`: a progress bar until it ends).
     #[command(subcommand)]
     Jobs(commands::jobs::Jobs),
+    /// What this binary and machine can do: libtorch, CUDA devices, cuDNN, NCCL, CPU threads, data sets.
+    Doctor(commands::doctor::Args),
     /// Benchmarks, printed next to their reference (`--json` for one object per measurement).
     #[command(subcommand)]
     Bench(commands::bench::Bench),
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => commands::agent::run(args),
         Command::Train(args) => commands::train::run(args),
         Command::Jobs(jobs) => commands::jobs::run(jobs),
+        Command::Doctor(args) => commands::doctor::run(args),
         Command::Bench(bench) => commands::bench::run(bench),
     }
 }

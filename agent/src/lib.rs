@@ -8,6 +8,7 @@
 //! It talks to the server only over HTTP with its agent token, in the wire types of [`ringtrain_protocol`];
 //! it never links libtorch (the rank processes do).
 
+mod capabilities;
 pub mod client;
 pub mod devices;
 mod files;
@@ -104,6 +105,13 @@ impl Agent {
             d
         }));
         anyhow::ensure!(!offered.is_empty(), "this node offers no device: give --cpus N or --gpus");
+        let exe = std::env::current_exe().context("cannot find the ringtrain executable")?;
+        let report = capabilities::ask(&exe).await;
+        match &report {
+            Ok(report) => tracing::info!(capabilities = %capabilities::summary(report), "ringtrain doctor"),
+            Err(err) => tracing::warn!(error = %format!("{err:#}"), "ringtrain doctor failed"),
+        }
+        capabilities::check_offered_gpus(report.as_ref(), &offered)?;
         let name = args.name.clone().unwrap_or_else(devices::hostname);
         let address = args.address.unwrap_or_else(|| devices::address_towards(&args.server));
         // The server may still be starting: retry for a while.
@@ -123,15 +131,8 @@ impl Agent {
         std::fs::create_dir_all(&args.work_dir)
             .with_context(|| format!("cannot create {}", args.work_dir.display()))?;
         let work_dir = std::fs::canonicalize(&args.work_dir)?;
-        let ctx = AgentContext {
-            client,
-            node_id: node.id,
-            node_name: name,
-            address,
-            work_dir,
-            exe: std::env::current_exe().context("cannot find the ringtrain executable")?,
-            threads: args.threads,
-        };
+        let ctx =
+            AgentContext { client, node_id: node.id, node_name: name, address, work_dir, exe, threads: args.threads };
         Ok(Agent {
             ctx: Arc::new(ctx),
             node: node.id,

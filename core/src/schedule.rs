@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::FieldError;
-use crate::spec::{DecayKind, JobSpec, MomentumForm, Scaling, WarmupKind};
+use crate::spec::{DecayKind, JobSpec, MomentumForm, Precision, Scaling, WarmupKind};
 
 /// The hyperparameters a job actually runs with, once defaults, scaling and the dataset size are applied.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +42,9 @@ pub struct Effective {
     pub weight_decay: f64,
     pub bn_weight_decay: bool,
     pub bias_weight_decay: bool,
+    /// The arithmetic trained with (absent in results written before it existed: fp32).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 impl Effective {
@@ -87,6 +90,7 @@ impl Effective {
             weight_decay: spec.optimizer.weight_decay,
             bn_weight_decay: spec.optimizer.bn_weight_decay,
             bias_weight_decay: spec.optimizer.bias_weight_decay,
+            precision: spec.precision,
         })
     }
 

@@ -56,6 +56,9 @@ pub struct JobSpec {
     pub priority: i32,
     #[serde(default)]
     pub device: DeviceKind,
+    /// The arithmetic of forward and backward (see [`Precision`]).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 /// A built-in model and its options. (A flat struct rather than a tagged enum, so errors inside the
@@ -107,6 +110,17 @@ pub enum DeviceKind {
     #[default]
     Cpu,
     Gpu,
+}
+
+/// `fp32`: everything in float32. `bf16`: forward and backward under autocast (convolutions and matrix
+/// products in bfloat16, reductions and the loss in float32), with float32 master weights, float32 gradients,
+/// all-reduce and optimizer, and BatchNorm statistics kept in float32. Works on CPUs and GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Bf16,
 }
 
 /// The learning-rate rules: scaling with the global batch, warmup and decay.

@@ -5,9 +5,11 @@
 //! - [`records`]: what the server answers with (a node, an assignment, a checkpoint);
 //! - [`agent`]: the bodies and queries of each call, in the order an agent makes them;
 //! - [`rank`]: how a rank process tells its agent how it ended, and where its checkpoints are;
-//! - [`timing`]: the heartbeat, lease and long-poll durations both sides must agree on.
+//! - [`timing`]: the heartbeat, lease and long-poll durations both sides must agree on;
+//! - [`doctor`]: what a ringtrain binary and its machine can do, as the rank binary reports it to its agent.
 
 pub mod agent;
+pub mod doctor;
 pub mod rank;
 pub mod records;
 pub mod timing;

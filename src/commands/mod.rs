@@ -1,7 +1,9 @@
 pub mod agent;
 pub mod bench;
+pub mod doctor;
 pub mod jobs;
 pub mod latency;
+pub mod launch;
 pub mod schedule;
 pub mod serve;
 pub mod train;

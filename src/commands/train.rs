@@ -2,7 +2,7 @@
 //! rank processes and wait for them (`--local K`). Metrics go to stdout as JSON lines.
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
@@ -11,7 +11,9 @@ use anyhow::{bail, Context, Result};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::JobSpec;
 use ringtrain_worker::metrics::Metric;
-use ringtrain_worker::{FaultInjection, JobError, RendezvousConfig, RingCollective, Stopped, TrainOptions, Trainer};
+use ringtrain_worker::{Backend, FaultInjection, JobError, RendezvousConfig, Stopped, TrainOptions, Trainer};
+
+use super::launch::{free_local_port, one_gpu_per_rank, wait_all};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -62,6 +64,13 @@ pub struct Args {
     /// (exit status 4). Agents use it to preempt a job without losing work.
     #[arg(long)]
     stop_file: Option<PathBuf>,
+    /// What gradients travel on: auto (NCCL for GPU ranks when libnccl loads, else the TCP ring), ring, nccl.
+    #[arg(long, default_value = "auto")]
+    collective: Backend,
+    /// Tests on one GPU only: --local K ranks all on GPU 0, each told it is its own host (NCCL_HOSTID), so
+    /// NCCL accepts them and connects them over loopback sockets (NCCL refuses two ranks on one GPU).
+    #[arg(long, hide = true)]
+    share_gpu_for_tests: bool,
 }
 
 /// The exit statuses the agent tells apart: a job that cannot succeed by retrying (see [`JobError`]), and a
@@ -106,7 +115,14 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     let device = match spec.device {
         DeviceKind::Cpu => tch::Device::Cpu,
         DeviceKind::Gpu if tch::Cuda::is_available() => tch::Device::Cuda(0),
-        DeviceKind::Gpu => bail!("the spec asks for a GPU, but libtorch sees no CUDA device here"),
+        // never train a GPU job on the CPU by accident; and retrying elsewhere is the scheduler's business,
+        // not this rank's: the job's spec cannot run on this binary
+        DeviceKind::Gpu => {
+            let why = ringtrain_worker::doctor::why_no_cuda();
+            return Err(
+                JobError(format!("the spec asks for a GPU, but libtorch sees no CUDA device here: {why}")).into()
+            );
+        }
     };
     let threads = args.threads.unwrap_or(if device == tch::Device::Cpu { 1 } else { 4 });
     tch::set_num_threads(threads);
@@ -119,7 +135,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         join_timeout: Duration::from_secs(args.join_timeout_s),
         io_timeout: Duration::from_secs(args.comm_timeout_s),
     };
-    let mut comm = RingCollective::connect(&config)?;
+    let mut comm = args.collective.connect(&config, device)?;
     let options = TrainOptions {
         out_dir: args.out.clone(),
         resume_from: args.resume.clone(),
@@ -133,7 +149,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     }
-    let mut trainer = Trainer::new(&spec, &mut comm, options)?.with_faults(faults_from_env(rank));
+    let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));
     let stdout = std::io::stdout();
     let mut sink = |metric: &Metric| {
         let mut out = stdout.lock();
@@ -175,16 +191,15 @@ fn injected_at(variable: &str, rank: usize) -> Option<u64> {
     (r.parse::<usize>().ok()? == rank).then(|| iteration.parse().ok()).flatten()
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
-fn free_local_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn run_local(args: &Args, k: usize) -> Result<()> {
     if k == 0 {
         bail!("--local needs at least 1 process");
     }
-    load_spec(&args.spec)?; // fail before starting anything
+    let spec = load_spec(&args.spec)?; // fail before starting anything
+    let gpu = spec.device == DeviceKind::Gpu;
+    if gpu && !args.share_gpu_for_tests && tch::Cuda::is_available() && k > tch::Cuda::device_count() as usize {
+        bail!("--local {k} needs {k} GPUs (one per rank), but libtorch sees {}", tch::Cuda::device_count());
+    }
     let rendezvous = format!("127.0.0.1:{}", free_local_port()?);
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let mut children: Vec<(usize, Child)> = Vec::new();
@@ -196,6 +211,10 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         cmd.args(["--comm-timeout-s", &args.comm_timeout_s.to_string()]);
         cmd.args(["--join-timeout-s", &args.join_timeout_s.to_string()]);
         cmd.args(["--bucket-mb", &args.bucket_mb.to_string()]);
+        cmd.args(["--collective", args.collective.name()]);
+        if gpu {
+            one_gpu_per_rank(&mut cmd, rank, args.share_gpu_for_tests);
+        }
         // Killing this launcher leaves no rank behind.
         cmd.arg("--exit-with-parent");
         if let Some(threads) = args.threads {
@@ -210,37 +229,4 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         children.push((rank, cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?));
     }
     wait_all(children)
-}
-
-/// Waits for every rank; when one fails, stops the others at once (they would fail on their own once the
-/// ring breaks, but there is no reason to wait for that). Ranks that stopped on request are waited for
-/// (rank 0 may still be writing the checkpoint), and the run then ends as stopped.
-fn wait_all(mut children: Vec<(usize, Child)>) -> Result<()> {
-    let mut failed: Vec<String> = Vec::new();
-    let mut stopped = false;
-    while !children.is_empty() {
-        let mut still_running = Vec::new();
-        for (rank, mut child) in children {
-            match child.try_wait()? {
-                Some(status) if status.success() => {}
-                Some(status) if status.code() == Some(i32::from(EXIT_STOPPED)) => stopped = true,
-                Some(status) => failed.push(format!("rank {rank} exited with {status}")),
-                None => still_running.push((rank, child)),
-            }
-        }
-        children = still_running;
-        if !failed.is_empty() {
-            for (_, child) in &mut children {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            bail!("{}", failed.join("; "));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if stopped {
-        return Err(anyhow::Error::new(Stopped { next_iteration: None })
-            .context("--resume OUT/checkpoints continues where they stopped"));
-    }
-    Ok(())
 }

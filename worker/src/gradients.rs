@@ -45,51 +45,73 @@ impl GradientReducer {
     }
 
     /// All-reduces the local gradients of `params`, divides them by `divisor` (the total number of ranks k,
-    /// virtual ranks included) and returns them in parameter order. `extras` (e.g. loss and error counts)
-    /// ride along in the last bucket and come back summed but NOT divided. Returns the time spent in
-    /// communication too.
+    /// virtual ranks included) and returns them in parameter order, as views of the reduced buckets.
+    /// `extras` (a 1-D tensor: e.g. loss and error counts) rides at the end of the last bucket and comes back
+    /// summed but NOT divided.
+    ///
+    /// Buckets are flattened where the parameters live and summed in place there (on a GPU, with NCCL),
+    /// so the only copy to the host is the few extras, once per step, after the all-reduce.
     pub fn reduce(
         &mut self,
         params: &[Param],
         comm: &mut dyn Collective,
         divisor: f64,
-        extras: &mut [f32],
-    ) -> CommResult<(Vec<Tensor>, Duration)> {
-        let mut reduced = Vec::with_capacity(params.len());
-        let mut comm_time = Duration::ZERO;
+        extras: &Tensor,
+    ) -> CommResult<Reduced> {
+        let device = params.first().map_or(extras.device(), |p| p.tensor.device());
+        let extras = extras.to_kind(Kind::Float).to_device(device).flatten(0, -1);
+        let ride = extras.numel() as i64;
         let last = self.buckets.len().saturating_sub(1);
-        for b in 0..self.buckets.len() {
-            let range = self.buckets[b].clone();
-            let grads: Vec<Tensor> =
-                params[range.clone()].iter().map(|p| grad_or_zeros(&p.tensor).flatten(0, -1)).collect();
-            let flat = Tensor::cat(&grads, 0).to_kind(Kind::Float).to_device(tch::Device::Cpu);
-            let n = flat.numel();
-            let ride = if b == last { extras.len() } else { 0 };
-            self.staging.resize(n + ride, 0.0);
-            flat.copy_data(&mut self.staging[..n], n);
-            if ride > 0 {
-                self.staging[n..].copy_from_slice(extras);
-            }
-            let started = Instant::now();
-            comm.all_reduce_sum(&mut self.staging)?;
-            comm_time += started.elapsed();
-            if ride > 0 {
-                extras.copy_from_slice(&self.staging[n..]);
-            }
-            let averaged = Tensor::from_slice(&self.staging[..n]) / divisor;
+        let mut flats: Vec<Tensor> = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(b, range)| {
+                let mut parts: Vec<Tensor> = params[range.clone()]
+                    .iter()
+                    .map(|p| grad_or_zeros(&p.tensor).to_kind(Kind::Float).flatten(0, -1))
+                    .collect();
+                if b == last {
+                    parts.push(extras.shallow_clone());
+                }
+                Tensor::cat(&parts, 0)
+            })
+            .collect();
+        if flats.is_empty() {
+            flats.push(extras.copy());
+        }
+        let started = Instant::now();
+        comm.all_reduce_sum_tensors(&mut flats, &mut self.staging)?;
+        let comm_time = comm.last_device_time().unwrap_or_else(|| started.elapsed());
+        let tail = flats.last().map_or(0, Tensor::numel) as i64 - ride;
+        let summed_extras = match flats.last() {
+            Some(flat) if ride > 0 => Vec::<f32>::try_from(&flat.narrow(0, tail, ride)).unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let mut grads = Vec::with_capacity(params.len());
+        for (b, range) in self.buckets.iter().enumerate() {
+            let flat = if b == last { flats[b].narrow(0, 0, tail) } else { flats[b].shallow_clone() };
+            let averaged = flat / divisor;
             let mut offset = 0;
-            for p in &params[range] {
+            for p in &params[range.clone()] {
                 let numel = p.tensor.numel() as i64;
-                let g = averaged.narrow(0, offset, numel).view(p.tensor.size().as_slice()).to_device(p.tensor.device());
-                reduced.push(g);
+                grads.push(averaged.narrow(0, offset, numel).view(p.tensor.size().as_slice()));
                 offset += numel;
             }
         }
-        if params.is_empty() && !extras.is_empty() {
-            comm.all_reduce_sum(extras)?;
-        }
-        Ok((reduced, comm_time))
+        Ok(Reduced { grads, extras: summed_extras, comm_time })
     }
+}
+
+/// What [`GradientReducer::reduce`] returns.
+#[derive(Debug)]
+pub struct Reduced {
+    /// The k-averaged gradients, in parameter order.
+    pub grads: Vec<Tensor>,
+    /// The extras, summed over all ranks.
+    pub extras: Vec<f32>,
+    /// Time in the all-reduce (GPU time when the backend measures it).
+    pub comm_time: Duration,
 }
 
 #[cfg(test)]
@@ -125,10 +147,70 @@ mod tests {
         let (_vs, ps) = params(&[3, 2]);
         (ps[0].tensor.sum(Kind::Float) * 4.0).backward(); // grad of p0 = 4, p1 has none
         let mut reducer = GradientReducer::new(&ps, 8);
-        let mut extras = [2.5, 7.0];
-        let (grads, _) = reducer.reduce(&ps, &mut SoloCollective, 2.0, &mut extras).unwrap();
-        assert_eq!(Vec::<f32>::try_from(&grads[0]).unwrap(), vec![2.0; 3]);
-        assert_eq!(Vec::<f32>::try_from(&grads[1]).unwrap(), vec![0.0; 2]);
-        assert_eq!(extras, [2.5, 7.0]);
+        let reduced = reducer.reduce(&ps, &mut SoloCollective, 2.0, &Tensor::from_slice(&[2.5f32, 7.0])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&reduced.grads[0]).unwrap(), vec![2.0; 3]);
+        assert_eq!(Vec::<f32>::try_from(&reduced.grads[1]).unwrap(), vec![0.0; 2]);
+        assert_eq!(reduced.extras, [2.5, 7.0]);
+    }
+
+    #[test]
+    fn without_parameters_the_extras_are_still_summed() {
+        let mut reducer = GradientReducer::new(&[], DEFAULT_BUCKET_BYTES);
+        let reduced = reducer.reduce(&[], &mut SoloCollective, 2.0, &Tensor::from_slice(&[1.5f32])).unwrap();
+        assert!(reduced.grads.is_empty());
+        assert_eq!(reduced.extras, [1.5]);
+    }
+
+    /// Two ranks over the real TCP ring, several buckets: every gradient is exactly (a + b) / 2 as libtorch
+    /// computes it on the host (the old host-staged reducer's arithmetic), and the extras are exact sums.
+    #[test]
+    fn two_ranks_over_the_ring_get_the_host_arithmetic_bit_for_bit() {
+        use crate::collective::{RendezvousConfig, RingCollective};
+        use std::time::Duration;
+        let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let sizes = [7i64, 300, 5, 64, 1];
+        let grads_of = |rank: i64| -> Vec<Tensor> {
+            sizes.iter().map(|&n| Tensor::randn([n], (Kind::Float, Device::Cpu)) * (rank + 1) as f64).collect()
+        };
+        tch::manual_seed(11);
+        let per_rank: Vec<Vec<Tensor>> = (0..2).map(grads_of).collect();
+        let expected: Vec<Tensor> = (0..sizes.len()).map(|i| (&per_rank[0][i] + &per_rank[1][i]) / 2.0).collect();
+        let inputs: Vec<Vec<Vec<f32>>> =
+            per_rank.iter().map(|gs| gs.iter().map(|g| Vec::<f32>::try_from(g).unwrap()).collect()).collect();
+        let handles: Vec<_> = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(rank, grads)| {
+                std::thread::spawn(move || {
+                    let config = RendezvousConfig {
+                        address,
+                        rank,
+                        world: 2,
+                        join_timeout: Duration::from_secs(20),
+                        io_timeout: Duration::from_secs(20),
+                    };
+                    let mut ring = RingCollective::connect(&config).unwrap();
+                    let (_vs, ps) = params(&sizes);
+                    for (p, g) in ps.iter().zip(&grads) {
+                        // d/dp sum(p * g) = g, exactly
+                        (&p.tensor * Tensor::from_slice(g)).sum(Kind::Float).backward();
+                    }
+                    let mut reducer = GradientReducer::new(&ps, 310 * 4);
+                    assert!(reducer.bucket_count() > 1);
+                    let extras = Tensor::from_slice(&[rank as f32 + 0.5, 3.0]);
+                    let reduced = reducer.reduce(&ps, &mut ring, 2.0, &extras).unwrap();
+                    let grads: Vec<Vec<f32>> = reduced.grads.iter().map(|g| Vec::<f32>::try_from(g).unwrap()).collect();
+                    (grads, reduced.extras)
+                })
+            })
+            .collect();
+        for handle in handles {
+            let (grads, extras) = handle.join().unwrap();
+            assert_eq!(extras, [2.0, 6.0]);
+            for (got, want) in grads.iter().zip(&expected) {
+                let want = Vec::<f32>::try_from(want).unwrap();
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{got:?} != {want:?}");
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use ringtrain_core::{Effective, JobSpec};
 use tch::nn::{ModuleT, VarStore};
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 use crate::batch_norm::BatchNormState;
 use crate::checkpoint::{PartialEpoch, Replica, StartPoint};
@@ -28,6 +28,7 @@ use crate::gradients::{GradientReducer, DEFAULT_BUCKET_BYTES};
 use crate::metrics::EpochRecord;
 use crate::models;
 use crate::optim::{Sgd, SgdConfig};
+use crate::precision;
 
 mod epochs;
 
@@ -71,6 +72,9 @@ pub struct TrainOptions {
     /// When this file exists, this rank asks every rank to stop after the current iteration with a
     /// checkpoint of it (the agent creates it on preemption). Looked at once per iteration.
     pub stop_file: Option<PathBuf>,
+    /// Wait for the GPU at each phase boundary so [`PhaseTimes`] are GPU times, not kernel-launch times
+    /// (benchmarks only: it costs the overlap of host and device).
+    pub sync_phases: bool,
 }
 
 impl Default for TrainOptions {
@@ -84,6 +88,7 @@ impl Default for TrainOptions {
             dataset_file: None,
             eval_batch: 1000,
             stop_file: None,
+            sync_phases: false,
         }
     }
 }
@@ -157,10 +162,11 @@ impl<'c> Trainer<'c> {
             spec.workers,
             comm.world_size()
         );
-        let data = match &options.dataset_file {
+        let mut data = match &options.dataset_file {
             Some(path) => Dataset::load_safetensors(path, spec.train_samples, spec.test_samples)?,
             None => Dataset::load(&spec.dataset, spec.train_samples, spec.test_samples)?,
         };
+        data.normalise_on(options.device);
         let effective = Effective::new(spec, data.train.len() as u64)
             .map_err(|errors| JobError(format!("invalid spec for this dataset: {}", join(&errors))))?;
 
@@ -204,6 +210,11 @@ impl<'c> Trainer<'c> {
         self
     }
 
+    /// Whether phase times wait for the GPU (see [`TrainOptions::sync_phases`]).
+    pub fn sync_phases(&mut self, on: bool) {
+        self.options.sync_phases = on;
+    }
+
     pub fn effective(&self) -> &Effective {
         &self.effective
     }
@@ -221,21 +232,25 @@ impl<'c> Trainer<'c> {
     }
 
     /// One iteration: forward/backward of every virtual rank's batch, the gradient all-reduce, the update.
+    /// On a GPU nothing waits for the device before the all-reduce: the loss and error counts stay on it
+    /// and ride in the last gradient bucket, and the one read back to the host is the summed extras.
     pub fn train_step(&mut self, iteration: u64, step_in_epoch: usize, permutation: &[i64]) -> Result<StepOutcome> {
         self.faults.crash_if_due(iteration, self.comm.rank());
         self.opt.zero_grad();
-        let mut mine = StepTally { loss_sum: 0.0, wrong: 0.0, stop: false };
+        let device = self.options.device;
+        // f64 sums, as the ranks' f32 values would be summed on the host
+        let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
+        let mut wrong = Tensor::zeros([], (Kind::Int64, device));
         for j in 0..self.virtual_ranks() {
-            let (loss, wrong) = self.micro_batch(iteration, j, step_in_epoch, permutation);
-            mine.loss_sum += loss;
-            mine.wrong += wrong;
+            let (loss, misclassified) = self.micro_batch(iteration, j, step_in_epoch, permutation);
+            loss_sum += loss.to_kind(Kind::Double);
+            wrong += misclassified;
         }
-        mine.stop = self.stop_requested(iteration);
-        let mut extras = mine.pack();
-        let (grads, allreduce) =
-            self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &mut extras)?;
-        let all = StepTally::unpack(extras);
-        self.times.allreduce += allreduce;
+        let stop = self.stop_requested(iteration);
+        let extras = StepTally::pack_on_device(&loss_sum, &wrong, stop);
+        let reduced = self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &extras)?;
+        let all = StepTally::unpack(&reduced.extras);
+        self.times.allreduce += reduced.comm_time;
         let loss = all.loss_sum / self.total_ranks as f64;
         if !loss.is_finite() {
             return Err(JobError(format!(
@@ -245,33 +260,45 @@ impl<'c> Trainer<'c> {
             .into());
         }
         let lr = self.effective.lr_at(iteration);
-        let started = Instant::now();
-        self.opt.step(lr, &grads);
-        self.times.optimizer += started.elapsed();
+        let started = self.clock();
+        self.opt.step(lr, &reduced.grads);
+        self.times.optimizer += self.clock() - started;
         self.times.steps += 1;
-        let rank_loss = mine.loss_sum / self.virtual_ranks() as f64;
-        Ok(StepOutcome { lr, loss, rank_loss, wrong: all.wrong, allreduce, stop: all.stop })
+        let rank_loss = loss_sum.double_value(&[]) / self.virtual_ranks() as f64;
+        Ok(StepOutcome { lr, loss, rank_loss, wrong: all.wrong, allreduce: reduced.comm_time, stop: all.stop })
     }
 
     /// Forward and backward of virtual rank j's micro-batch, with that rank's BatchNorm statistics; returns
-    /// its mean loss and how many of its samples it misclassified.
-    fn micro_batch(&mut self, iteration: u64, j: usize, step_in_epoch: usize, permutation: &[i64]) -> (f64, f64) {
+    /// its mean loss and how many of its samples it misclassified, as scalars on the device.
+    fn micro_batch(&mut self, iteration: u64, j: usize, step_in_epoch: usize, permutation: &[i64]) -> (Tensor, Tensor) {
         let virtual_rank = self.comm.rank() * self.virtual_ranks() + j;
         self.bn.swap_in(j);
         let n = self.spec.per_worker_batch as usize;
         let indices = batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n);
-        let (mut x, y) = self.data.train_batch(indices, self.options.device);
+        let device = self.options.device;
+        let (mut x, y) = self.data.train_batch(indices, device);
         self.faults.poison_if_due(iteration, &mut x);
-        let started = Instant::now();
-        let logits = self.model.forward_t(&x, true);
-        let loss = logits.cross_entropy_for_logits(&y);
-        self.times.forward += started.elapsed();
-        let started = Instant::now();
+        let started = self.clock();
+        let (logits, loss) = precision::forward_in(self.spec.precision, device, || {
+            let logits = self.model.forward_t(&x, true);
+            let loss = logits.cross_entropy_for_logits(&y);
+            (logits, loss)
+        });
+        let forwarded = self.clock();
+        self.times.forward += forwarded - started;
         loss.backward();
-        self.times.backward += started.elapsed();
-        let wrong = logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64).int64_value(&[]) as f64;
+        self.times.backward += self.clock() - forwarded;
+        let wrong = logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64);
         self.bn.swap_out(j);
-        (loss.double_value(&[]), wrong)
+        (loss.detach(), wrong)
+    }
+
+    /// Now, for phase times: after waiting for the GPU when `sync_phases` asks for GPU times.
+    fn clock(&self) -> Instant {
+        if let (true, Device::Cuda(index)) = (self.options.sync_phases, self.options.device) {
+            tch::Cuda::synchronize(index as i64);
+        }
+        Instant::now()
     }
 
     fn stop_requested(&self, iteration: u64) -> bool {
@@ -292,10 +319,14 @@ impl<'c> Trainer<'c> {
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
                 let (x, y) = self.data.test_batch(start, size, self.options.device);
-                let logits = self.model.forward_t(&x, false);
+                let (logits, loss) = precision::forward_in(self.spec.precision, self.options.device, || {
+                    let logits = self.model.forward_t(&x, false);
+                    let loss = logits.cross_entropy_for_logits(&y);
+                    (logits, loss)
+                });
                 mine.wrong += logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64).int64_value(&[]) as f32;
                 mine.seen += size as f32;
-                mine.loss_sum += logits.cross_entropy_for_logits(&y).double_value(&[]) as f32 * size as f32;
+                mine.loss_sum += loss.double_value(&[]) as f32 * size as f32;
                 start += size;
             }
         });
@@ -337,14 +368,16 @@ struct StepTally {
 }
 
 impl StepTally {
-    /// It rides in the gradients' f32 buffer (see [`GradientReducer::reduce`]): `stop` goes as 1 or 0, so
-    /// its sum is the number of ranks asking, and any is enough.
-    fn pack(self) -> [f32; 3] {
-        [self.loss_sum as f32, self.wrong as f32, f32::from(u8::from(self.stop))]
+    /// It rides in the gradients' f32 buffer on the device (see [`GradientReducer::reduce`]): `stop` goes
+    /// as 1 or 0, so its sum is the number of ranks asking, and any is enough.
+    fn pack_on_device(loss_sum: &Tensor, wrong: &Tensor, stop: bool) -> Tensor {
+        let stop = Tensor::from(f32::from(u8::from(stop))).to_device(loss_sum.device());
+        Tensor::stack(&[loss_sum.to_kind(Kind::Float), wrong.to_kind(Kind::Float), stop], 0)
     }
 
-    fn unpack(summed: [f32; 3]) -> StepTally {
-        StepTally { loss_sum: f64::from(summed[0]), wrong: f64::from(summed[1]), stop: summed[2] > 0.0 }
+    fn unpack(summed: &[f32]) -> StepTally {
+        let at = |i: usize| summed.get(i).copied().unwrap_or(0.0);
+        StepTally { loss_sum: f64::from(at(0)), wrong: f64::from(at(1)), stop: at(2) > 0.0 }
     }
 }
 

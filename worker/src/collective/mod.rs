@@ -1,16 +1,18 @@
 //! Collective communication between the ranks of a job.
 //!
-//! The trait works on host `f32` slices; [`Collective::all_reduce_sum_tensor`] is the entry point the
-//! trainer uses, with a default that stages through host memory, so a device-native backend (NCCL) can
-//! override it to reduce GPU buffers in place without touching the trainer.
+//! The trait works on host `f32` slices; [`Collective::all_reduce_sum_tensors`] is the entry point the
+//! gradient reducer uses, with a default that stages through host memory, which the device-native backend
+//! ([`NcclCollective`]) overrides to sum GPU buffers in place. [`Backend`] picks one for a rank.
 
+mod nccl;
 mod rendezvous;
 mod ring;
 
 use std::time::Duration;
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
+pub use nccl::NcclCollective;
 pub use rendezvous::RendezvousConfig;
 pub use ring::RingCollective;
 
@@ -26,6 +28,14 @@ pub enum CommError {
     Rendezvous(String),
     #[error("I/O error talking to rank {peer}: {source}")]
     Io { peer: usize, source: std::io::Error },
+    /// NCCL or CUDA failed (the message says which call and why), and no neighbour was seen to die.
+    #[error("{0}")]
+    Device(String),
+    #[error("the GPU {op} did not finish within {timeout:?}: a rank is stalled or gone (NCCL saw no error)")]
+    DeviceTimedOut { op: &'static str, timeout: Duration },
+    /// The backend cannot serve this rank at all (e.g. NCCL for a CPU rank).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 pub type CommResult<T> = Result<T, CommError>;
@@ -48,10 +58,27 @@ pub trait Collective {
     /// Bytes this rank has sent so far (to check the bandwidth-optimal bound).
     fn bytes_sent(&self) -> u64;
 
+    /// What carries tensors: "ring", "nccl" or "none" (a world of one process).
+    fn backend(&self) -> &'static str {
+        "ring"
+    }
+
     /// All-reduces a contiguous f32 tensor in place. Host backends stage through a reusable buffer;
     /// device backends override this.
     fn all_reduce_sum_tensor(&mut self, tensor: &mut Tensor, staging: &mut Vec<f32>) -> CommResult<()> {
         stage(tensor, staging, |buf| self.all_reduce_sum(buf))
+    }
+
+    /// All-reduces several contiguous f32 tensors in place, in order, and returns when all are done (a
+    /// device backend enqueues them all and waits once).
+    fn all_reduce_sum_tensors(&mut self, tensors: &mut [Tensor], staging: &mut Vec<f32>) -> CommResult<()> {
+        tensors.iter_mut().try_for_each(|t| self.all_reduce_sum_tensor(t, staging))
+    }
+
+    /// GPU time of the last tensor collective, when the backend measures it (CUDA events): on a GPU the
+    /// host's clock would count the wait for backward's kernels too.
+    fn last_device_time(&self) -> Option<Duration> {
+        None
     }
 
     /// Broadcasts a contiguous f32 tensor in place from `root`.
@@ -60,7 +87,11 @@ pub trait Collective {
     }
 }
 
-fn stage(tensor: &mut Tensor, staging: &mut Vec<f32>, op: impl FnOnce(&mut [f32]) -> CommResult<()>) -> CommResult<()> {
+pub(crate) fn stage(
+    tensor: &mut Tensor,
+    staging: &mut Vec<f32>,
+    op: impl FnOnce(&mut [f32]) -> CommResult<()>,
+) -> CommResult<()> {
     to_host(std::iter::once(&*tensor), staging);
     op(&mut staging[..])?;
     from_host(staging, std::iter::once(&*tensor));
@@ -94,6 +125,55 @@ pub(crate) fn from_host<'a>(host: &[f32], tensors: impl IntoIterator<Item = &'a 
     });
 }
 
+/// Which collective a rank's gradients travel on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// NCCL when the rank is on a GPU and libnccl loads; the TCP ring otherwise.
+    #[default]
+    Auto,
+    Ring,
+    Nccl,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Backend, String> {
+        match text {
+            "auto" => Ok(Backend::Auto),
+            "ring" | "tcp" => Ok(Backend::Ring),
+            "nccl" => Ok(Backend::Nccl),
+            other => Err(format!("{other:?} is not a collective: use auto, ring or nccl")),
+        }
+    }
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Ring => "ring",
+            Backend::Nccl => "nccl",
+        }
+    }
+
+    /// Connects this rank (`device` is where its tensors live) with the chosen backend. `auto` on a GPU
+    /// falls back to the ring, with a note on stderr, only when NCCL cannot be loaded at all.
+    pub fn connect(self, config: &RendezvousConfig, device: Device) -> CommResult<Box<dyn Collective>> {
+        match self {
+            Backend::Ring => Ok(Box::new(RingCollective::connect(config)?)),
+            Backend::Nccl => Ok(Box::new(NcclCollective::connect(config, device)?)),
+            Backend::Auto if !device.is_cuda() => Ok(Box::new(RingCollective::connect(config)?)),
+            Backend::Auto => match crate::cuda::nccl::Nccl::load() {
+                Ok(_) => Ok(Box::new(NcclCollective::connect(config, device)?)),
+                Err(why) => {
+                    eprintln!("rank {}: NCCL unavailable ({why}); gradients go over the TCP ring", config.rank);
+                    Ok(Box::new(RingCollective::connect(config)?))
+                }
+            },
+        }
+    }
+}
+
 /// The world of one process: every collective is the identity.
 #[derive(Debug, Default)]
 pub struct SoloCollective;
@@ -113,5 +193,8 @@ impl Collective for SoloCollective {
     }
     fn bytes_sent(&self) -> u64 {
         0
+    }
+    fn backend(&self) -> &'static str {
+        "none"
     }
 }

@@ -59,6 +59,23 @@ impl RingCollective {
         self
     }
 
+    /// A neighbour whose connection is closed (it died), found without blocking: the idle ring links double
+    /// as a liveness probe when a device collective fails, so the error can name the dead rank.
+    pub fn closed_neighbour(&self) -> Option<usize> {
+        let (left, right) = self.links.as_ref()?;
+        [(left, self.left_rank()), (right, self.right_rank())].into_iter().find_map(|(link, peer)| {
+            link.set_nonblocking(true).ok()?;
+            let mut byte = [0u8; 1];
+            let closed = match link.peek(&mut byte) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() != ErrorKind::WouldBlock,
+            };
+            let _ = link.set_nonblocking(false);
+            closed.then_some(peer)
+        })
+    }
+
     fn left_rank(&self) -> usize {
         (self.rank + self.world - 1) % self.world
     }

@@ -1,0 +1,120 @@
+//! `ringtrain bench`: measurements printed side by side with the reference they are judged against, as a
+//! table or (`--json`) one JSON object per measurement.
+//!
+//! - `allreduce`: algbw and busbw (nccl-tests definitions) of the TCP ring, next to this machine's memcpy
+//!   bandwidth, or of NCCL on GPUs, with exactness checked.
+//! - `train`: samples/s and time per step by phase, for k ranks next to one rank without communication
+//!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh).
+//! - `scheduler`, `api`: the placement policy's pass time and the REST API under load.
+//! - `submit` (in `latency`): submit -> first iteration through the platform, next to the ranks alone.
+
+mod allreduce;
+mod services;
+mod train;
+
+use std::net::TcpListener;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ringtrain_worker::{Collective, RendezvousConfig, RingCollective};
+
+pub use allreduce::AllreduceArgs;
+pub use services::{ApiArgs, SchedulerArgs};
+pub use train::TrainArgs;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Bench {
+    /// All-reduce bandwidth: the TCP ring (k ranks as threads on 127.0.0.1) or NCCL (k GPU processes).
+    Allreduce(AllreduceArgs),
+    /// Training throughput and time per step by phase.
+    Train(TrainArgs),
+    /// Time of one placement-policy pass on a synthetic cluster (pure CPU, no database).
+    Scheduler(SchedulerArgs),
+    /// Submit -> first iteration reported, through a running server and its agents (e.g. `ringtrain up`), next
+    /// to the same spec's k rank processes started directly.
+    Submit(super::latency::SubmitArgs),
+    /// REST API load: job submissions per second with p50/p99 latency, and `GET /v1/jobs` page latency with a
+    /// large run history, against a running `ringtrain serve` (use Postgres for the figures that matter).
+    Api(ApiArgs),
+}
+
+pub fn run(bench: Bench) -> ExitCode {
+    let outcome = match bench {
+        Bench::Allreduce(args) => allreduce::run(&args),
+        Bench::Train(args) => train::run(&args),
+        Bench::Scheduler(args) => services::scheduler(&args),
+        Bench::Api(args) => services::api(&args),
+        Bench::Submit(args) => super::latency::run(&args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bench: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub(crate) fn parse_size(text: &str) -> Result<usize> {
+    let upper = text.trim().to_ascii_uppercase();
+    let (digits, unit) = upper.split_at(upper.find(|c: char| !c.is_ascii_digit()).unwrap_or(upper.len()));
+    let n: usize = digits.parse().with_context(|| format!("bad size {text:?}"))?;
+    let scale = match unit {
+        "" | "B" => 1,
+        "KB" | "K" => 1 << 10,
+        "MB" | "M" => 1 << 20,
+        "GB" | "G" => 1 << 30,
+        other => anyhow::bail!("unknown unit {other:?} in {text:?}"),
+    };
+    Ok(n * scale)
+}
+
+fn free_address() -> Result<std::net::SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// Runs `body` on `world` ranks connected in a ring (threads), returning rank 0's result.
+pub(crate) fn on_ring<T: Send + 'static>(
+    world: usize,
+    body: impl Fn(&mut dyn Collective) -> Result<T> + Send + Sync + Clone + 'static,
+) -> Result<T> {
+    let address = free_address()?;
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let body = body.clone();
+            std::thread::spawn(move || -> Result<T> {
+                let config = RendezvousConfig {
+                    address,
+                    rank,
+                    world,
+                    join_timeout: Duration::from_secs(30),
+                    io_timeout: Duration::from_secs(120),
+                };
+                let mut ring = RingCollective::connect(&config)?;
+                body(&mut ring)
+            })
+        })
+        .collect();
+    let mut results: Vec<Result<T>> =
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))).collect();
+    for r in results.iter().skip(1) {
+        if let Err(e) = r {
+            anyhow::bail!("a rank failed: {e:#}");
+        }
+    }
+    results.swap_remove(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("1MB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("256mb").unwrap(), 256 << 20);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("3XB").is_err());
+    }
+}

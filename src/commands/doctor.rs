@@ -1,0 +1,77 @@
+//! `ringtrain doctor`: what this binary and machine can do (libtorch, CUDA devices, cuDNN, NCCL, CPU threads,
+//! data sets), as a table or `--json`. Node agents run it at start to check the GPUs they are asked to offer.
+
+use std::process::ExitCode;
+
+use ringtrain_protocol::doctor::DoctorReport;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let report = ringtrain_worker::doctor::probe();
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("doctor: error: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", table(&report));
+    }
+    ExitCode::SUCCESS
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// The report as aligned `what  value` lines.
+pub fn table(r: &DoctorReport) -> String {
+    let mut rows: Vec<(String, String)> = vec![
+        ("ringtrain".into(), r.ringtrain_version.clone()),
+        ("libtorch (built against)".into(), r.libtorch.version.clone()),
+        ("libtorch CUDA build".into(), yes_no(r.libtorch.cuda_build).into()),
+        ("CUDA available".into(), yes_no(r.cuda.available).into()),
+        ("CUDA devices (libtorch)".into(), r.cuda.device_count.to_string()),
+    ];
+    for gpu in &r.cuda.devices {
+        rows.push((
+            format!("  GPU {}", gpu.index),
+            format!("{}, {:.1} GiB", gpu.name, gpu.memory_bytes as f64 / f64::from(1u32 << 30)),
+        ));
+    }
+    rows.push(("driver CUDA".into(), r.cuda.driver_cuda.clone().unwrap_or_else(|| "-".into())));
+    rows.push(("cuDNN".into(), r.cuda.cudnn_version.map_or("-".into(), |v| v.to_string())));
+    if let Some(v) = &r.cuda.visible_devices {
+        rows.push(("CUDA_VISIBLE_DEVICES".into(), v.clone()));
+    }
+    if let Some(why) = &r.cuda.why_not {
+        rows.push(("why no CUDA".into(), why.clone()));
+    }
+    let nccl = match (&r.nccl.version, &r.nccl.error) {
+        (Some(v), _) => format!("yes, {v}"),
+        (None, Some(e)) => format!("no: {e}"),
+        (None, None) => yes_no(r.nccl.loadable).into(),
+    };
+    rows.push(("NCCL".into(), nccl));
+    rows.push(("CPU threads".into(), format!("{} (libtorch uses {})", r.cpu_threads, r.libtorch_threads)));
+    for d in &r.datasets {
+        rows.push((
+            format!("dataset {}", d.name),
+            format!("{} ({})", if d.present { "present" } else { "missing" }, d.path),
+        ));
+    }
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    rows.iter().map(|(k, v)| format!("{k:width$}  {v}\n")).collect()
+}
