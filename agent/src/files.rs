@@ -1,25 +1,58 @@
-//! The files a rank needs before it starts: the uploaded dataset it trains on (downloaded once per node) and,
-//! for rank 0 of a resumed placement, the checkpoint it resumes from.
+//! The files a rank needs before it starts: the uploaded dataset it trains on (downloaded once per node,
+//! checked against the sha256 the server sent, the cached copy too) and, for rank 0 of a resumed placement,
+//! the checkpoint it resumes from, unpacked strictly: only the trainer's own folder and file names, regular
+//! files and folders, nothing that could write outside the placement's folder.
 
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use ringtrain_protocol::{Checkpoint, Work};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::rank::AgentContext;
 
-/// The file of an uploaded dataset, downloaded once per node.
+/// The file of an uploaded dataset, downloaded once per node. A cached copy whose sha256 is not the one the
+/// server sent is downloaded again.
 pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work) -> Result<Option<PathBuf>> {
     let Some(dataset) = work.spec.get("dataset").and_then(Value::as_str) else { return Ok(None) };
     let Ok(id) = dataset.parse::<uuid::Uuid>() else { return Ok(None) };
+    let expected = work.dataset_sha256.as_deref();
     let dir = ctx.work_dir.join("datasets");
     tokio::fs::create_dir_all(&dir).await?;
     let path = dir.join(format!("{id}.safetensors"));
-    if !path.exists() {
-        ctx.client.download(&format!("/v1/agent/datasets/{id}"), &path, None).await?;
+    let cached_ok = match (path.exists(), expected) {
+        (false, _) => false,
+        (true, None) => true,
+        (true, Some(expected)) => {
+            let cached = path.clone();
+            let digest = tokio::task::spawn_blocking(move || sha256_of(&cached)).await??;
+            let ok = digest.eq_ignore_ascii_case(expected);
+            if !ok {
+                tracing::warn!(dataset = %id, "the cached dataset's sha256 is not the server's: downloading it again");
+            }
+            ok
+        }
+    };
+    if !cached_ok {
+        ctx.client.download(&format!("/v1/agent/datasets/{id}"), &path, expected).await?;
     }
     Ok(Some(path))
+}
+
+fn sha256_of(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+    }
+    Ok(ringtrain_core::hex(&hasher.finalize()))
 }
 
 /// Downloads and unpacks the checkpoint a resumed placement starts from; returns the folder for
@@ -36,22 +69,159 @@ pub(crate) async fn fetch_checkpoint(
     let target = placement_dir.join("resume");
     let unpacked = target.clone();
     let name = tokio::task::spawn_blocking(move || -> Result<String> {
-        if unpacked.exists() {
-            std::fs::remove_dir_all(&unpacked)?;
-        }
-        std::fs::create_dir_all(&unpacked)?;
-        let mut tar = tar::Archive::new(std::fs::File::open(&archive)?);
-        tar.unpack(&unpacked).context("cannot unpack the checkpoint archive")?;
-        let name = std::fs::read_dir(&unpacked)?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|n| n.starts_with("epoch-"))
-            .context("the checkpoint archive holds no epoch-NNNN folder")?;
-        std::fs::write(unpacked.join(ringtrain_protocol::rank::LATEST), &name)?;
+        let name = unpack_checkpoint(&archive, &unpacked)?;
         std::fs::remove_file(&archive)?;
         Ok(name)
     })
     .await??;
     tracing::info!(checkpoint = %name, epoch = checkpoint.epoch, "resuming");
     Ok(target)
+}
+
+/// The trainer's checkpoint folder names: `epoch-NNNN`, or `epoch-NNNN-iter-NNNNNNNNNN` mid-epoch.
+fn is_checkpoint_folder(name: &str) -> bool {
+    let digits =
+        |t: &str, min: usize, max: usize| (min..=max).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = name.strip_prefix("epoch-") else { return false };
+    match rest.split_once("-iter-") {
+        Some((epoch, iteration)) => digits(epoch, 4, 10) && digits(iteration, 10, 20),
+        None => digits(rest, 4, 10),
+    }
+}
+
+/// The files a trainer checkpoint folder holds.
+const CHECKPOINT_FILES: &[&str] =
+    &["model.safetensors", "optimizer.safetensors", "batch_norm.safetensors", "state.json"];
+
+/// Unpacks a checkpoint archive into a fresh `into`: one checkpoint folder and the trainer's files in it,
+/// regular files and folders only (no links, devices or other paths), then writes `latest` naming the
+/// folder, refusing to follow anything already there. Returns the folder's name.
+pub(crate) fn unpack_checkpoint(archive: &Path, into: &Path) -> Result<String> {
+    if into.exists() {
+        std::fs::remove_dir_all(into)?;
+    }
+    std::fs::create_dir_all(into)?;
+    let mut tar = tar::Archive::new(std::fs::File::open(archive)?);
+    let mut folder: Option<String> = None;
+    for entry in tar.entries().context("cannot read the checkpoint archive")? {
+        let mut entry = entry.context("cannot read the checkpoint archive")?;
+        let path = entry.path()?.into_owned();
+        let parts: Vec<String> = path
+            .components()
+            .map(|c| match c {
+                Component::Normal(part) => Ok(part.to_string_lossy().into_owned()),
+                _ => bail!("the checkpoint archive holds a path {path:?} outside its folder"),
+            })
+            .collect::<Result<_>>()?;
+        let kind = entry.header().entry_type();
+        let top = parts.first().context("the checkpoint archive holds an empty path")?;
+        if !is_checkpoint_folder(top) || folder.as_ref().is_some_and(|f| f != top) {
+            bail!("the checkpoint archive holds {path:?}, not one epoch-NNNN folder");
+        }
+        folder = Some(top.clone());
+        match (parts.len(), kind) {
+            (1, tar::EntryType::Directory) => std::fs::create_dir_all(into.join(top))?,
+            (2, tar::EntryType::Regular) if CHECKPOINT_FILES.contains(&parts[1].as_str()) => {
+                std::fs::create_dir_all(into.join(top))?;
+                let destination = into.join(top).join(&parts[1]);
+                let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&destination)?;
+                std::io::copy(&mut entry, &mut file)?;
+            }
+            _ => bail!("the checkpoint archive holds {path:?} ({kind:?}), which is not a checkpoint file"),
+        }
+    }
+    let folder = folder.context("the checkpoint archive holds no epoch-NNNN folder")?;
+    let mut latest =
+        std::fs::OpenOptions::new().write(true).create_new(true).open(into.join(ringtrain_protocol::rank::LATEST))?;
+    std::io::Write::write_all(&mut latest, folder.as_bytes())?;
+    Ok(folder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Tar = tar::Builder<std::fs::File>;
+    /// Writes one hostile archive's entries.
+    type Build<'a> = Box<dyn Fn(&mut Tar) + 'a>;
+
+    fn archive(dir: &Path, build: impl FnOnce(&mut Tar)) -> PathBuf {
+        let path = dir.join("a.tar");
+        let mut builder = tar::Builder::new(std::fs::File::create(&path).unwrap());
+        build(&mut builder);
+        builder.finish().unwrap();
+        path
+    }
+
+    /// A header whose name is written byte for byte (tar's own setters refuse `..`, which a hostile
+    /// archive would not).
+    fn header(path: &str, size: u64, kind: tar::EntryType) -> tar::Header {
+        let mut header = tar::Header::new_gnu();
+        let name = &mut header.as_gnu_mut().unwrap().name;
+        name[..path.len()].copy_from_slice(path.as_bytes());
+        header.set_size(size);
+        header.set_mode(0o644);
+        header.set_entry_type(kind);
+        header
+    }
+
+    fn file(builder: &mut tar::Builder<std::fs::File>, path: &str, bytes: &[u8]) {
+        let mut header = header(path, bytes.len() as u64, tar::EntryType::Regular);
+        header.set_cksum();
+        builder.append(&header, bytes).unwrap();
+    }
+
+    fn link(builder: &mut tar::Builder<std::fs::File>, path: &str, target: &Path, kind: tar::EntryType) {
+        let mut header = header(path, 0, kind);
+        header.set_link_name(target).unwrap();
+        header.set_cksum();
+        builder.append(&header, std::io::empty()).unwrap();
+    }
+
+    #[test]
+    fn a_trainer_checkpoint_unpacks_with_latest() {
+        let dir = tempfile::tempdir().unwrap();
+        let tar = archive(dir.path(), |b| {
+            file(b, "epoch-0002/state.json", b"{}");
+            file(b, "epoch-0002/model.safetensors", b"weights");
+        });
+        let into = dir.path().join("resume");
+        assert_eq!(unpack_checkpoint(&tar, &into).unwrap(), "epoch-0002");
+        assert_eq!(std::fs::read(into.join("epoch-0002/model.safetensors")).unwrap(), b"weights");
+        assert_eq!(std::fs::read_to_string(into.join("latest")).unwrap(), "epoch-0002");
+    }
+
+    /// A `latest` symlink planted in the archive must not make the agent write through it, and a folder
+    /// name carrying a payload is refused.
+    #[test]
+    fn hostile_archives_write_nothing_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let hostile: Vec<Build<'_>> = vec![
+            Box::new(|b| {
+                link(b, "latest", &victim, tar::EntryType::Symlink);
+                file(b, "epoch-0001/state.json", b"{}");
+            }),
+            Box::new(|b| {
+                file(b, "epoch-0001/state.json", b"{}");
+                link(b, "epoch-0001/model.safetensors", &victim, tar::EntryType::Symlink);
+            }),
+            Box::new(|b| link(b, "epoch-0001/model.safetensors", &victim, tar::EntryType::Link)),
+            Box::new(|b| file(b, "epoch-\nssh-ed25519 AAAA attacker/state.json", b"{}")),
+            Box::new(|b| file(b, "epoch-0001/../../victim", b"overwritten")),
+            Box::new(|b| file(b, "epoch-0001/.bashrc", b"x")),
+            Box::new(|b| {
+                file(b, "epoch-0001/state.json", b"{}");
+                file(b, "epoch-0002/state.json", b"{}");
+            }),
+        ];
+        for (i, build) in hostile.iter().enumerate() {
+            let case = dir.path().join(format!("case{i}"));
+            std::fs::create_dir_all(&case).unwrap();
+            let tar = archive(&case, |b| build(b));
+            assert!(unpack_checkpoint(&tar, &case.join("resume")).is_err(), "case {i} was accepted");
+            assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched", "case {i}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! caller cannot tell another team's job from no job at all. A store failure stays a store failure (503),
 //! never a 404.
 
-use ringtrain_core::{AssignmentId, JobId, NodeId};
+use ringtrain_core::{AssignmentId, AssignmentState, DatasetRef, JobId, NodeId};
 use ringtrain_store::{Assignment, Job, Node};
 use uuid::Uuid;
 
@@ -51,4 +51,33 @@ pub async fn assigned_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i3
         }
     }
     Err(not_found())
+}
+
+/// The job, if this agent holds rank 0 of its attempt `attempt`; else 404. Only that agent reports a
+/// success and uploads checkpoints: any other agent could otherwise choose the job's result or every later
+/// placement's resume point.
+pub async fn rank_zero_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i32) -> ApiResult<Job> {
+    let not_found = || ApiError::not_found(format!("no job {id} attempt {attempt} with rank 0 on this agent"));
+    let job = state.store.get_job(JobId(id)).await?.ok_or_else(not_found)?;
+    let assignments = state.store.job_assignments(job.id, attempt).await?;
+    let Some(rank_zero) = assignments.iter().find(|a| a.rank == 0) else { return Err(not_found()) };
+    match state.store.get_node(rank_zero.node_id).await? {
+        Some(node) if node.agent_token_id == agent.token.id => Ok(job),
+        _ => Err(not_found()),
+    }
+}
+
+/// Whether this agent holds a live rank of a job that trains on uploaded dataset `dataset`: the only time
+/// it may download it.
+pub async fn agent_uses_dataset(state: &AppState, agent: &Agent, dataset: Uuid) -> ApiResult<bool> {
+    let wanted = DatasetRef::Uploaded(dataset).to_string();
+    for node in state.store.list_nodes().await?.into_iter().filter(|n| n.agent_token_id == agent.token.id) {
+        for assignment in state.store.node_assignments(node.id, &AssignmentState::LIVE).await? {
+            let job = state.store.get_job(assignment.job_id).await?;
+            if job.is_some_and(|j| j.attempt == assignment.attempt && j.spec["dataset"].as_str() == Some(&wanted)) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }

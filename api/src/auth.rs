@@ -1,6 +1,10 @@
 //! Bearer-token authentication. Tokens are looked up by their sha256; the extractors below give handlers
-//! the caller's role and team. Missing or unknown tokens are 401; a token used outside its kind (an agent
-//! token on a user route or the other way round) is 403.
+//! the caller's role and team. Missing, unknown, revoked or expired tokens are 401; a token used outside its
+//! kind (an agent token on a user route or the other way round) is 403.
+//!
+//! Who may do what: a platform admin (the bootstrap token, or one it made) creates teams, sets quotas, mints
+//! agent tokens and manages every team's tokens; a team admin manages its own team's tokens; members submit
+//! and cancel; viewers read. Every user token acts inside its own team only.
 
 use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts};
@@ -20,7 +24,20 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<TokenInfo, ApiE
         Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => token.trim(),
         _ => return Err(ApiError::unauthorized("the Authorization header must be `Bearer <token>`")),
     };
-    state.store.find_token(&hash_token(token)).await?.ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))
+    let info = state
+        .store
+        .find_token(&hash_token(token))
+        .await?
+        .ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))?;
+    let now = ringtrain_store::now();
+    if !info.is_live(now) {
+        return Err(ApiError::unauthorized("this token has expired"));
+    }
+    // last use, to the minute: no write on every request
+    if info.last_used_at.is_none_or(|at| now - at > chrono::Duration::seconds(60)) {
+        state.store.touch_token(info.id, now).await?;
+    }
+    Ok(info)
 }
 
 /// A user token: admin, member or viewer of one team.
@@ -44,11 +61,30 @@ impl User {
         }
     }
 
-    pub fn require_admin(&self) -> Result<(), ApiError> {
-        if self.role() == Role::Admin {
+    pub fn is_platform_admin(&self) -> bool {
+        self.token.platform && self.role() == Role::Admin
+    }
+
+    /// Creating teams, setting quotas and minting agent tokens are the platform admin's.
+    pub fn require_platform_admin(&self) -> Result<(), ApiError> {
+        if self.is_platform_admin() {
             Ok(())
         } else {
-            Err(ApiError::forbidden("only an admin token can manage teams and tokens"))
+            Err(ApiError::forbidden(
+                "only a platform admin can create teams, set quotas and manage agent tokens (a team admin manages its own team's tokens)",
+            ))
+        }
+    }
+
+    /// Managing `team`'s tokens: its own admins and platform admins. Another team does not exist for a team
+    /// admin (404, as for its jobs); members and viewers are refused (403).
+    pub fn require_admin_of(&self, team: TeamId) -> Result<(), ApiError> {
+        if self.is_platform_admin() || (self.role() == Role::Admin && self.owns(team)) {
+            Ok(())
+        } else if self.role() == Role::Admin {
+            Err(ApiError::not_found(format!("no team {team}")))
+        } else {
+            Err(ApiError::forbidden("only an admin token can manage tokens"))
         }
     }
 

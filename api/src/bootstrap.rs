@@ -1,6 +1,7 @@
-//! The first admin token. On an empty database `ringtrain serve` creates the team `default` and an admin
-//! token in it and prints the token once; with `RINGTRAIN_BOOTSTRAP_TOKEN` set, that token is made an admin
-//! token of `default` instead (idempotently), so scripted set-ups know it in advance.
+//! The first admin token: a platform admin (creates teams, sets quotas, mints agent tokens), and an admin of
+//! the team `default`. On an empty database `ringtrain serve` creates that team and the token and prints
+//! the token once; with `RINGTRAIN_BOOTSTRAP_TOKEN` set, that token is made instead (idempotently), so
+//! scripted set-ups know it in advance.
 
 use ringtrain_store::{generate_token, hash_token, NewTeam, NewToken, Role, Store, StoreError, StoreResult, Team};
 
@@ -51,7 +52,9 @@ async fn create_admin(store: &dyn Store, team_id: ringtrain_core::TeamId, token:
         token_hash: hash_token(token),
         role: Role::Admin,
         team_id: Some(team_id),
+        platform: true,
         label: Some("bootstrap admin".into()),
+        expires_at: None,
     };
     match store.create_token(new).await {
         Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),

@@ -83,7 +83,7 @@ const CHUNK: usize = 1 << 20;
 pub async fn file_response(path: &Path) -> ApiResult<Response> {
     let file = tokio::fs::File::open(path).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            ApiError::not_found(format!("the file {} is gone", path.display()))
+            ApiError::not_found("its file is gone from the server")
         } else {
             ApiError::internal(e)
         }
@@ -106,4 +106,19 @@ pub async fn file_response(path: &Path) -> ApiResult<Response> {
         Body::from_stream(chunks),
     )
         .into_response())
+}
+
+/// `path` (as stored) if it lies under `root` once both are canonical (links and `..` resolved); else 404.
+/// Every file the server serves was written by the server under its data directory; a stored path that
+/// leads anywhere else (an older database, a tampered row) is never served.
+pub async fn under(root: &Path, path: &Path) -> ApiResult<std::path::PathBuf> {
+    let gone = || ApiError::not_found("its file is gone from the server");
+    let root = tokio::fs::canonicalize(root).await.map_err(|_| gone())?;
+    let path = tokio::fs::canonicalize(path).await.map_err(|_| gone())?;
+    if path.starts_with(&root) {
+        Ok(path)
+    } else {
+        tracing::warn!(path = %path.display(), root = %root.display(), "refused to serve a file outside its folder");
+        Err(gone())
+    }
 }

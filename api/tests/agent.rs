@@ -135,18 +135,12 @@ async fn agent_runs_a_job_to_success(app: TestApp) {
     paths.sort();
     assert_eq!(paths, vec!["reports[0].rank", "reports[1].iteration", "reports[1].kind", "reports[1].loss"]);
 
-    let sha = "ab".repeat(32);
-    let checkpoint = json!({"attempt": attempt, "epoch": 1, "iteration": 32, "path": "/ckpt/e1.safetensors",
-        "size_bytes": 1234, "sha256": sha});
-    assert_eq!(app.post(&format!("/v1/agent/jobs/{job}/checkpoints"), &agent, &checkpoint).await.status, 201);
+    let uri = format!("/v1/agent/jobs/{job}/checkpoints/epoch-0001?attempt={attempt}&epoch=1&iteration=32");
+    let uploaded = app.send_bytes(axum::http::Method::PUT, &uri, &agent, vec![7u8; 1234]).await;
+    assert_eq!(uploaded.status, 201, "{}", uploaded.text);
     let listed = app.get(&format!("/v1/jobs/{job}/checkpoints"), &team.viewer).await;
     assert_eq!(listed.body["checkpoints"][0]["iteration"], 32);
-    let bad_sha =
-        json!({"attempt": attempt, "epoch": 1, "iteration": 32, "path": "/x", "size_bytes": 1, "sha256": "zz"});
-    assert_eq!(
-        app.post(&format!("/v1/agent/jobs/{job}/checkpoints"), &agent, &bad_sha).await.problem(422),
-        vec!["sha256"]
-    );
+    assert_eq!(listed.body["checkpoints"][0]["size_bytes"], 1234);
 
     // A stale attempt is refused; the real one finishes the job.
     app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &json!({"attempt": attempt + 1, "outcome": "succeeded"}))

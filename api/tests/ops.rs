@@ -4,7 +4,7 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request};
-use common::{spec, TestApp};
+use common::{safetensors_file, spec, TestApp};
 use serde_json::json;
 
 /// Every route of the router, as (method, OpenAPI path). The test below checks each is both served and
@@ -25,7 +25,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/teams"),
     ("get", "/v1/teams"),
     ("post", "/v1/teams/{id}/tokens"),
+    ("get", "/v1/teams/{id}/tokens"),
     ("post", "/v1/agent-tokens"),
+    ("get", "/v1/agent-tokens"),
+    ("delete", "/v1/tokens/{id}"),
     ("get", "/v1/nodes"),
     ("post", "/v1/agent/nodes"),
     ("post", "/v1/agent/nodes/{id}/heartbeat"),
@@ -37,7 +40,6 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/agent/assignments/{id}/state"),
     ("post", "/v1/agent/jobs/{id}/running"),
     ("post", "/v1/agent/jobs/{id}/metrics"),
-    ("post", "/v1/agent/jobs/{id}/checkpoints"),
     ("post", "/v1/agent/jobs/{id}/result"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -178,17 +180,6 @@ async fn responses_carry_request_ids_and_compress(app: TestApp) {
     assert_eq!(reply.headers[header::CONTENT_ENCODING], "gzip");
     let generated = app.get("/healthz", &team.member).await;
     assert!(generated.headers.contains_key("x-request-id"));
-}
-
-fn safetensors_file(samples: usize, label: impl Fn(usize) -> i64) -> Vec<u8> {
-    use safetensors::tensor::{Dtype, TensorView};
-    let x: Vec<u8> = (0..samples * 4).flat_map(|i| (i as f32 / 10.0).to_le_bytes()).collect();
-    let y: Vec<u8> = (0..samples).flat_map(|i| label(i).to_le_bytes()).collect();
-    let tensors = vec![
-        ("x", TensorView::new(Dtype::F32, vec![samples, 1, 2, 2], &x).unwrap()),
-        ("y", TensorView::new(Dtype::I64, vec![samples], &y).unwrap()),
-    ];
-    safetensors::serialize(tensors, &None).unwrap()
 }
 
 async fn datasets_upload_check_and_isolate(app: TestApp) {

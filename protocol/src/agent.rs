@@ -81,6 +81,10 @@ pub struct Work {
     pub rendezvous: Option<String>,
     /// The checkpoint to resume from (the job's newest), for rank 0 to download and broadcast.
     pub resume: Option<Checkpoint>,
+    /// The sha256 of the uploaded dataset the job trains on (when it does): the agent checks its download,
+    /// and its cached copy, against it.
+    #[serde(default)]
+    pub dataset_sha256: Option<String>,
     /// The index of the assignment's device on this node (the CUDA ordinal for a GPU).
     pub device_index: i32,
 }
@@ -133,22 +137,6 @@ pub struct ArchiveParams {
     pub epoch: u32,
     /// The next global iteration when it was written.
     pub iteration: u64,
-    /// The finished job's weights.
-    #[serde(default)]
-    pub r#final: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CheckpointReport {
-    pub attempt: i32,
-    pub epoch: u32,
-    pub iteration: u64,
-    /// Where the agent stored the file.
-    pub path: String,
-    pub size_bytes: u64,
-    /// Hex sha256 of the file.
-    pub sha256: String,
     /// The finished job's weights.
     #[serde(default)]
     pub r#final: bool,

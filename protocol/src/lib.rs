@@ -15,7 +15,7 @@ pub mod records;
 pub mod timing;
 
 pub use agent::{
-    ArchiveParams, AssignmentUpdate, AttemptBody, CheckpointReport, EndpointReport, HeartbeatAck, MetricsAck,
-    MetricsBatch, Outcome, Poll, PollQuery, RegisterDevice, RegisterNode, ResultAck, ResultReport, Work,
+    ArchiveParams, AssignmentUpdate, AttemptBody, EndpointReport, HeartbeatAck, MetricsAck, MetricsBatch, Outcome,
+    Poll, PollQuery, RegisterDevice, RegisterNode, ResultAck, ResultReport, Work,
 };
 pub use records::{Assignment, Checkpoint, Device, Node};

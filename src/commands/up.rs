@@ -67,7 +67,9 @@ async fn up(args: Args) -> anyhow::Result<()> {
                 token_hash: hash_token(&agent_token),
                 role: Role::Agent,
                 team_id: None,
+                platform: false,
                 label: Some("ringtrain up: local agent".into()),
+                expires_at: None,
             })
             .await?;
     }

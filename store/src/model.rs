@@ -74,15 +74,29 @@ impl Role {
     }
 }
 
-/// A token as the store knows it: never the token itself.
+/// A token as the store knows it: never the token itself (nor its hash).
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct TokenInfo {
     pub id: TokenId,
     pub role: Role,
     /// None for agent tokens.
     pub team_id: Option<TeamId>,
+    /// A platform admin: creates teams, sets quotas, mints agent tokens, manages every team's tokens.
+    pub platform: bool,
     pub label: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// Refused from then on, like a revoked token.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it was last used, to the minute.
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl TokenInfo {
+    /// Whether it may be used at `now`: not revoked, not expired.
+    pub fn is_live(&self, now: DateTime<Utc>) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| at > now)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -90,7 +104,10 @@ pub struct NewToken {
     pub token_hash: String,
     pub role: Role,
     pub team_id: Option<TeamId>,
+    /// Only with role admin.
+    pub platform: bool,
     pub label: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// A job as stored.

@@ -106,15 +106,20 @@ impl From<TeamRow> for Team {
     }
 }
 
-pub(crate) const TOKEN_COLUMNS: &str = "id, role, team_id, label, created_at";
+pub(crate) const TOKEN_COLUMNS: &str =
+    "id, role, team_id, platform, label, created_at, expires_at, last_used_at, revoked_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct TokenRow {
     id: Uuid,
     role: String,
     team_id: Option<Uuid>,
+    platform: bool,
     label: Option<String>,
     created_at: DateTime<Utc>,
+    expires_at: Option<DateTime<Utc>>,
+    last_used_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
 }
 
 impl TryFrom<TokenRow> for TokenInfo {
@@ -126,8 +131,12 @@ impl TryFrom<TokenRow> for TokenInfo {
             id: TokenId(row.id),
             role,
             team_id: row.team_id.map(TeamId),
+            platform: row.platform,
             label: row.label,
             created_at: row.created_at,
+            expires_at: row.expires_at,
+            last_used_at: row.last_used_at,
+            revoked_at: row.revoked_at,
         })
     }
 }

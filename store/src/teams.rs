@@ -1,7 +1,8 @@
 //! Teams and their bearer tokens (stored only as hashes).
 
 use async_trait::async_trait;
-use ringtrain_core::TeamId;
+use chrono::{DateTime, Utc};
+use ringtrain_core::{TeamId, TokenId};
 
 use crate::error::StoreResult;
 use crate::model::{NewTeam, NewToken, Team, TokenInfo};
@@ -14,14 +15,23 @@ pub trait TeamStore: Send + Sync {
     async fn get_team_by_name(&self, name: &str) -> StoreResult<Option<Team>>;
     async fn list_teams(&self) -> StoreResult<Vec<Team>>;
     async fn create_token(&self, token: NewToken) -> StoreResult<TokenInfo>;
-    /// The live (not revoked) token with this hash.
+    /// The token with this hash, unless revoked (expiry is the caller's to check: [`TokenInfo::is_live`]).
     async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenInfo>>;
+    async fn get_token(&self, id: TokenId) -> StoreResult<Option<TokenInfo>>;
+    /// A team's tokens, or with None the node agents' tokens; revoked ones too, newest first.
+    async fn list_tokens(&self, team: Option<TeamId>) -> StoreResult<Vec<TokenInfo>>;
+    /// Revokes a token (false: it was already revoked). An agent token's nodes are marked as not heard
+    /// from since the epoch, so the scheduler's next pass finds them lost and requeues their ranks.
+    async fn revoke_token(&self, id: TokenId, at: DateTime<Utc>) -> StoreResult<bool>;
+    /// Records a use of the token.
+    async fn touch_token(&self, id: TokenId, at: DateTime<Utc>) -> StoreResult<()>;
 }
 
 macro_rules! impl_team_store {
     ($store:ty) => {
         const _: () = {
-            use ringtrain_core::TeamId;
+            use chrono::{DateTime, Utc};
+            use ringtrain_core::{TeamId, TokenId};
             use uuid::Uuid;
 
             use crate::backend::SqlBackend;
@@ -67,16 +77,18 @@ macro_rules! impl_team_store {
 
                 async fn create_token(&self, token: NewToken) -> StoreResult<TokenInfo> {
                     let sql = format!(
-                        "INSERT INTO tokens (id, token_hash, role, team_id, label, created_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {TOKEN_COLUMNS}"
+                        "INSERT INTO tokens (id, token_hash, role, team_id, platform, label, created_at, expires_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {TOKEN_COLUMNS}"
                     );
                     let row: TokenRow = sqlx::query_as(&sql)
                         .bind(Uuid::new_v4())
                         .bind(&token.token_hash)
                         .bind(token.role.as_str())
                         .bind(token.team_id.map(|t| t.0))
+                        .bind(token.platform)
                         .bind(&token.label)
                         .bind(now())
+                        .bind(token.expires_at)
                         .fetch_one(self.pool())
                         .await?;
                     row.try_into()
@@ -88,6 +100,58 @@ macro_rules! impl_team_store {
                     let row: Option<TokenRow> =
                         sqlx::query_as(&sql).bind(token_hash).fetch_optional(self.pool()).await?;
                     row.map(TryInto::try_into).transpose()
+                }
+
+                async fn get_token(&self, id: TokenId) -> StoreResult<Option<TokenInfo>> {
+                    let sql = format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = $1");
+                    let row: Option<TokenRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
+                    row.map(TryInto::try_into).transpose()
+                }
+
+                async fn list_tokens(&self, team: Option<TeamId>) -> StoreResult<Vec<TokenInfo>> {
+                    let rows: Vec<TokenRow> = match team {
+                        Some(team) => {
+                            let sql = format!(
+                                "SELECT {TOKEN_COLUMNS} FROM tokens WHERE team_id = $1 ORDER BY created_at DESC, id"
+                            );
+                            sqlx::query_as(&sql).bind(team.0).fetch_all(self.pool()).await?
+                        }
+                        None => {
+                            let sql = format!(
+                                "SELECT {TOKEN_COLUMNS} FROM tokens WHERE team_id IS NULL ORDER BY created_at DESC, id"
+                            );
+                            sqlx::query_as(&sql).fetch_all(self.pool()).await?
+                        }
+                    };
+                    rows.into_iter().map(TryInto::try_into).collect()
+                }
+
+                async fn revoke_token(&self, id: TokenId, at: DateTime<Utc>) -> StoreResult<bool> {
+                    let mut tx = self.pool().begin().await?;
+                    let revoked = sqlx::query("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+                        .bind(at)
+                        .bind(id.0)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                        == 1;
+                    let long_ago = DateTime::<Utc>::UNIX_EPOCH;
+                    sqlx::query("UPDATE nodes SET last_heartbeat = $1 WHERE agent_token_id = $2 AND state = 'up'")
+                        .bind(long_ago)
+                        .bind(id.0)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(revoked)
+                }
+
+                async fn touch_token(&self, id: TokenId, at: DateTime<Utc>) -> StoreResult<()> {
+                    sqlx::query("UPDATE tokens SET last_used_at = $1 WHERE id = $2")
+                        .bind(at)
+                        .bind(id.0)
+                        .execute(self.pool())
+                        .await?;
+                    Ok(())
                 }
             }
         };

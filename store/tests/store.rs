@@ -255,7 +255,9 @@ async fn tokens_teams_and_readiness(store: Arc<dyn Store>) {
             token_hash: hash_token(&token),
             role: Role::Viewer,
             team_id: Some(team.id),
+            platform: false,
             label: None,
+            expires_at: None,
         })
         .await
         .unwrap();
@@ -278,7 +280,14 @@ async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
     assert_eq!(store.list_events(a.id, 0, 10).await.unwrap().len(), 2);
 
     let agent = store
-        .create_token(NewToken { token_hash: hash_token("agent"), role: Role::Agent, team_id: None, label: None })
+        .create_token(NewToken {
+            token_hash: hash_token("agent"),
+            role: Role::Agent,
+            team_id: None,
+            platform: false,
+            label: None,
+            expires_at: None,
+        })
         .await
         .unwrap();
     let devices =
@@ -308,7 +317,14 @@ async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
 /// A node of `slots` CPU devices registered under a fresh agent token.
 async fn cpu_node(store: &Arc<dyn Store>, name: &str, slots: i32) -> (TokenInfo, Node) {
     let agent = store
-        .create_token(NewToken { token_hash: hash_token(name), role: Role::Agent, team_id: None, label: None })
+        .create_token(NewToken {
+            token_hash: hash_token(name),
+            role: Role::Agent,
+            team_id: None,
+            platform: false,
+            label: None,
+            expires_at: None,
+        })
         .await
         .unwrap();
     let devices = (0..slots)

@@ -8,6 +8,7 @@ pub mod jobs;
 pub mod schedules;
 pub mod specs;
 pub mod teams;
+pub mod tokens;
 pub mod transfers;
 
 use axum::extract::DefaultBodyLimit;
@@ -28,7 +29,7 @@ use crate::state::AppState;
         Every error is RFC 7807 application/problem+json; validation errors list each field's JSON path in `errors`."),
     modifiers(&BearerAuth),
     components(schemas(Problem, FieldErrorDoc)),
-    tags((name = "jobs"), (name = "schedules"), (name = "datasets"), (name = "teams"), (name = "agent"), (name = "ops"))
+    tags((name = "jobs"), (name = "schedules"), (name = "datasets"), (name = "teams"), (name = "tokens"), (name = "agent"), (name = "ops"))
 )]
 struct ApiDoc;
 
@@ -99,8 +100,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::progress::job_checkpoints))
         .routes(routes!(schedules::preview_schedule))
         .routes(routes!(teams::create_team, teams::list_teams))
-        .routes(routes!(teams::create_team_token))
-        .routes(routes!(teams::create_agent_token))
+        .routes(routes!(tokens::create_team_token, tokens::list_team_tokens))
+        .routes(routes!(tokens::create_agent_token, tokens::list_agent_tokens))
+        .routes(routes!(tokens::revoke_token))
         .routes(routes!(teams::list_nodes))
         .routes(routes!(agent::nodes::register_node))
         .routes(routes!(agent::nodes::heartbeat))
@@ -112,7 +114,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(transfers::agent_download_dataset))
         .routes(routes!(agent::reports::job_running))
         .routes(routes!(agent::reports::report_metrics))
-        .routes(routes!(agent::reports::report_checkpoint))
         .routes(routes!(agent::reports::report_result))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))

@@ -1,16 +1,16 @@
-//! Tenancy: teams with quotas and their tokens (admin only), agent tokens, and the worker pool's nodes.
+//! Tenancy: teams with quotas (platform admins), and the worker pool's nodes. Tokens: [`super::tokens`].
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ringtrain_core::{FieldError, TeamId};
-use ringtrain_store::{generate_token, hash_token, NewTeam, NewToken, Node, Role, Team, TokenInfo};
+use ringtrain_core::FieldError;
+use ringtrain_store::{NewTeam, Node, Team};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiPath, JsonBody};
+use crate::extract::JsonBody;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -45,7 +45,7 @@ fn validate_team(body: &CreateTeam) -> Result<(), Vec<FieldError>> {
     }
 }
 
-/// Create a team (admin).
+/// Create a team (platform admin).
 #[utoipa::path(post, path = "/v1/teams", tag = "teams", request_body = CreateTeam,
     responses((status = 201, body = Team), (status = 403),
         (status = 409, description = "Name taken"),
@@ -56,7 +56,7 @@ pub async fn create_team(
     user: User,
     JsonBody(body): JsonBody<CreateTeam>,
 ) -> ApiResult<(StatusCode, Json<Team>)> {
-    user.require_admin()?;
+    user.require_platform_admin()?;
     validate_team(&body).map_err(ApiError::validation)?;
     let team = state
         .store
@@ -70,107 +70,18 @@ pub struct TeamList {
     pub teams: Vec<Team>,
 }
 
-/// Every team (admin).
+/// Teams: every team for a platform admin, its own for a team admin.
 #[utoipa::path(get, path = "/v1/teams", tag = "teams",
     responses((status = 200, body = TeamList),
         (status = 403)),
     security(("bearer" = [])))]
 pub async fn list_teams(State(state): State<AppState>, user: User) -> ApiResult<Json<TeamList>> {
-    user.require_admin()?;
-    Ok(Json(TeamList { teams: state.store.list_teams().await? }))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateToken {
-    /// admin | member | viewer
-    #[schema(value_type = String)]
-    pub role: Role,
-    /// Who or what the token is for; shown in events ("cancelled by ...").
-    pub label: Option<String>,
-}
-
-/// A new token: `token` is shown this once and never again.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct CreatedToken {
-    pub token: String,
-    pub info: TokenInfo,
-}
-
-fn check_label(label: &Option<String>) -> ApiResult<()> {
-    match label {
-        Some(l) if l.chars().count() > 200 || l.chars().any(char::is_control) => {
-            Err(ApiError::validation(vec![FieldError::new(
-                "label",
-                "must be at most 200 characters, without control characters",
-            )]))
-        }
-        _ => Ok(()),
+    user.require_admin_of(user.team_id)?;
+    let mut teams = state.store.list_teams().await?;
+    if !user.is_platform_admin() {
+        teams.retain(|t| user.owns(t.id));
     }
-}
-
-/// Create a token for a team (admin).
-#[utoipa::path(post, path = "/v1/teams/{id}/tokens", tag = "teams", params(("id" = Uuid, Path)),
-    request_body = CreateToken,
-    responses((status = 201, body = CreatedToken),
-        (status = 403),
-        (status = 404),
-        (status = 422)),
-    security(("bearer" = [])))]
-pub async fn create_team_token(
-    State(state): State<AppState>,
-    user: User,
-    ApiPath(team_id): ApiPath<TeamId>,
-    JsonBody(body): JsonBody<CreateToken>,
-) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
-    user.require_admin()?;
-    if body.role == Role::Agent {
-        return Err(ApiError::validation(vec![FieldError::new(
-            "role",
-            "must be admin, member or viewer (agent tokens come from POST /v1/agent-tokens)",
-        )]));
-    }
-    check_label(&body.label)?;
-    if state.store.get_team(team_id).await?.is_none() {
-        return Err(ApiError::not_found(format!("no team {team_id}")));
-    }
-    let token = generate_token();
-    let info = state
-        .store
-        .create_token(NewToken {
-            token_hash: hash_token(&token),
-            role: body.role,
-            team_id: Some(team_id),
-            label: body.label,
-        })
-        .await?;
-    Ok((StatusCode::CREATED, Json(CreatedToken { token, info })))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateAgentToken {
-    pub label: Option<String>,
-}
-
-/// Create a node agent's token (admin).
-#[utoipa::path(post, path = "/v1/agent-tokens", tag = "teams", request_body = CreateAgentToken,
-    responses((status = 201, body = CreatedToken),
-        (status = 403)),
-    security(("bearer" = [])))]
-pub async fn create_agent_token(
-    State(state): State<AppState>,
-    user: User,
-    JsonBody(body): JsonBody<CreateAgentToken>,
-) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
-    user.require_admin()?;
-    check_label(&body.label)?;
-    let token = generate_token();
-    let info = state
-        .store
-        .create_token(NewToken { token_hash: hash_token(&token), role: Role::Agent, team_id: None, label: body.label })
-        .await?;
-    Ok((StatusCode::CREATED, Json(CreatedToken { token, info })))
+    Ok(Json(TeamList { teams }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -13,7 +13,7 @@ use ringtrain_protocol::ArchiveParams;
 use ringtrain_store::{Checkpoint, NewCheckpoint};
 use uuid::Uuid;
 
-use crate::access::{assigned_job, team_job};
+use crate::access::{agent_uses_dataset, assigned_job, rank_zero_job, team_job};
 use crate::auth::{Agent, User};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
@@ -71,10 +71,21 @@ pub async fn upload_checkpoint(
     body: Body,
 ) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
     check_name(&name).map_err(|e| ApiError::validation(vec![e]))?;
-    if params.iteration > i64::MAX as u64 {
-        return Err(ApiError::validation(vec![FieldError::new("iteration", "too large")]));
+    let job = rank_zero_job(&state, &agent, id, params.attempt).await?;
+    if job.attempt != params.attempt {
+        return Err(ApiError::conflict(format!(
+            "attempt {} of job {id} is over: the job has moved on",
+            params.attempt
+        )));
     }
-    let job = assigned_job(&state, &agent, id, params.attempt).await?;
+    // The newest checkpoint is every later placement's resume point: its iteration must be one the job has.
+    let total = job.effective.as_ref().and_then(|e| e["total_iterations"].as_u64()).unwrap_or(i64::MAX as u64);
+    if params.iteration > total {
+        return Err(ApiError::validation(vec![FieldError::new(
+            "iteration",
+            format!("must be at most the job's {total} iterations (got {})", params.iteration),
+        )]));
+    }
     let limit = state.config.max_checkpoint_bytes;
     files::check_declared_length(&headers, limit, "checkpoints")?;
     let dir = state.config.data_dir.join("checkpoints").join(job.id.to_string());
@@ -134,7 +145,13 @@ pub async fn agent_download_checkpoint(
     let job = state.store.get_job(JobId(id)).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
     assigned_job(&state, &agent, id, job.attempt).await?;
     let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
-    files::file_response(std::path::Path::new(&checkpoint.path)).await
+    checkpoint_file(&state, &checkpoint).await
+}
+
+/// A checkpoint's archive, served only from the server's own folder of that job's checkpoints.
+async fn checkpoint_file(state: &AppState, checkpoint: &Checkpoint) -> ApiResult<Response> {
+    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
+    files::file_response(&files::under(&folder, std::path::Path::new(&checkpoint.path)).await?).await
 }
 
 /// Download a checkpoint archive of one of your team's jobs (a tar of model, optimizer and BatchNorm
@@ -151,19 +168,25 @@ pub async fn download_checkpoint(
 ) -> ApiResult<Response> {
     let job = team_job(&state, &user, id).await?;
     let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
-    files::file_response(std::path::Path::new(&checkpoint.path)).await
+    checkpoint_file(&state, &checkpoint).await
 }
 
-/// Download an uploaded dataset's safetensors file: for agents whose ranks train on it.
+/// Download an uploaded dataset's safetensors file: only for an agent holding a live rank of a job that
+/// trains on it (anything else is 404).
 #[utoipa::path(get, path = "/v1/agent/datasets/{id}", tag = "agent", params(("id" = Uuid, Path)),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
         (status = 404)),
     security(("bearer" = [])))]
 pub async fn agent_download_dataset(
     State(state): State<AppState>,
-    _agent: Agent,
+    agent: Agent,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Response> {
-    let dataset = state.store.get_dataset(id).await?.ok_or_else(|| ApiError::not_found(format!("no dataset {id}")))?;
-    files::file_response(std::path::Path::new(&dataset.path)).await
+    let not_found = || ApiError::not_found(format!("no dataset {id} for this agent's ranks"));
+    if !agent_uses_dataset(&state, &agent, id).await? {
+        return Err(not_found());
+    }
+    let dataset = state.store.get_dataset(id).await?.ok_or_else(not_found)?;
+    let folder = state.config.data_dir.join("datasets");
+    files::file_response(&files::under(&folder, std::path::Path::new(&dataset.path)).await?).await
 }

@@ -167,3 +167,15 @@ pub fn spec(name: &str) -> Value {
                "decay": {"kind": "step", "milestones": [2, 3], "factor": 0.1}}
     })
 }
+
+/// A safetensors dataset of `samples` 1×2×2 f32 inputs with these labels.
+pub fn safetensors_file(samples: usize, label: impl Fn(usize) -> i64) -> Vec<u8> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let x: Vec<u8> = (0..samples * 4).flat_map(|i| (i as f32 / 10.0).to_le_bytes()).collect();
+    let y: Vec<u8> = (0..samples).flat_map(|i| label(i).to_le_bytes()).collect();
+    let tensors = vec![
+        ("x", TensorView::new(Dtype::F32, vec![samples, 1, 2, 2], &x).unwrap()),
+        ("y", TensorView::new(Dtype::I64, vec![samples], &y).unwrap()),
+    ];
+    safetensors::serialize(tensors, &None).unwrap()
+}

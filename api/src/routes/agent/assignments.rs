@@ -9,6 +9,7 @@ use axum::Json;
 use ringtrain_core::{AssignmentId, AssignmentState, FieldError, JobId, JobState, NodeId};
 use ringtrain_protocol::{AssignmentUpdate, EndpointReport, Poll, PollQuery, Work};
 use ringtrain_store::{Assignment, Checkpoint};
+use uuid::Uuid;
 
 use crate::access::{own_assignment, own_node};
 use crate::auth::Agent;
@@ -63,7 +64,12 @@ pub async fn poll_assignments(
         };
         let resume = if assignment.rank == 0 { latest_checkpoint(&state, job.id).await? } else { None };
         let device_index = node.devices.iter().find(|d| d.id == assignment.device_id).map_or(0, |d| d.index);
+        let dataset_sha256 = match job.spec["dataset"].as_str().and_then(|d| d.parse::<Uuid>().ok()) {
+            Some(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
+            None => None,
+        };
         poll.work.push(Work {
+            dataset_sha256,
             device_index,
             assignment,
             spec: job.spec.clone(),

@@ -1,16 +1,18 @@
-//! What an agent relays from the ranks of one placement: that they started, their metrics, checkpoints,
-//! and the result. Each is accepted only from an agent holding a rank of that attempt.
+//! What an agent relays from the ranks of one placement: that they started, their metrics, and the result.
+//! Each is accepted only from an agent holding a rank of that attempt, and a success only from rank 0's.
+//! (Checkpoints are uploaded as files, `PUT .../checkpoints/{name}` in `transfers`; there is no route that
+//! records a path an agent names, which would let it make the server serve any file.)
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::{FieldError, JobState};
-use ringtrain_protocol::{AttemptBody, CheckpointReport, MetricsAck, MetricsBatch, Outcome, ResultAck, ResultReport};
-use ringtrain_store::{Checkpoint, MetricPoint, NewCheckpoint, Transition};
+use ringtrain_protocol::{AttemptBody, MetricsAck, MetricsBatch, Outcome, ResultAck, ResultReport};
+use ringtrain_store::{MetricPoint, Transition};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::access::assigned_job;
+use crate::access::{assigned_job, rank_zero_job};
 use crate::auth::Agent;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, JsonBody};
@@ -116,49 +118,6 @@ pub async fn report_metrics(
     Ok(Json(MetricsAck { accepted: points.len() }))
 }
 
-/// A checkpoint was written.
-#[utoipa::path(post, path = "/v1/agent/jobs/{id}/checkpoints", tag = "agent", params(("id" = Uuid, Path)),
-    request_body = CheckpointReport,
-    responses((status = 201, body = Checkpoint),
-        (status = 404),
-        (status = 422)),
-    security(("bearer" = [])))]
-pub async fn report_checkpoint(
-    State(state): State<AppState>,
-    agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
-    JsonBody(body): JsonBody<CheckpointReport>,
-) -> ApiResult<(StatusCode, Json<Checkpoint>)> {
-    let mut errors = Vec::new();
-    if body.sha256.len() != 64 || !body.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
-        errors.push(FieldError::new("sha256", "must be 64 hex digits"));
-    }
-    if body.path.is_empty() || body.path.len() > 4096 {
-        errors.push(FieldError::new("path", "must be 1 to 4096 characters"));
-    }
-    if body.size_bytes > i64::MAX as u64 || body.iteration > i64::MAX as u64 {
-        errors.push(FieldError::new("size_bytes", "too large"));
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::validation(errors));
-    }
-    let job = assigned_job(&state, &agent, id, body.attempt).await?;
-    let checkpoint = state
-        .store
-        .add_checkpoint(NewCheckpoint {
-            job_id: job.id,
-            attempt: body.attempt,
-            epoch: i64::from(body.epoch),
-            iteration: body.iteration as i64,
-            path: body.path,
-            size_bytes: body.size_bytes as i64,
-            sha256: body.sha256.to_ascii_lowercase(),
-            is_final: body.r#final,
-        })
-        .await?;
-    Ok((StatusCode::CREATED, Json(checkpoint)))
-}
-
 /// The attempt ended. A retryable failure with restarts left requeues the job (it resumes from its last
 /// checkpoint); otherwise the job ends succeeded or failed.
 #[utoipa::path(post, path = "/v1/agent/jobs/{id}/result", tag = "agent", params(("id" = Uuid, Path)),
@@ -176,7 +135,11 @@ pub async fn report_result(
     if body.error.as_ref().is_some_and(|e| e.len() > 16_384) {
         return Err(ApiError::validation(vec![FieldError::new("error", "at most 16384 bytes")]));
     }
-    let job = assigned_job(&state, &agent, id, body.attempt).await?;
+    // any rank's agent may report a failure; only rank 0's (which holds result.json) a success
+    let job = match body.outcome {
+        Outcome::Succeeded => rank_zero_job(&state, &agent, id, body.attempt).await?,
+        Outcome::Failed => assigned_job(&state, &agent, id, body.attempt).await?,
+    };
     let ended = match body.outcome {
         Outcome::Succeeded => state.store.succeed_job(job.id, body.attempt, body.result).await?,
         Outcome::Failed => {

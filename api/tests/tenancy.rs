@@ -1,0 +1,247 @@
+//! Tenancy: a team's admin is not a platform admin, and the token lifecycle (list without secrets, revoke,
+//! expire). Each test here failed on the code before issue 11.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use common::{safetensors_file, spec, TestApp, ADMIN};
+use ringtrain_core::{DeviceId, JobId, NodeId};
+use ringtrain_store::{NewAssignment, NewCheckpoint};
+use serde_json::json;
+
+/// Registers a node with one CPU for `agent` and returns its id and its device's.
+async fn node(app: &TestApp, agent: &str, name: &str) -> (NodeId, DeviceId) {
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let reply =
+        app.post("/v1/agent/nodes", agent, &json!({"name": name, "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    (
+        reply.body["id"].as_str().unwrap().parse().unwrap(),
+        reply.body["devices"][0]["id"].as_str().unwrap().parse().unwrap(),
+    )
+}
+
+/// A job of two ranks started as the scheduler would: rank 0 on `first`'s node, rank 1 on `second`'s.
+async fn two_agent_job(
+    app: &TestApp,
+    team: &common::Team,
+    first: &str,
+    second: &str,
+    spec: serde_json::Value,
+) -> (String, i32) {
+    let job = app.submit(&team.member, &spec).await;
+    let (n0, d0) = node(app, first, "node-0").await;
+    let (n1, d1) = node(app, second, "node-1").await;
+    let ranks =
+        [NewAssignment { node_id: n0, device_id: d0, rank: 0 }, NewAssignment { node_id: n1, device_id: d1, rank: 1 }];
+    let (started, _) = app
+        .store
+        .start_job(JobId(job.parse().unwrap()), "scheduler-1", Duration::from_secs(60), &ranks)
+        .await
+        .unwrap()
+        .expect("queued");
+    (job, started.attempt)
+}
+
+/// Checkpoints and successes come only from rank 0's agent of the current attempt, with an iteration the
+/// job has; there is no route that registers a path; a stored path outside the server's folder is never
+/// served; a dataset goes only to an agent whose ranks train on it.
+async fn agents_are_trusted_only_for_their_own_work(app: TestApp) {
+    let team = app.team("alpha").await;
+    let (rank0, rank1, stranger) = (app.agent_token().await, app.agent_token().await, app.agent_token().await);
+    let (job, attempt) = two_agent_job(&app, &team, &rank0, &rank1, spec("trust")).await;
+    let upload = |iteration: u64, attempt: i32| {
+        format!("/v1/agent/jobs/{job}/checkpoints/epoch-0001?attempt={attempt}&epoch=1&iteration={iteration}")
+    };
+    // rank 1's agent and a stranger cannot set the resume point; rank 0's can, within the job's 64 iterations
+    app.send_bytes(Method::PUT, &upload(16, attempt), &rank1, vec![1; 10]).await.problem(404);
+    app.send_bytes(Method::PUT, &upload(16, attempt), &stranger, vec![1; 10]).await.problem(404);
+    let huge = app.send_bytes(Method::PUT, &upload(i64::MAX as u64, attempt), &rank0, vec![1; 10]).await;
+    assert_eq!(huge.problem(422), vec!["iteration"]);
+    assert_eq!(app.send_bytes(Method::PUT, &upload(16, attempt), &rank0, vec![1; 10]).await.status, 201);
+    // the old path-registering route is gone
+    let path = app.dir.path().join("admin-token");
+    std::fs::write(&path, "rt_secret").unwrap();
+    let register = json!({"attempt": attempt, "epoch": 1, "iteration": 63, "path": path, "size_bytes": 9, "sha256": "ab".repeat(32)});
+    let gone = app.post(&format!("/v1/agent/jobs/{job}/checkpoints"), &rank0, &register).await;
+    assert!(gone.status == StatusCode::NOT_FOUND || gone.status == StatusCode::METHOD_NOT_ALLOWED, "{}", gone.text);
+    // and a row that points outside the checkpoint folder (an older database) is not served
+    let planted = app
+        .store
+        .add_checkpoint(NewCheckpoint {
+            job_id: JobId(job.parse().unwrap()),
+            attempt,
+            epoch: 1,
+            iteration: 63,
+            path: path.to_string_lossy().into_owned(),
+            size_bytes: 9,
+            sha256: "ab".repeat(32),
+            is_final: false,
+        })
+        .await
+        .unwrap();
+    for (uri, token) in [
+        (format!("/v1/agent/jobs/{job}/checkpoints/{}/archive", planted.id), rank0.as_str()),
+        (format!("/v1/jobs/{job}/checkpoints/{}/archive", planted.id), team.viewer.as_str()),
+    ] {
+        let (status, bytes) = app.get_bytes(&uri, token).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{uri}");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("rt_secret")
+                && !String::from_utf8_lossy(&bytes).contains(app.dir.path().to_str().unwrap())
+        );
+    }
+    // only rank 0's agent reports a success
+    let running = app.post(&format!("/v1/agent/jobs/{job}/running"), &rank0, &json!({"attempt": attempt})).await;
+    assert_eq!(running.status, 200, "{}", running.text);
+    let success = json!({"attempt": attempt, "outcome": "succeeded", "result": {}});
+    app.post(&format!("/v1/agent/jobs/{job}/result"), &rank1, &success).await.problem(404);
+    app.post(&format!("/v1/agent/jobs/{job}/result"), &stranger, &success).await.problem(404);
+    let done = app.post(&format!("/v1/agent/jobs/{job}/result"), &rank0, &success).await;
+    assert_eq!(done.status, 200, "{}", done.text);
+    // a stale attempt cannot upload any more
+    app.send_bytes(Method::PUT, &upload(32, attempt - 1), &rank0, vec![1; 10]).await.problem(404);
+}
+
+/// An uploaded dataset goes only to an agent holding a live rank of a job that trains on it.
+async fn datasets_go_only_to_agents_that_train_on_them(app: TestApp) {
+    let team = app.team("alpha").await;
+    let (rank0, rank1, stranger) = (app.agent_token().await, app.agent_token().await, app.agent_token().await);
+    let file = safetensors_file(100, |i| (i % 3) as i64);
+    let uploaded = app.send_bytes(Method::POST, "/v1/datasets?name=d", &team.member, file).await;
+    assert_eq!(uploaded.status, 201, "{}", uploaded.text);
+    let dataset = uploaded.body["id"].as_str().unwrap().to_string();
+    let uri = format!("/v1/agent/datasets/{dataset}");
+    // before any job uses it, no agent gets it
+    assert_eq!(app.get_bytes(&uri, &rank0).await.0, StatusCode::NOT_FOUND);
+    let mut using = spec("uses-d");
+    using["dataset"] = json!(dataset);
+    two_agent_job(&app, &team, &rank0, &rank1, using).await;
+    assert_eq!(app.get_bytes(&uri, &rank0).await.0, StatusCode::OK);
+    assert_eq!(app.get_bytes(&uri, &rank1).await.0, StatusCode::OK);
+    assert_eq!(app.get_bytes(&uri, &stranger).await.0, StatusCode::NOT_FOUND);
+}
+
+/// Team B's admin can neither mint tokens for team A, nor create teams, nor mint agent tokens: one team's
+/// admin is not every tenant's.
+async fn a_team_admin_is_not_a_platform_admin(app: TestApp) {
+    let a = app.team("alpha").await;
+    let b = app.team("beta").await;
+    for role in ["admin", "member", "viewer"] {
+        app.post(&format!("/v1/teams/{}/tokens", a.id), &b.admin, &json!({"role": role})).await.problem(404);
+    }
+    app.get(&format!("/v1/teams/{}/tokens", a.id), &b.admin).await.problem(404);
+    app.post("/v1/teams", &b.admin, &json!({"name": "mine", "gpu_quota": 1000, "cpu_quota": 1000})).await.problem(403);
+    app.post("/v1/agent-tokens", &b.admin, &json!({})).await.problem(403);
+    app.get("/v1/agent-tokens", &b.admin).await.problem(403);
+    // nor can it make a platform admin, even in its own team
+    app.post(&format!("/v1/teams/{}/tokens", b.id), &b.admin, &json!({"role": "admin", "platform": true}))
+        .await
+        .problem(403);
+    // what a team admin may do: its own team's tokens, and see its own team only
+    let minted = app.post(&format!("/v1/teams/{}/tokens", b.id), &b.admin, &json!({"role": "member"})).await;
+    assert_eq!(minted.status, 201, "{}", minted.text);
+    assert_eq!(minted.body["info"]["platform"], false);
+    let teams = app.get("/v1/teams", &b.admin).await;
+    let names: Vec<&str> =
+        teams.body["teams"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["beta"]);
+    // the platform admin sees every team and may make another platform admin
+    assert_eq!(app.get("/v1/teams", ADMIN).await.body["teams"].as_array().unwrap().len(), 3);
+    let platform =
+        app.post(&format!("/v1/teams/{}/tokens", a.id), ADMIN, &json!({"role": "admin", "platform": true})).await;
+    assert_eq!(platform.status, 201, "{}", platform.text);
+    let second = platform.body["token"].as_str().unwrap();
+    assert_eq!(
+        app.post("/v1/teams", second, &json!({"name": "gamma", "gpu_quota": 0, "cpu_quota": 1})).await.status,
+        201
+    );
+    let member_platform =
+        app.post(&format!("/v1/teams/{}/tokens", a.id), ADMIN, &json!({"role": "member", "platform": true})).await;
+    assert_eq!(member_platform.problem(422), vec!["platform"]);
+}
+
+/// Tokens are listed without secrets; a revoked token is refused at once; an expired one too.
+async fn tokens_are_listed_revoked_and_expire(app: TestApp) {
+    let a = app.team("alpha").await;
+    let b = app.team("beta").await;
+    let listed = app.get(&format!("/v1/teams/{}/tokens", a.id), &a.admin).await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let tokens = listed.body["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 3);
+    for secret in [&a.member, &a.viewer, &a.admin] {
+        assert!(!listed.text.contains(secret.as_str()), "a secret is listed");
+    }
+    assert!(tokens.iter().all(|t| t.get("token").is_none() && t.get("token_hash").is_none()));
+    // the admin's own use shows as last_used_at
+    assert!(tokens.iter().any(|t| t["role"] == "admin" && !t["last_used_at"].is_null()), "{}", listed.text);
+    let member_id = tokens.iter().find(|t| t["role"] == "member").unwrap()["id"].as_str().unwrap().to_string();
+    // members and viewers may not list or revoke; other teams' admins do not see the token
+    app.get(&format!("/v1/teams/{}/tokens", a.id), &a.member).await.problem(403);
+    app.call(Method::DELETE, &format!("/v1/tokens/{member_id}"), Some(&a.viewer), None).await.problem(403);
+    app.call(Method::DELETE, &format!("/v1/tokens/{member_id}"), Some(&b.admin), None).await.problem(404);
+    assert_eq!(app.get("/v1/jobs", &a.member).await.status, 200);
+    // the team's admin revokes it: the next request is 401, and the list says when
+    let revoked = app.call(Method::DELETE, &format!("/v1/tokens/{member_id}"), Some(&a.admin), None).await;
+    assert_eq!(revoked.status, 204, "{}", revoked.text);
+    app.get("/v1/jobs", &a.member).await.problem(401);
+    app.post("/v1/jobs", &a.member, &spec("after")).await.problem(401);
+    let listed = app.get(&format!("/v1/teams/{}/tokens", a.id), &a.admin).await;
+    let entry =
+        listed.body["tokens"].as_array().unwrap().iter().find(|t| t["id"] == member_id.as_str()).unwrap().clone();
+    assert!(!entry["revoked_at"].is_null());
+    // revoking again changes nothing; an unknown id is 404
+    assert_eq!(app.call(Method::DELETE, &format!("/v1/tokens/{member_id}"), Some(ADMIN), None).await.status, 204);
+    app.call(Method::DELETE, "/v1/tokens/00000000-0000-0000-0000-000000000000", Some(ADMIN), None).await.problem(404);
+    // expiry: in the past is refused at creation; a token whose time has passed is 401
+    let past = app
+        .post(
+            &format!("/v1/teams/{}/tokens", a.id),
+            &a.admin,
+            &json!({"role": "viewer", "expires_at": "2020-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(past.problem(422), vec!["expires_at"]);
+    let soon = (chrono::Utc::now() + chrono::Duration::milliseconds(1500)).to_rfc3339();
+    let short =
+        app.post(&format!("/v1/teams/{}/tokens", a.id), &a.admin, &json!({"role": "viewer", "expires_at": soon})).await;
+    assert_eq!(short.status, 201, "{}", short.text);
+    let short = short.body["token"].as_str().unwrap().to_string();
+    assert_eq!(app.get("/v1/jobs", &short).await.status, 200);
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    let expired = app.get("/v1/jobs", &short).await;
+    expired.problem(401);
+    assert!(expired.text.contains("expired"), "{}", expired.text);
+}
+
+/// A revoked agent token stops working, and its node is marked as unheard-of so the next scheduler pass
+/// finds it lost.
+async fn a_revoked_agent_token_loses_its_node(app: TestApp) {
+    let agent = app.agent_token().await;
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n1", "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(node.status, 200, "{}", node.text);
+    let listed = app.get("/v1/agent-tokens", ADMIN).await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let id = listed.body["tokens"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(app.call(Method::DELETE, &format!("/v1/tokens/{id}"), Some(ADMIN), None).await.status, 204);
+    let node_id = node.body["id"].as_str().unwrap();
+    app.post(&format!("/v1/agent/nodes/{node_id}/heartbeat"), &agent, &json!({})).await.problem(401);
+    let config = ringtrain_scheduler::LoopConfig { owner: "test-scheduler".into(), ..Default::default() };
+    let pass = app.state.scheduler(config).pass().await.unwrap();
+    assert_eq!(pass.lost_nodes, 1);
+    let nodes = app.get("/v1/nodes", ADMIN).await;
+    assert_eq!(nodes.body["nodes"][0]["state"], "lost", "{}", nodes.text);
+}
+
+ringtrain_store::on_both_backends!(
+    setup = crate::common::TestApp::new;
+    agents_are_trusted_only_for_their_own_work,
+    datasets_go_only_to_agents_that_train_on_them,
+    a_team_admin_is_not_a_platform_admin,
+    tokens_are_listed_revoked_and_expire,
+    a_revoked_agent_token_loses_its_node,
+);
