@@ -165,7 +165,7 @@ async fn a_team_below_its_guarantee_reclaims_borrowed_devices_and_the_borrower_r
         .as_array()
         .unwrap()
         .iter()
-        .find(|c| c["path"].as_str().unwrap().contains("-iter-"))
+        .find(|c| c["name"].as_str().unwrap().contains("-iter-"))
         .unwrap_or_else(|| panic!("no checkpoint taken at the preemption: {checkpoints}"));
     let resumed_at = at_preemption["iteration"].as_i64().unwrap();
     let by_attempt = team_a.metrics(&borrower, "iteration").await;

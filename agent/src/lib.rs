@@ -35,9 +35,13 @@ pub struct Args {
     /// The server's base URL.
     #[arg(long, env = "RINGTRAIN_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
-    /// An agent token (an admin makes one with POST /v1/agent-tokens).
-    #[arg(long, env = "RINGTRAIN_AGENT_TOKEN", hide_env_values = true)]
-    pub token: String,
+    /// The agent token (a platform admin makes one per node with POST /v1/agent-tokens). Prefer
+    /// --token-file or the environment: a command line is visible to every user of the machine (`ps`).
+    #[arg(long, env = "RINGTRAIN_AGENT_TOKEN", hide_env_values = true, required_unless_present = "token_file")]
+    pub token: Option<String>,
+    /// A file holding the agent token (first line).
+    #[arg(long, conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
     /// This node's name in the pool (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
@@ -62,6 +66,22 @@ pub struct Args {
     /// Stop every rank after this many seconds without a successful heartbeat (the server's lease).
     #[arg(long, default_value_t = ringtrain_protocol::timing::LEASE.as_secs())]
     pub lease_s: u64,
+}
+
+impl Args {
+    /// The token given with --token (or the environment), or read from --token-file.
+    pub fn agent_token(&self) -> Result<String> {
+        match (&self.token, &self.token_file) {
+            (Some(token), _) => Ok(token.clone()),
+            (None, Some(file)) => {
+                let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+                let token = text.lines().next().unwrap_or("").trim().to_string();
+                anyhow::ensure!(!token.is_empty(), "{} holds no token", file.display());
+                Ok(token)
+            }
+            (None, None) => anyhow::bail!("give the agent token: --token-file FILE or RINGTRAIN_AGENT_TOKEN"),
+        }
+    }
 }
 
 /// Registers and runs the agent until the process ends.
@@ -94,7 +114,7 @@ impl std::fmt::Debug for Agent {
 
 impl Agent {
     pub async fn register(args: &Args) -> Result<Agent> {
-        let client = Client::new(&args.server, &args.token)?;
+        let client = Client::new(&args.server, &args.agent_token()?)?;
         let wanted = devices::parse_gpus(&args.gpus).map_err(anyhow::Error::msg).context("--gpus")?;
         let mut offered = devices::gpus(wanted.as_deref());
         let cpus = args.cpus.unwrap_or(if offered.is_empty() { devices::cores() } else { 0 });

@@ -96,6 +96,7 @@ async fn run_inner(
     tokio::fs::write(&spec_path, serde_json::to_vec_pretty(&work.spec)?).await?;
 
     let mut command = Command::new(&ctx.exe);
+    command.env_clear().envs(rank_environment(std::env::vars()));
     let stop_file = rank_dir.join("stop");
     let _ = tokio::fs::remove_file(&stop_file).await;
     command.arg("train").arg("--spec").arg(&spec_path).arg("--out").arg(&out).arg("--exit-with-parent");
@@ -291,5 +292,52 @@ fn describe(status: std::process::ExitStatus) -> String {
         (Some(code), _) => format!("exited with status {code}"),
         (None, Some(signal)) => format!("was killed by signal {signal}"),
         _ => "ended".to_string(),
+    }
+}
+
+/// Variables a rank process inherits from the agent: what the loader, libtorch, CUDA, NCCL and logging
+/// need. Nothing else passes (the agent's token, a user's credentials in the agent's environment).
+const RANK_VARIABLES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "RINGTRAIN_LOG_FORMAT",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+];
+const RANK_VARIABLE_PREFIXES: &[&str] = &["CUDA_", "NCCL_", "TORCH_", "NVIDIA_"];
+
+/// The allow-listed part of `vars`.
+pub(crate) fn rank_environment(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    vars.filter(|(name, _)| {
+        RANK_VARIABLES.contains(&name.as_str()) || RANK_VARIABLE_PREFIXES.iter().any(|p| name.starts_with(p))
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rank_environment;
+
+    #[test]
+    fn ranks_inherit_only_what_they_need() {
+        let vars = [
+            ("RINGTRAIN_TOKEN", "rt_secret"),
+            ("AWS_SECRET_ACCESS_KEY", "x"),
+            ("LD_LIBRARY_PATH", "/opt/torch/lib"),
+            ("NCCL_SOCKET_IFNAME", "eth0"),
+            ("CUDA_VISIBLE_DEVICES", "1"),
+            ("PATH", "/usr/bin"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let kept: Vec<String> = rank_environment(vars.into_iter()).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(kept, ["LD_LIBRARY_PATH", "NCCL_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "PATH"]);
     }
 }

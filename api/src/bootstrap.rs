@@ -9,6 +9,21 @@ pub const DEFAULT_TEAM: &str = "default";
 /// The default team's quotas: large, so a single-machine set-up is limited by its devices, not its quota.
 pub const DEFAULT_QUOTA: i32 = 1024;
 
+/// A preset bootstrap token must be as hard to guess as a generated one: at least 32 characters, not a
+/// repetition of a few.
+pub fn check_preset(token: &str) -> Result<(), String> {
+    let distinct = token.chars().collect::<std::collections::BTreeSet<_>>().len();
+    if token.chars().count() < 32 || distinct < 10 {
+        Err(format!(
+            "RINGTRAIN_BOOTSTRAP_TOKEN must be at least 32 random characters (got {} characters, {distinct} distinct): \
+             it is a platform admin's token",
+            token.chars().count()
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Returns the token to print: Some only when a new token was generated here.
 pub async fn bootstrap(store: &dyn Store, preset: Option<&str>) -> StoreResult<Option<String>> {
     match preset {
@@ -59,5 +74,18 @@ async fn create_admin(store: &dyn Store, team_id: ringtrain_core::TeamId, token:
     match store.create_token(new).await {
         Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
         Err(err) => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_preset;
+
+    #[test]
+    fn short_or_repetitive_preset_tokens_are_refused() {
+        assert!(check_preset("admin").unwrap_err().contains("at least 32"));
+        assert!(check_preset(&"a".repeat(40)).is_err());
+        assert!(check_preset("rt_e2e_admin_token_0123456789abcdef").is_ok());
+        assert!(check_preset(&ringtrain_store::generate_token()).is_ok());
     }
 }

@@ -100,10 +100,11 @@ async fn a_lost_node_fails_its_placements_which_restart_elsewhere(app: TestApp) 
     assert_eq!(run_pass(&app, &config()).await.started, 1);
     app.get(&format!("/v1/agent/nodes/{lost}/assignments"), &agent).await; // delivered
 
-    // A second node comes up; the first stops heartbeating.
-    let other = register(&app, &agent, "other", 2).await;
+    // A second node (its own agent) comes up; the first stops heartbeating.
+    let second = app.agent_token().await;
+    let other = register(&app, &second, "other", 2).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    app.post(&format!("/v1/agent/nodes/{other}/heartbeat"), &agent, &json!({})).await;
+    app.post(&format!("/v1/agent/nodes/{other}/heartbeat"), &second, &json!({})).await;
     let strict = LoopConfig { node_timeout: Duration::from_secs(1), ..config() };
     let report = run_pass(&app, &strict).await;
     assert_eq!(report.lost_nodes, 1, "{report:?}");
@@ -113,7 +114,7 @@ async fn a_lost_node_fails_its_placements_which_restart_elsewhere(app: TestApp) 
     assert_eq!((restarted["state"].as_str(), restarted["attempt"].as_i64()), (Some("scheduled"), Some(2)));
     let events = app.get(&format!("/v1/jobs/{id}/events"), &team.viewer).await.body.to_string();
     assert!(events.contains("node lost was lost (no heartbeat for 1 s)"), "{events}");
-    let on_other = app.get(&format!("/v1/agent/nodes/{other}/assignments"), &agent).await;
+    let on_other = app.get(&format!("/v1/agent/nodes/{other}/assignments"), &second).await;
     assert_eq!(on_other.body["work"].as_array().unwrap().len(), 2);
 }
 

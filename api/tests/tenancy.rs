@@ -216,6 +216,18 @@ async fn tokens_are_listed_revoked_and_expire(app: TestApp) {
     assert!(expired.text.contains("expired"), "{}", expired.text);
 }
 
+/// An agent token belongs to the first node it registers: it cannot add other nodes to the pool.
+async fn an_agent_token_belongs_to_one_node(app: TestApp) {
+    let agent = app.agent_token().await;
+    let first = node(&app, &agent, "first").await;
+    let again = node(&app, &agent, "first").await;
+    assert_eq!(first.0, again.0, "re-registering keeps the node");
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let other = app.post("/v1/agent/nodes", &agent, &json!({"name": "second", "devices": devices})).await;
+    other.problem(409);
+    assert!(other.text.contains("first"), "{}", other.text);
+}
+
 /// A revoked agent token stops working, and its node is marked as unheard-of so the next scheduler pass
 /// finds it lost.
 async fn a_revoked_agent_token_loses_its_node(app: TestApp) {
@@ -244,4 +256,5 @@ ringtrain_store::on_both_backends!(
     a_team_admin_is_not_a_platform_admin,
     tokens_are_listed_revoked_and_expire,
     a_revoked_agent_token_loses_its_node,
+    an_agent_token_belongs_to_one_node,
 );

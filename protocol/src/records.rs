@@ -63,6 +63,10 @@ pub struct Checkpoint {
     pub attempt: i32,
     pub epoch: i64,
     pub iteration: i64,
+    /// The archive's file name, e.g. `epoch-0003-iter-0000000450-attempt-2.tar`.
+    pub name: String,
+    /// Where the archive lies on the server: never sent (no server paths leave the server).
+    #[serde(skip)]
     pub path: String,
     pub size_bytes: i64,
     pub sha256: String,

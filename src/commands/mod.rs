@@ -28,3 +28,35 @@ pub fn block_on(who: &str, command: impl std::future::Future<Output = anyhow::Re
         }
     }
 }
+
+/// Creates `dir` (and its parents) readable by this user only (0700), and tightens it if it exists: the
+/// server's data directory holds tokens, the database, datasets and weights.
+pub fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot make {} private", dir.display()))
+}
+
+/// Writes a secret file readable by this user only, atomically: created 0600 under a temporary name, then
+/// renamed, so it is never visible with wider permissions or half written.
+pub fn write_secret(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let partial = path.with_extension(format!("part-{}", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&partial)
+        .with_context(|| format!("cannot write {}", partial.display()))?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&partial, path).with_context(|| format!("cannot write {}", path.display()))
+}

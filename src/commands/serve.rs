@@ -55,8 +55,10 @@ pub struct Server {
 
 impl Server {
     pub async fn start(args: &Args) -> anyhow::Result<Server> {
-        std::fs::create_dir_all(&args.data_dir)
-            .with_context(|| format!("cannot create the data directory {}", args.data_dir.display()))?;
+        if let Some(preset) = &args.bootstrap_token {
+            ringtrain_api::bootstrap::check_preset(preset).map_err(anyhow::Error::msg)?;
+        }
+        super::private_dir(&args.data_dir)?;
         let url = args
             .database_url
             .clone()

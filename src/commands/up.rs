@@ -40,8 +40,7 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 async fn up(args: Args) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create the data directory {}", args.data_dir.display()))?;
+    super::private_dir(&args.data_dir)?;
     let token_file = args.data_dir.join("admin-token");
     let token = match &args.bootstrap_token {
         Some(token) => token.clone(),
@@ -76,7 +75,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
     let serving = tokio::spawn(server.run(serve::shutdown_signal()));
     let agent = Agent::register(&ringtrain_agent::Args {
         server: url.clone(),
-        token: agent_token,
+        token: Some(agent_token),
+        token_file: None,
         name: Some("local".into()),
         address: Some(std::net::Ipv4Addr::LOCALHOST.into()),
         gpus: args.gpus.clone(),
@@ -102,12 +102,7 @@ fn token_file_contents(path: &std::path::Path) -> anyhow::Result<String> {
         }
     }
     let token = generate_token();
-    std::fs::write(path, format!("{token}\n")).with_context(|| format!("cannot write {}", path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    }
+    super::write_secret(path, &format!("{token}\n"))?;
     Ok(token)
 }
 

@@ -28,7 +28,8 @@ impl From<sqlx::Error> for StoreError {
         // Unique and foreign-key violations are the caller's problem (409), not an outage.
         if let sqlx::Error::Database(db) = &err {
             if db.is_unique_violation() {
-                return StoreError::Conflict(db.message().to_string());
+                // the database's own message names its tables and constraints: it stays here
+                return StoreError::Conflict("an entry with the same unique value already exists".into());
             }
         }
         StoreError::Database(err)

@@ -331,7 +331,8 @@ pub struct Dataset {
     pub id: Uuid,
     pub team_id: TeamId,
     pub name: String,
-    /// Where the file lies in the server's data directory.
+    /// Where the file lies in the server's data directory: never sent.
+    #[serde(skip)]
     pub path: String,
     pub size_bytes: i64,
     pub sha256: String,

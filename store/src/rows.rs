@@ -309,6 +309,9 @@ impl From<CheckpointRow> for Checkpoint {
             attempt: row.attempt,
             epoch: row.epoch,
             iteration: row.iteration,
+            name: std::path::Path::new(&row.path)
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
             path: row.path,
             size_bytes: row.size_bytes,
             sha256: row.sha256,

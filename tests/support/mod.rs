@@ -109,9 +109,10 @@ impl Cluster {
         let listen = address.trim_start_matches("http://").to_string();
         let server_command = Some((listen, database_url.to_string()));
         let mut cluster = Cluster { url: address, dir, api, server, server_command, agents: Vec::new() };
-        let token = cluster.api.post("/v1/agent-tokens", json!({"label": "e2e"})).await;
-        let token = token["token"].as_str().expect("an agent token").to_string();
         for n in 0..nodes {
+            // one agent token per node: a token belongs to the first node it registers
+            let token = cluster.api.post("/v1/agent-tokens", json!({"label": format!("e2e node{n}")})).await;
+            let token = token["token"].as_str().expect("an agent token").to_string();
             cluster.start_agent(&format!("node{n}"), &token, cpus);
         }
         cluster.wait_for_nodes(nodes).await;
@@ -145,8 +146,12 @@ impl Cluster {
     }
 
     pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
+        let token_file = self.dir.join(format!("{name}.token"));
+        std::fs::write(&token_file, token).expect("write the agent token file");
         let agent = ringtrain()
-            .args(["agent", "--server", &self.url, "--token", token, "--name", name, "--gpus", "none"])
+            .args(["agent", "--server", &self.url, "--token-file"])
+            .arg(&token_file)
+            .args(["--name", name, "--gpus", "none"])
             .args(["--cpus", &cpus.to_string(), "--heartbeat-s", "1", "--work-dir"])
             .arg(self.dir.join(name))
             .stdout(Stdio::null())

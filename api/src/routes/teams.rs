@@ -58,10 +58,15 @@ pub async fn create_team(
 ) -> ApiResult<(StatusCode, Json<Team>)> {
     user.require_platform_admin()?;
     validate_team(&body).map_err(ApiError::validation)?;
+    let name = body.name.clone();
     let team = state
         .store
         .create_team(NewTeam { name: body.name, gpu_quota: body.gpu_quota as i32, cpu_quota: body.cpu_quota as i32 })
-        .await?;
+        .await
+        .map_err(|e| match e {
+            ringtrain_store::StoreError::Conflict(_) => ApiError::conflict(format!("a team named {name:?} exists")),
+            other => other.into(),
+        })?;
     Ok((StatusCode::CREATED, Json(team)))
 }
 

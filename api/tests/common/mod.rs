@@ -13,7 +13,7 @@ use ringtrain_store::Store;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-pub const ADMIN: &str = "rt_test_bootstrap_admin";
+pub const ADMIN: &str = "rt_test_bootstrap_admin_0123456789abcdef";
 
 pub struct TestApp {
     pub router: Router,

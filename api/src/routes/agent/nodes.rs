@@ -53,10 +53,11 @@ fn registration(body: RegisterNode) -> Result<NodeRegistration, Vec<FieldError>>
     }
 }
 
-/// Register (or re-register) this agent's node and its devices.
+/// Register (or re-register) this agent's node and its devices. An agent token belongs to one node: the
+/// first name it registers is the only one it may use (a stolen token cannot add nodes to the pool).
 #[utoipa::path(post, path = "/v1/agent/nodes", tag = "agent", request_body = RegisterNode,
     responses((status = 200, body = Node), (status = 403),
-        (status = 409, description = "The name belongs to another agent"),
+        (status = 409, description = "The name belongs to another agent, or this token to another node"),
         (status = 422)),
     security(("bearer" = [])))]
 pub async fn register_node(
@@ -65,6 +66,13 @@ pub async fn register_node(
     JsonBody(body): JsonBody<RegisterNode>,
 ) -> ApiResult<Json<Node>> {
     let registration = registration(body).map_err(ApiError::validation)?;
+    let nodes = state.store.list_nodes().await?;
+    if let Some(bound) = nodes.iter().find(|n| n.agent_token_id == agent.token.id && n.name != registration.name) {
+        return Err(ApiError::conflict(format!(
+            "this agent token belongs to node {:?}: every node needs its own agent token",
+            bound.name
+        )));
+    }
     Ok(Json(state.store.register_node(agent.token.id, registration).await?))
 }
 
