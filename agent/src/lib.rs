@@ -66,6 +66,10 @@ pub struct Args {
     /// Stop every rank after this many seconds without a successful heartbeat (the server's lease).
     #[arg(long, default_value_t = ringtrain_protocol::timing::LEASE.as_secs())]
     pub lease_s: u64,
+    /// A folder under which `idx:PATH` datasets may be read on this node (repeat for several; none: no
+    /// `idx:` job runs here). Checked on the resolved path, links followed.
+    #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
+    pub idx_roots: Vec<PathBuf>,
 }
 
 impl Args {
@@ -151,8 +155,16 @@ impl Agent {
         std::fs::create_dir_all(&args.work_dir)
             .with_context(|| format!("cannot create {}", args.work_dir.display()))?;
         let work_dir = std::fs::canonicalize(&args.work_dir)?;
-        let ctx =
-            AgentContext { client, node_id: node.id, node_name: name, address, work_dir, exe, threads: args.threads };
+        let ctx = AgentContext {
+            client,
+            node_id: node.id,
+            node_name: name,
+            address,
+            work_dir,
+            exe,
+            threads: args.threads,
+            idx_roots: args.idx_roots.clone(),
+        };
         Ok(Agent {
             ctx: Arc::new(ctx),
             node: node.id,

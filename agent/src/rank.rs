@@ -36,6 +36,8 @@ pub struct AgentContext {
     pub exe: PathBuf,
     /// libtorch threads per rank.
     pub threads: Option<i32>,
+    /// Where `idx:` datasets may be read on this node.
+    pub idx_roots: Vec<PathBuf>,
 }
 
 /// How often metrics are sent and rank 0's checkpoints looked for: often enough that the API trails the
@@ -70,9 +72,11 @@ pub async fn run(ctx: Arc<AgentContext>, work: Work, stop: watch::Receiver<Optio
             Ok(ended) => ended,
             Err(err) => {
                 // Preparing or starting the rank failed (a download, a file): the placement cannot go on here.
+                // A job this node refuses to run (NotRunnable) would be refused again: not retried.
                 tracing::error!(error = format!("{err:#}"), "the rank could not start");
                 let error = format!("rank {} on node {} could not start: {err:#}", a.rank, ctx.node_name);
-                report_failure(&ctx, &work, &error, true).await;
+                let retryable = err.downcast_ref::<NotRunnable>().is_none();
+                report_failure(&ctx, &work, &error, retryable).await;
                 end_assignment(&ctx, a.id, AssignmentState::Failed).await;
                 AssignmentState::Failed
             }
@@ -92,6 +96,7 @@ async fn run_inner(
     let rank_dir = placement_dir.join(format!("rank-{}", a.rank));
     let out = rank_dir.join("out");
     tokio::fs::create_dir_all(&out).await.with_context(|| format!("cannot create {}", out.display()))?;
+    check_idx_dataset(&work.spec, &ctx.idx_roots)?;
     let spec_path = rank_dir.join("spec.json");
     tokio::fs::write(&spec_path, serde_json::to_vec_pretty(&work.spec)?).await?;
 
@@ -295,6 +300,27 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
+/// A job this node will not run as it stands (retrying it elsewhere would fail the same way).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct NotRunnable(String);
+
+/// An `idx:` dataset must resolve (links followed) inside one of this node's `--idx-root` folders: a job
+/// must not make a worker read another team's data or the host's files.
+pub(crate) fn check_idx_dataset(spec: &Value, roots: &[PathBuf]) -> Result<(), NotRunnable> {
+    let Some(path) = spec.get("dataset").and_then(Value::as_str).and_then(|d| d.strip_prefix("idx:")) else {
+        return Ok(());
+    };
+    let refused = || NotRunnable(format!("idx:{path} is not inside this node's --idx-root folders"));
+    let resolved = std::fs::canonicalize(path).map_err(|_| refused())?;
+    let inside = roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|root| resolved.starts_with(root));
+    if inside {
+        Ok(())
+    } else {
+        Err(refused())
+    }
+}
+
 /// Variables a rank process inherits from the agent: what the loader, libtorch, CUDA, NCCL and logging
 /// need. Nothing else passes (the agent's token, a user's credentials in the agent's environment).
 const RANK_VARIABLES: &[&str] = &[
@@ -324,7 +350,25 @@ pub(crate) fn rank_environment(vars: impl Iterator<Item = (String, String)>) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::rank_environment;
+    use super::{check_idx_dataset, rank_environment};
+
+    #[test]
+    fn idx_datasets_must_resolve_inside_the_nodes_roots() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("data");
+        std::fs::create_dir_all(root.join("mnist")).unwrap();
+        let outside = dir.path().join("secret");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let spec = |path: &std::path::Path| serde_json::json!({"dataset": format!("idx:{}", path.display())});
+        let roots = [root.clone()];
+        assert!(check_idx_dataset(&spec(&root.join("mnist")), &roots).is_ok());
+        assert!(check_idx_dataset(&spec(&root.join("link")), &roots).is_err(), "a link out of the root");
+        assert!(check_idx_dataset(&spec(&root.join("mnist/../../secret")), &roots).is_err());
+        assert!(check_idx_dataset(&spec(&outside), &roots).is_err());
+        assert!(check_idx_dataset(&spec(&root.join("mnist")), &[]).is_err(), "no roots: no idx:");
+        assert!(check_idx_dataset(&serde_json::json!({"dataset": "fashion-mnist"}), &[]).is_ok());
+    }
 
     #[test]
     fn ranks_inherit_only_what_they_need() {

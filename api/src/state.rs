@@ -30,6 +30,8 @@ pub struct ApiConfig {
     pub lease: Duration,
     /// The longest an agent's poll waits for something to change (under `request_timeout`).
     pub max_poll_wait: Duration,
+    /// Folders under which `idx:` datasets may lie (none: `idx:` is refused).
+    pub idx_roots: Vec<PathBuf>,
 }
 
 impl ApiConfig {
@@ -43,6 +45,7 @@ impl ApiConfig {
             event_poll: Duration::from_millis(500),
             lease: timing::LEASE,
             max_poll_wait: timing::MAX_POLL_WAIT,
+            idx_roots: Vec::new(),
         }
     }
 }

@@ -216,6 +216,22 @@ async fn tokens_are_listed_revoked_and_expire(app: TestApp) {
     assert!(expired.text.contains("expired"), "{}", expired.text);
 }
 
+/// `idx:` paths must lie inside the server's --idx-root folders (here /data): no reading the host's files or
+/// another team's folders by path.
+async fn idx_paths_stay_inside_the_allowed_roots(app: TestApp) {
+    let team = app.team("alpha").await;
+    for path in ["idx:/etc", "idx:/data/../etc", "idx:relative/mnist", "idx:/database"] {
+        let mut job = spec("idx");
+        job["dataset"] = json!(path);
+        let refused = app.post("/v1/jobs", &team.member, &job).await;
+        assert_eq!(refused.problem(422), vec!["dataset"], "{path}");
+        assert!(refused.text.contains("inside /data"), "{}", refused.text);
+    }
+    let mut job = spec("idx");
+    job["dataset"] = json!("idx:/data/mnist");
+    assert_eq!(app.post("/v1/jobs", &team.member, &job).await.status, 201);
+}
+
 /// An agent token belongs to the first node it registers: it cannot add other nodes to the pool.
 async fn an_agent_token_belongs_to_one_node(app: TestApp) {
     let agent = app.agent_token().await;
@@ -257,4 +273,5 @@ ringtrain_store::on_both_backends!(
     tokens_are_listed_revoked_and_expire,
     a_revoked_agent_token_loses_its_node,
     an_agent_token_belongs_to_one_node,
+    idx_paths_stay_inside_the_allowed_roots,
 );

@@ -34,6 +34,25 @@ impl DatasetRef {
     }
 }
 
+/// Whether an `idx:` path may be read: an absolute path, without `.` or `..` parts, inside one of `roots`
+/// (the folders a platform admin allowed). Lexical only: the server cannot see the workers' file systems;
+/// each agent checks the resolved path (links followed) against its own roots before a rank reads it.
+/// The reason never describes the file system.
+pub fn check_idx_path(path: &str, roots: &[std::path::PathBuf]) -> Result<(), String> {
+    use std::path::{Component, Path};
+    if roots.is_empty() {
+        return Err("idx: datasets are not enabled here (a platform admin allows folders with --idx-root)".into());
+    }
+    let path = Path::new(path);
+    let plain = path.is_absolute() && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if plain && roots.iter().any(|root| path.starts_with(root)) {
+        Ok(())
+    } else {
+        let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+        Err(format!("idx: paths must be absolute, without . or .., inside {}", allowed.join(" or ")))
+    }
+}
+
 /// Why a dataset string was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -95,6 +114,22 @@ impl<'de> Deserialize<'de> for DatasetRef {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod idx_tests {
+    use super::check_idx_path;
+    use std::path::PathBuf;
+
+    #[test]
+    fn idx_paths_stay_inside_the_allowed_roots() {
+        let roots = [PathBuf::from("/data/shared"), PathBuf::from("/mnt/team-a")];
+        assert!(check_idx_path("/data/shared/mnist", &roots).is_ok());
+        for bad in ["/etc", "/data/shared/../../etc", "relative/mnist", "/data/sharedother"] {
+            assert!(check_idx_path(bad, &roots).is_err(), "{bad}");
+        }
+        assert!(check_idx_path("/data/shared/mnist", &[]).unwrap_err().contains("not enabled"));
     }
 }
 

@@ -27,6 +27,10 @@ pub struct Args {
     /// Use this token as the bootstrap admin token instead of generating (and printing) one.
     #[arg(long, env = "RINGTRAIN_BOOTSTRAP_TOKEN", hide_env_values = true)]
     pub bootstrap_token: Option<String>,
+    /// A folder under which `idx:PATH` datasets may lie (repeat for several; none: `idx:` is refused).
+    /// Agents check the resolved path against their own --idx-root too.
+    #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
+    pub idx_roots: Vec<PathBuf>,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -70,6 +74,7 @@ impl Server {
             ringtrain_api::bootstrap::bootstrap(store.as_ref(), args.bootstrap_token.as_deref()).await?;
         let mut config = ApiConfig::new(&args.data_dir);
         config.max_dataset_bytes = args.max_dataset_bytes;
+        config.idx_roots = args.idx_roots.clone();
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -33,6 +33,9 @@ pub struct Args {
     /// libtorch threads per rank process.
     #[arg(long)]
     threads: Option<i32>,
+    /// A folder under which `idx:PATH` datasets may lie (repeat for several; none: `idx:` is refused).
+    #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
+    idx_roots: Vec<std::path::PathBuf>,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -52,6 +55,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         max_dataset_bytes: 512 << 20,
         bootstrap_token: Some(token.clone()),
+        idx_roots: args.idx_roots.clone(),
     })
     .await?;
     let url = format!("http://{}", server.address);
@@ -85,6 +89,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         threads: args.threads,
         heartbeat_s: timing::HEARTBEAT.as_secs(),
         lease_s: timing::LEASE.as_secs(),
+        idx_roots: args.idx_roots.clone(),
     })
     .await?;
     print_welcome(&url, &token, &token_file, args.bootstrap_token.is_some());

@@ -66,6 +66,7 @@ impl TestApp {
         let mut config = ApiConfig::new(dir.path());
         config.event_poll = std::time::Duration::from_millis(50);
         config.max_dataset_bytes = 1 << 20;
+        config.idx_roots = vec!["/data".into()];
         let state = AppState::new(store.clone(), config);
         let router = app(state.clone());
         TestApp { router, store, state, dir }

@@ -13,18 +13,33 @@ use super::Split;
 
 const U8_TYPE: u8 = 0x08;
 
+/// The most an IDX file may hold, decompressed (ImageNet at 224×224 as u8 is ~190 GB, but no IDX data set
+/// is; Fashion-MNIST is 47 MB): a small gzip bomb must not take the node's memory.
+pub const MAX_IDX_BYTES: u64 = 8 << 30;
+
 /// Reads one IDX file into a u8 tensor of its shape.
 pub fn read_idx(path: &Path) -> Result<Tensor> {
+    read_idx_capped(path, MAX_IDX_BYTES)
+}
+
+/// [`read_idx`] with a cap on the file's size, compressed and decompressed.
+pub fn read_idx_capped(path: &Path, cap: u64) -> Result<Tensor> {
     let mut raw = Vec::new();
-    std::fs::File::open(path)
-        .with_context(|| format!("cannot open {}", path.display()))?
-        .read_to_end(&mut raw)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    file.take(cap + 1).read_to_end(&mut raw).with_context(|| format!("cannot read {}", path.display()))?;
+    let too_big = || anyhow::anyhow!("{} holds more than {cap} bytes", path.display());
+    if raw.len() as u64 > cap {
+        return Err(too_big());
+    }
     let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(&raw[..])
+            .take(cap + 1)
             .read_to_end(&mut out)
             .with_context(|| format!("{} is not valid gzip", path.display()))?;
+        if out.len() as u64 > cap {
+            return Err(too_big());
+        }
         out
     } else {
         raw
@@ -88,6 +103,26 @@ pub fn load_dir(dir: &Path) -> Result<(Split, Split)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A 64 KB gzip that inflates to 64 MB is stopped at the cap, not read into memory.
+    #[test]
+    fn a_gzip_bomb_stops_at_the_cap() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("ringtrain-idx-bomb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bomb.gz");
+        let mut gz = flate2::write::GzEncoder::new(std::fs::File::create(&path).unwrap(), flate2::Compression::best());
+        gz.write_all(&idx_bytes(&[64 << 20], &[])[..8]).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            gz.write_all(&zeros).unwrap();
+        }
+        gz.finish().unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() < 1 << 20);
+        let err = read_idx_capped(&path, 1 << 20).unwrap_err().to_string();
+        assert!(err.contains("more than 1048576 bytes"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     fn idx_bytes(dims: &[u32], data: &[u8]) -> Vec<u8> {
         let mut out = vec![0, 0, U8_TYPE, dims.len() as u8];
