@@ -102,6 +102,9 @@ async fn run_inner(
 
     let mut command = Command::new(&ctx.exe);
     command.env_clear().envs(rank_environment(std::env::vars()));
+    if let Some(secret) = &work.rendezvous_secret {
+        command.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, secret);
+    }
     let stop_file = rank_dir.join("stop");
     let _ = tokio::fs::remove_file(&stop_file).await;
     command.arg("train").arg("--spec").arg(&spec_path).arg("--out").arg(&out).arg("--exit-with-parent");

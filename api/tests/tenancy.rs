@@ -105,6 +105,33 @@ async fn agents_are_trusted_only_for_their_own_work(app: TestApp) {
     app.send_bytes(Method::PUT, &upload(32, attempt - 1), &rank0, vec![1; 10]).await.problem(404);
 }
 
+/// Every agent of a placement gets the same rendezvous secret in its poll, for its ranks to prove to each
+/// other; users never see it.
+async fn a_placement_shares_a_rendezvous_secret_only_with_its_agents(app: TestApp) {
+    let team = app.team("alpha").await;
+    let (first, second) = (app.agent_token().await, app.agent_token().await);
+    let (job, _) = two_agent_job(&app, &team, &first, &second, spec("secret")).await;
+    let nodes = app.get("/v1/nodes", ADMIN).await.body;
+    let node_id = |name: &str| {
+        nodes["nodes"].as_array().unwrap().iter().find(|n| n["name"] == name).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let mut secrets = Vec::new();
+    for (name, agent) in [("node-0", &first), ("node-1", &second)] {
+        let poll = app.get(&format!("/v1/agent/nodes/{}/assignments", node_id(name)), agent).await;
+        let secret =
+            poll.body["work"][0]["rendezvous_secret"].as_str().unwrap_or_else(|| panic!("{}", poll.text)).to_string();
+        assert!(secret.len() >= 32);
+        secrets.push(secret);
+    }
+    assert_eq!(secrets[0], secrets[1]);
+    for uri in [format!("/v1/jobs/{job}"), format!("/v1/jobs/{job}/events"), "/v1/nodes".to_string()] {
+        assert!(!app.get(&uri, &team.admin).await.text.contains(&secrets[0]), "{uri}");
+    }
+}
+
 /// An uploaded dataset goes only to an agent holding a live rank of a job that trains on it.
 async fn datasets_go_only_to_agents_that_train_on_them(app: TestApp) {
     let team = app.team("alpha").await;
@@ -274,4 +301,5 @@ ringtrain_store::on_both_backends!(
     a_revoked_agent_token_loses_its_node,
     an_agent_token_belongs_to_one_node,
     idx_paths_stay_inside_the_allowed_roots,
+    a_placement_shares_a_rendezvous_secret_only_with_its_agents,
 );

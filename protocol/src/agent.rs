@@ -81,6 +81,10 @@ pub struct Work {
     pub rendezvous: Option<String>,
     /// The checkpoint to resume from (the job's newest), for rank 0 to download and broadcast.
     pub resume: Option<Checkpoint>,
+    /// The secret this placement's ranks prove to each other in the rendezvous and on the ring; the agent
+    /// hands it to the rank in its environment (never in argv).
+    #[serde(default)]
+    pub rendezvous_secret: Option<String>,
     /// The sha256 of the uploaded dataset the job trains on (when it does): the agent checks its download,
     /// and its cached copy, against it.
     #[serde(default)]

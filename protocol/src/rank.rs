@@ -10,3 +10,7 @@ pub const EXIT_STOPPED: u8 = 4;
 
 /// The file in a rank's `checkpoints/` folder naming its newest complete checkpoint folder (`epoch-NNNN`).
 pub const LATEST: &str = "latest";
+
+/// The environment variable through which an agent (or `train --local`) gives a rank its placement's
+/// rendezvous secret: not an argument, which every user of the machine could read with `ps`.
+pub const RENDEZVOUS_SECRET_ENV: &str = "RINGTRAIN_RENDEZVOUS_SECRET";

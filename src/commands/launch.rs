@@ -33,15 +33,22 @@ pub fn one_gpu_per_rank(cmd: &mut Command, rank: usize, share: bool) {
     }
 }
 
+/// A fresh secret for the ranks started here to prove to each other (see `RendezvousConfig::secret`).
+pub fn new_rendezvous_secret() -> String {
+    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+}
+
 /// Runs a benchmark as `world` rank processes of this executable on this machine's GPUs (`share`: all on
 /// GPU 0, for tests): `args(rank, rendezvous)` gives each one's arguments. Only rank 0's stdout is kept.
 pub fn run_gpu_ranks(world: usize, share: bool, args: impl Fn(usize, &str) -> Vec<String>) -> Result<()> {
     let rendezvous = format!("127.0.0.1:{}", free_local_port()?);
     let exe = std::env::current_exe().context("cannot find this executable")?;
+    let secret = new_rendezvous_secret();
     let mut children = Vec::new();
     for rank in 0..world {
         let mut cmd = Command::new(&exe);
         cmd.args(args(rank, &rendezvous));
+        cmd.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, &secret);
         one_gpu_per_rank(&mut cmd, rank, share);
         if rank != 0 {
             cmd.stdout(Stdio::null());

@@ -13,7 +13,7 @@ use ringtrain_core::JobSpec;
 use ringtrain_worker::metrics::Metric;
 use ringtrain_worker::{Backend, FaultInjection, JobError, RendezvousConfig, Stopped, TrainOptions, Trainer};
 
-use super::launch::{free_local_port, one_gpu_per_rank, wait_all};
+use super::launch::{free_local_port, new_rendezvous_secret, one_gpu_per_rank, wait_all};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -134,6 +134,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         world: args.world.context("--world is required with --rank")?,
         join_timeout: Duration::from_secs(args.join_timeout_s),
         io_timeout: Duration::from_secs(args.comm_timeout_s),
+        secret: rendezvous_secret(),
     };
     let mut comm = args.collective.connect(&config, device)?;
     let options = TrainOptions {
@@ -159,6 +160,12 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     };
     trainer.run(&mut sink)?;
     Ok(())
+}
+
+/// The placement's rendezvous secret, from the environment (the agent, or `--local`, put it there; never an
+/// argument). Without one the ranks do not authenticate each other.
+pub fn rendezvous_secret() -> Option<String> {
+    std::env::var(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV).ok().filter(|s| !s.is_empty())
 }
 
 /// Watches the parent process from a thread: when it dies this process is re-parented, and exits. (No
@@ -202,6 +209,7 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
     }
     let rendezvous = format!("127.0.0.1:{}", free_local_port()?);
     let exe = std::env::current_exe().context("cannot find this executable")?;
+    let secret = new_rendezvous_secret();
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..k {
         let mut cmd = Command::new(&exe);
@@ -217,6 +225,7 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         }
         // Killing this launcher leaves no rank behind.
         cmd.arg("--exit-with-parent");
+        cmd.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, &secret);
         if let Some(threads) = args.threads {
             cmd.args(["--threads", &threads.to_string()]);
         }

@@ -17,6 +17,8 @@ pub trait AssignmentStore: Send + Sync {
     async fn get_assignment(&self, id: AssignmentId) -> StoreResult<Option<Assignment>>;
     /// The ranks of one placement, by rank.
     async fn job_assignments(&self, job: JobId, attempt: i32) -> StoreResult<Vec<Assignment>>;
+    /// The secret the ranks of this placement prove to each other (None for placements older than it).
+    async fn rendezvous_secret(&self, job: JobId, attempt: i32) -> StoreResult<Option<String>>;
     /// Guarded state change; false when it was not in `from`.
     async fn set_assignment_state(
         &self,
@@ -79,6 +81,17 @@ macro_rules! impl_assignment_store {
                     let row: Option<AssignmentRow> =
                         sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     row.map(TryInto::try_into).transpose()
+                }
+
+                async fn rendezvous_secret(&self, job: JobId, attempt: i32) -> StoreResult<Option<String>> {
+                    let row: Option<(Option<String>,)> = sqlx::query_as(
+                        "SELECT rendezvous_secret FROM assignments WHERE job_id = $1 AND attempt = $2 LIMIT 1",
+                    )
+                    .bind(job.0)
+                    .bind(attempt)
+                    .fetch_optional(self.pool())
+                    .await?;
+                    Ok(row.and_then(|(secret,)| secret))
                 }
 
                 async fn job_assignments(&self, job: JobId, attempt: i32) -> StoreResult<Vec<Assignment>> {

@@ -250,9 +250,11 @@ macro_rules! impl_lifecycle_store {
                     // the transaction undoes the claim with it.
                     let sql = format!(
                         "INSERT INTO assignments (id, job_id, attempt, node_id, device_id, rank, world_size, state, \
-                         created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8) \
-                         RETURNING {ASSIGNMENT_COLUMNS}"
+                         created_at, updated_at, rendezvous_secret) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8, $9) RETURNING {ASSIGNMENT_COLUMNS}"
                     );
+                    // one secret for the placement's ranks to prove to each other (see RendezvousConfig)
+                    let secret = crate::generate_token();
                     let mut placed = Vec::with_capacity(ranks.len());
                     for rank in ranks {
                         let row: AssignmentRow = sqlx::query_as(&sql)
@@ -264,6 +266,7 @@ macro_rules! impl_lifecycle_store {
                             .bind(rank.rank)
                             .bind(ranks.len() as i32)
                             .bind(now)
+                            .bind(&secret)
                             .fetch_one(&mut *tx)
                             .await?;
                         placed.push(row.try_into()?);

@@ -188,6 +188,7 @@ mod tests {
                         world: 2,
                         join_timeout: Duration::from_secs(20),
                         io_timeout: Duration::from_secs(20),
+                        secret: None,
                     };
                     let mut ring = RingCollective::connect(&config).unwrap();
                     let (_vs, ps) = params(&sizes);

@@ -12,7 +12,7 @@ fn free_address() -> SocketAddr {
 }
 
 fn config(address: SocketAddr, rank: usize, world: usize, io_timeout: Duration) -> RendezvousConfig {
-    RendezvousConfig { address, rank, world, join_timeout: Duration::from_secs(20), io_timeout }
+    RendezvousConfig { address, rank, world, join_timeout: Duration::from_secs(20), io_timeout, secret: None }
 }
 
 /// Runs `body` on k connected ranks (threads) and returns what each returned, in rank order.
@@ -146,4 +146,66 @@ fn a_missing_rank_fails_the_rendezvous_by_number() {
     cfg.join_timeout = Duration::from_millis(500);
     let err = RingCollective::connect(&cfg).unwrap_err();
     assert!(err.to_string().contains("rank 1, rank 2 did not join"), "{err}");
+}
+
+fn with_secret(address: SocketAddr, rank: usize, world: usize, secret: &str) -> RendezvousConfig {
+    RendezvousConfig { secret: Some(secret.to_string()), ..config(address, rank, world, Duration::from_secs(20)) }
+}
+
+/// With a placement secret, a stranger's garbage and an impostor with a wrong secret are dropped; the real
+/// ranks still form the ring and sum correctly, and the impostor learns nothing (no address table).
+#[test]
+fn strangers_and_wrong_secrets_are_dropped_and_the_ring_still_forms() {
+    use std::io::Write;
+    let address = free_address();
+    let world = 3;
+    let rank0 = thread::spawn(move || {
+        let mut ring = RingCollective::connect(&with_secret(address, 0, world, "placement-secret")).unwrap();
+        let mut buf = vec![1.0f32; 1000];
+        ring.all_reduce_sum(&mut buf).unwrap();
+        buf
+    });
+    thread::sleep(Duration::from_millis(200));
+    // a port scanner, then garbage
+    drop(std::net::TcpStream::connect(address).unwrap());
+    let mut junk = std::net::TcpStream::connect(address).unwrap();
+    junk.write_all(b"garbage\n").unwrap();
+    // an impostor claiming rank 1 with the wrong secret gets no table
+    let mut impostor = with_secret(address, 1, world, "guessed");
+    impostor.join_timeout = Duration::from_secs(3);
+    let refused = RingCollective::connect(&impostor).unwrap_err();
+    assert!(refused.to_string().contains("address table"), "{refused}");
+    // the real ranks join and the ring works
+    let others: Vec<_> = (1..world)
+        .map(|rank| {
+            thread::spawn(move || {
+                let mut ring = RingCollective::connect(&with_secret(address, rank, world, "placement-secret")).unwrap();
+                let mut buf = vec![1.0f32; 1000];
+                ring.all_reduce_sum(&mut buf).unwrap();
+                buf
+            })
+        })
+        .collect();
+    assert_eq!(rank0.join().unwrap(), vec![3.0; 1000]);
+    for other in others {
+        assert_eq!(other.join().unwrap(), vec![3.0; 1000]);
+    }
+}
+
+/// A rank with the wrong secret cannot reach the others' ring either: rank 0 never lists it, so the
+/// rendezvous ends with the real rank missing, named.
+#[test]
+fn a_whole_placement_with_mismatched_secrets_fails_naming_the_rank() {
+    let address = free_address();
+    let rank0 = thread::spawn(move || {
+        let mut cfg = with_secret(address, 0, 2, "right");
+        cfg.join_timeout = Duration::from_secs(2);
+        RingCollective::connect(&cfg).map(|_| ())
+    });
+    thread::sleep(Duration::from_millis(100));
+    let mut wrong = with_secret(address, 1, 2, "wrong");
+    wrong.join_timeout = Duration::from_secs(2);
+    assert!(RingCollective::connect(&wrong).is_err());
+    let err = rank0.join().unwrap().unwrap_err();
+    assert!(err.to_string().contains("rank 1 did not join"), "{err}");
 }

@@ -90,6 +90,7 @@ fn nccl_rank(args: &AllreduceArgs, sizes: &[usize], rank: usize, rendezvous: Soc
         world: args.world.max(1),
         join_timeout: Duration::from_secs(args.join_timeout_s),
         io_timeout: Duration::from_secs(args.comm_timeout_s),
+        secret: crate::commands::train::rendezvous_secret(),
     };
     let mut comm = NcclCollective::connect(&config, device)?;
     let world = comm.world_size();

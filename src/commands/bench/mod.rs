@@ -90,6 +90,7 @@ pub(crate) fn on_ring<T: Send + 'static>(
                     world,
                     join_timeout: Duration::from_secs(30),
                     io_timeout: Duration::from_secs(120),
+                    secret: None,
                 };
                 let mut ring = RingCollective::connect(&config)?;
                 body(&mut ring)

@@ -181,6 +181,7 @@ fn gpu_rank(args: &TrainArgs, rank: usize, rendezvous: SocketAddr) -> Result<()>
         world: world as usize,
         join_timeout: Duration::from_secs(120),
         io_timeout: Duration::from_secs(120),
+        secret: crate::commands::train::rendezvous_secret(),
     };
     let mut comm = args.collective.connect(&config, device)?;
     let options = TrainOptions { device, dataset_file: args.dataset_file.clone(), ..Default::default() };

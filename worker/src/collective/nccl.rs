@@ -331,6 +331,7 @@ mod tests {
             world: 1,
             join_timeout: Duration::from_secs(1),
             io_timeout: Duration::from_secs(1),
+            secret: None,
         };
         let err = NcclCollective::connect(&config, Device::Cpu).unwrap_err();
         assert!(err.to_string().contains("needs a GPU rank"), "{err}");
@@ -355,6 +356,7 @@ mod tests {
                         world: 2,
                         join_timeout: Duration::from_secs(20),
                         io_timeout: Duration::from_secs(20),
+                        secret: None,
                     };
                     let mut ring = RingCollective::connect(&config).unwrap();
                     share_unique_id(&mut ring, || Ok(id)).unwrap()

@@ -68,7 +68,9 @@ pub async fn poll_assignments(
             Some(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
             None => None,
         };
+        let rendezvous_secret = state.store.rendezvous_secret(job.id, job.attempt).await?;
         poll.work.push(Work {
+            rendezvous_secret,
             dataset_sha256,
             device_index,
             assignment,
