@@ -35,10 +35,20 @@ fn assert_complete_series(points: &[Value], ranks: i64, total: i64) {
     }
 }
 
+/// The main path, over TLS: the server with a certificate of a private CA, the agents (`--ca-cert`) and the
+/// client trusting it. Plain HTTP to the TLS port gets nothing, and neither does a client that does not
+/// trust the CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_submitted_over_http_trains_on_two_agents_and_reports_everything() {
+async fn a_job_submitted_over_https_trains_on_two_agents_and_reports_everything() {
     let db = fresh_postgres_database("main").await;
-    let cluster = Cluster::serve("main", &db, 2, 1).await;
+    let cluster = Cluster::serve_tls("main", &db, 2, 1).await;
+    assert!(cluster.url.starts_with("https://"), "{}", cluster.url);
+    let plain = support::Api::new(&cluster.url.replace("https://", "http://"), support::ADMIN_TOKEN);
+    let refused = plain.http_status("/v1/jobs").await;
+    assert!(refused.is_none(), "plain HTTP to the TLS port answered {refused:?}");
+    // and a client that does not trust the test CA gets no answer either
+    let untrusting = support::Api::new(&cluster.url, support::ADMIN_TOKEN);
+    assert!(untrusting.http_status("/v1/jobs").await.is_none());
     let api = &cluster.api;
     let spec = fashion_mnist("e2e-main", 2, 2000, 2);
     let submitted = Instant::now();

@@ -36,8 +36,8 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(base: &str, token: &str) -> Result<Client> {
-        Ok(Client { api: ApiClient::new(base, token)? })
+    pub fn new(base: &str, token: &str, transport: &ringtrain_client::Transport) -> Result<Client> {
+        Ok(Client { api: ApiClient::with_transport(base, token, transport)? })
     }
 
     pub async fn register(&self, name: &str, address: &str, devices: &[RegisterDevice]) -> Result<Node, CallError> {

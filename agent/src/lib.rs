@@ -66,6 +66,8 @@ pub struct Args {
     /// Stop every rank after this many seconds without a successful heartbeat (the server's lease).
     #[arg(long, default_value_t = ringtrain_protocol::timing::LEASE.as_secs())]
     pub lease_s: u64,
+    #[command(flatten)]
+    pub transport: ringtrain_client::Transport,
     /// A folder under which `idx:PATH` datasets may be read on this node (repeat for several; none: no
     /// `idx:` job runs here). Checked on the resolved path, links followed.
     #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
@@ -118,7 +120,7 @@ impl std::fmt::Debug for Agent {
 
 impl Agent {
     pub async fn register(args: &Args) -> Result<Agent> {
-        let client = Client::new(&args.server, &args.agent_token()?)?;
+        let client = Client::new(&args.server, &args.agent_token()?, &args.transport)?;
         let wanted = devices::parse_gpus(&args.gpus).map_err(anyhow::Error::msg).context("--gpus")?;
         let mut offered = devices::gpus(wanted.as_deref());
         let cpus = args.cpus.unwrap_or(if offered.is_empty() { devices::cores() } else { 0 });

@@ -45,12 +45,62 @@ impl std::fmt::Debug for ApiClient {
     }
 }
 
+/// How a client reaches the server: which CA to trust beyond the system's, and whether plain `http://` to
+/// a machine other than this one is allowed (it sends the bearer token in clear).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Transport {
+    /// A PEM file of the CA that signed the server's certificate (a private CA), trusted besides the
+    /// system's.
+    #[arg(long, env = "RINGTRAIN_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+    /// Allow http:// to a server that is not on this machine: the token and the data then cross the
+    /// network in clear. Only on a network you trust.
+    #[arg(long)]
+    pub allow_insecure_http: bool,
+}
+
+impl Transport {
+    /// Refuses plain http:// to a server that is not on this machine, unless allowed.
+    pub fn check(&self, base: &str) -> Result<(), CallError> {
+        let Some(rest) = base.strip_prefix("http://") else { return Ok(()) };
+        let authority = rest.split('/').next().unwrap_or("");
+        let host = match authority.rsplit_once(':') {
+            Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+            _ => authority,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let local = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if local || self.allow_insecure_http {
+            Ok(())
+        } else {
+            Err(CallError {
+                status: None,
+                message: format!(
+                    "refusing plain http:// to {host}: the token would cross the network in clear; use https:// \
+                     (with --ca-cert for a private CA), or --allow-insecure-http on a network you trust"
+                ),
+            })
+        }
+    }
+}
+
 impl ApiClient {
+    /// A client for a server on this machine, or one reached over https:// with the system's CAs.
     pub fn new(base: &str, token: &str) -> Result<ApiClient, CallError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| CallError { status: None, message: format!("cannot build the HTTP client: {e}") })?;
+        Self::with_transport(base, token, &Transport::default())
+    }
+
+    pub fn with_transport(base: &str, token: &str, transport: &Transport) -> Result<ApiClient, CallError> {
+        transport.check(base)?;
+        let build_error = |e: String| CallError { status: None, message: format!("cannot build the HTTP client: {e}") };
+        let mut builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+        if let Some(path) = &transport.ca_cert {
+            let pem = std::fs::read(path).map_err(|e| build_error(format!("cannot read {}: {e}", path.display())))?;
+            let ca = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| build_error(format!("{} is not a PEM certificate: {e}", path.display())))?;
+            builder = builder.add_root_certificate(ca);
+        }
+        let http = builder.build().map_err(|e| build_error(e.to_string()))?;
         Ok(ApiClient { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
     }
 
@@ -117,5 +167,24 @@ impl ApiClient {
             .body(bytes)
             .timeout(timeout);
         self.send(request).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Transport;
+
+    #[test]
+    fn plain_http_goes_only_to_this_machine_unless_allowed() {
+        let strict = Transport::default();
+        for local in
+            ["http://127.0.0.1:8080", "http://localhost:1/x", "http://[::1]:8080", "https://server.example:8443"]
+        {
+            assert!(strict.check(local).is_ok(), "{local}");
+        }
+        let err = strict.check("http://10.0.0.5:8080").unwrap_err().to_string();
+        assert!(err.contains("refusing plain http:// to 10.0.0.5") && err.contains("--allow-insecure-http"), "{err}");
+        let allowed = Transport { allow_insecure_http: true, ..Transport::default() };
+        assert!(allowed.check("http://10.0.0.5:8080").is_ok());
     }
 }

@@ -27,6 +27,8 @@ pub struct WatchArgs {
     /// A token of the job's team.
     #[arg(long, env = "RINGTRAIN_TOKEN", hide_env_values = true)]
     token: String,
+    #[command(flatten)]
+    transport: ringtrain_client::Transport,
     /// Seconds between updates.
     #[arg(long, default_value_t = 1.0)]
     every_s: f64,
@@ -58,7 +60,7 @@ struct Progress {
 }
 
 async fn watch(args: &WatchArgs) -> Result<bool> {
-    let api = ApiClient::new(&args.server, &args.token)?;
+    let api = ApiClient::with_transport(&args.server, &args.token, &args.transport)?;
     let id = args.id;
     let tty = std::io::stdout().is_terminal();
     let mut progress = Progress::default();

@@ -23,6 +23,8 @@ pub struct SubmitArgs {
     /// A member or admin token.
     #[arg(long, env = "RINGTRAIN_TOKEN", hide_env_values = true)]
     token: String,
+    #[command(flatten)]
+    transport: ringtrain_client::Transport,
     /// The job spec submitted each run (it is cancelled once its first iteration is reported).
     #[arg(long, default_value = "examples/fashion-mnist-lenet5.json")]
     spec: PathBuf,
@@ -97,7 +99,7 @@ pub fn run(args: &SubmitArgs) -> Result<()> {
 }
 
 async fn submit_once(args: &SubmitArgs, spec: &Value) -> Result<Milestones> {
-    let api = ApiClient::new(&args.server, &args.token)?;
+    let api = ApiClient::with_transport(&args.server, &args.token, &args.transport)?;
     let submitted = Instant::now();
     let job = api.post::<Value>("/v1/jobs", spec).await?;
     let id = job["id"].as_str().context("no job id in the answer")?.to_string();

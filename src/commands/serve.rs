@@ -31,6 +31,12 @@ pub struct Args {
     /// Agents check the resolved path against their own --idx-root too.
     #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
     pub idx_roots: Vec<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM), with --tls-key.
+    #[arg(long, env = "RINGTRAIN_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "RINGTRAIN_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -43,7 +49,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         // Printed once, on the first start against an empty database; only its hash is stored.
         println!("bootstrap admin token (shown once): {token}");
     }
-    println!("listening on http://{}", server.address);
+    println!("listening on {}", server.url());
     server.run(shutdown_signal()).await
 }
 
@@ -55,6 +61,8 @@ pub struct Server {
     /// The admin token generated on the first start against an empty database.
     pub bootstrap_token: Option<String>,
     listener: tokio::net::TcpListener,
+    /// Set when serving HTTPS.
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
 }
 
 impl Server {
@@ -79,8 +87,26 @@ impl Server {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let address = listener.local_addr()?;
-        tracing::info!(%address, database = %redact(&url), "serving");
-        Ok(Server { address, state: AppState::new(store, config), bootstrap_token, listener })
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => {
+                // one crypto provider for the process: ring (see Cargo.toml)
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let config =
+                    axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key).await.with_context(|| {
+                        format!("cannot load the TLS certificate {} and key {}", cert.display(), key.display())
+                    })?;
+                Some(config)
+            }
+            _ => None,
+        };
+        tracing::info!(%address, database = %redact(&url), tls = tls.is_some(), "serving");
+        Ok(Server { address, state: AppState::new(store, config), bootstrap_token, listener, tls })
+    }
+
+    /// The base URL clients use: https:// when serving TLS.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.address)
     }
 
     /// Serves the API and runs the scheduler loop until `shutdown` completes. The loop is watched: if it
@@ -89,7 +115,20 @@ impl Server {
         let scheduler = self.state.scheduler(LoopConfig::starting_now(self.state.config.lease));
         let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
-        let serving = axum::serve(self.listener, app(self.state)).with_graceful_shutdown(shutdown).into_future();
+        let router = app(self.state);
+        let serving: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> = match self.tls {
+            None => Box::pin(axum::serve(self.listener, router).with_graceful_shutdown(shutdown).into_future()),
+            Some(tls) => {
+                let handle = axum_server::Handle::new();
+                let stopper = handle.clone();
+                tokio::spawn(async move {
+                    shutdown.await;
+                    stopper.graceful_shutdown(Some(std::time::Duration::from_secs(10)));
+                });
+                let listener = self.listener.into_std()?;
+                Box::pin(axum_server::from_tcp_rustls(listener, tls).handle(handle).serve(router.into_make_service()))
+            }
+        };
         let result = tokio::select! {
             served = serving => served.context("the server failed"),
             ended = &mut scheduler => Err(anyhow::anyhow!("the scheduler loop ended: {ended:?}")),

@@ -56,6 +56,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
         max_dataset_bytes: 512 << 20,
         bootstrap_token: Some(token.clone()),
         idx_roots: args.idx_roots.clone(),
+        tls_cert: None,
+        tls_key: None,
     })
     .await?;
     let url = format!("http://{}", server.address);
@@ -90,6 +92,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         heartbeat_s: timing::HEARTBEAT.as_secs(),
         lease_s: timing::LEASE.as_secs(),
         idx_roots: args.idx_roots.clone(),
+        transport: ringtrain_client::Transport::default(),
     })
     .await?;
     print_welcome(&url, &token, &token_file, args.bootstrap_token.is_some());

@@ -88,27 +88,74 @@ pub struct Cluster {
     /// How to start the server again (`restart_server`).
     server_command: Option<(String, String)>,
     agents: Vec<Process>,
+    /// Set when the server speaks TLS: the test CA that signed its certificate.
+    tls: Option<TestCa>,
 }
 
-fn serve_command(listen: &str, database_url: &str, dir: &Path) -> Command {
+/// A CA made for one test, and the server certificate it signed (for 127.0.0.1 and localhost), as PEM files.
+#[derive(Debug, Clone)]
+pub struct TestCa {
+    pub ca_cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+}
+
+impl TestCa {
+    pub fn make(dir: &Path) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(DnType::CommonName, "ringtrain test CA");
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let server_key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let server = params.signed_by(&server_key, &ca, &ca_key).unwrap();
+        let files = TestCa {
+            ca_cert: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server-key.pem"),
+        };
+        std::fs::write(&files.ca_cert, ca.pem()).unwrap();
+        std::fs::write(&files.server_cert, server.pem()).unwrap();
+        std::fs::write(&files.server_key, server_key.serialize_pem()).unwrap();
+        files
+    }
+}
+
+fn serve_command(listen: &str, database_url: &str, dir: &Path, tls: Option<&TestCa>) -> Command {
     let mut command = ringtrain();
     command
         .args(["serve", "--listen", listen, "--database-url", database_url, "--data-dir"])
         .arg(dir.join("server"))
         .env("RINGTRAIN_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
         .env("RUST_LOG", "warn,ringtrain_api::scheduling=info");
+    if let Some(tls) = tls {
+        command.arg("--tls-cert").arg(&tls.server_cert).arg("--tls-key").arg(&tls.server_key);
+    }
     command
 }
 
 impl Cluster {
     /// `ringtrain serve` on `database_url` with `nodes` agents of `cpus` CPU slots each.
     pub async fn serve(name: &str, database_url: &str, nodes: usize, cpus: u32) -> Cluster {
+        Self::serve_with(name, database_url, nodes, cpus, false).await
+    }
+
+    /// The same over HTTPS: the server with a certificate of a test CA, agents and clients trusting it.
+    pub async fn serve_tls(name: &str, database_url: &str, nodes: usize, cpus: u32) -> Cluster {
+        Self::serve_with(name, database_url, nodes, cpus, true).await
+    }
+
+    async fn serve_with(name: &str, database_url: &str, nodes: usize, cpus: u32, tls: bool) -> Cluster {
         let dir = scratch(name);
-        let (server, address) = start_until(serve_command("127.0.0.1:0", database_url, &dir), "listening on ");
-        let api = Api::new(&address, ADMIN_TOKEN);
-        let listen = address.trim_start_matches("http://").to_string();
+        let tls = tls.then(|| TestCa::make(&dir));
+        let (server, address) =
+            start_until(serve_command("127.0.0.1:0", database_url, &dir, tls.as_ref()), "listening on ");
+        let api = Api::with_ca(&address, ADMIN_TOKEN, tls.as_ref().map(|t| t.ca_cert.as_path()));
+        let listen = address.trim_start_matches("http://").trim_start_matches("https://").to_string();
         let server_command = Some((listen, database_url.to_string()));
-        let mut cluster = Cluster { url: address, dir, api, server, server_command, agents: Vec::new() };
+        let mut cluster = Cluster { url: address, dir, api, server, server_command, agents: Vec::new(), tls };
         for n in 0..nodes {
             // one agent token per node: a token belongs to the first node it registers
             let token = cluster.api.post("/v1/agent-tokens", json!({"label": format!("e2e node{n}")})).await;
@@ -131,7 +178,7 @@ impl Cluster {
         let (server, rest) = start_until(command, "ringtrain is up at ");
         let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();
         let api = Api::new(&address, ADMIN_TOKEN);
-        let cluster = Cluster { url: address, dir, api, server, server_command: None, agents: Vec::new() };
+        let cluster = Cluster { url: address, dir, api, server, server_command: None, agents: Vec::new(), tls: None };
         cluster.wait_for_nodes(1).await;
         cluster
     }
@@ -141,7 +188,8 @@ impl Cluster {
         let (listen, database_url) = self.server_command.clone().expect("a `serve` cluster");
         let _ = self.server.0.kill();
         let _ = self.server.0.wait();
-        let (server, _) = start_until(serve_command(&listen, &database_url, &self.dir), "listening on ");
+        let (server, _) =
+            start_until(serve_command(&listen, &database_url, &self.dir, self.tls.as_ref()), "listening on ");
         self.server = server;
     }
 
@@ -152,6 +200,7 @@ impl Cluster {
             .args(["agent", "--server", &self.url, "--token-file"])
             .arg(&token_file)
             .args(["--name", name, "--gpus", "none"])
+            .args(self.tls.iter().flat_map(|t| [std::ffi::OsStr::new("--ca-cert"), t.ca_cert.as_os_str()]))
             .args(["--cpus", &cpus.to_string(), "--heartbeat-s", "1", "--work-dir"])
             .arg(self.dir.join(name))
             .stdout(Stdio::null())
@@ -179,7 +228,7 @@ impl Cluster {
         let team = self.api.post("/v1/teams", json!({"name": name, "gpu_quota": 0, "cpu_quota": cpus})).await;
         let id = team["id"].as_str().unwrap();
         let token = self.api.post(&format!("/v1/teams/{id}/tokens"), json!({"role": "member", "label": name})).await;
-        Api::new(&self.url, token["token"].as_str().unwrap())
+        Api { http: self.api.http.clone(), base: self.url.clone(), token: token["token"].as_str().unwrap().to_string() }
     }
 }
 
@@ -192,7 +241,17 @@ pub struct Api {
 
 impl Api {
     pub fn new(base: &str, token: &str) -> Api {
-        Api { http: reqwest::Client::new(), base: base.to_string(), token: token.to_string() }
+        Self::with_ca(base, token, None)
+    }
+
+    /// A client that also trusts the CA in this PEM file.
+    pub fn with_ca(base: &str, token: &str, ca: Option<&Path>) -> Api {
+        let mut builder = reqwest::Client::builder();
+        if let Some(ca) = ca {
+            builder =
+                builder.add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap());
+        }
+        Api { http: builder.build().unwrap(), base: base.to_string(), token: token.to_string() }
     }
 
     pub async fn request(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -203,6 +262,12 @@ impl Api {
         let response = request.timeout(Duration::from_secs(60)).send().await.expect("the server answers");
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The status of a GET, or None when no HTTP answer came (e.g. plain HTTP to a TLS port).
+    pub async fn http_status(&self, path: &str) -> Option<u16> {
+        let request = self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.token);
+        request.timeout(Duration::from_secs(10)).send().await.ok().map(|r| r.status().as_u16())
     }
 
     pub async fn get(&self, path: &str) -> Value {
