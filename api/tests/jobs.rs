@@ -182,7 +182,13 @@ async fn auth_is_required_and_roles_hold(app: TestApp) {
     app.get("/v1/jobs", &agent).await.problem(403);
     app.post("/v1/agent/nodes", &team.admin, &json!({"name": "n", "devices": []})).await.problem(403);
     // Duplicate team names conflict.
-    app.post("/v1/teams", ADMIN, &json!({"name": "alpha", "gpu_quota": 0, "cpu_quota": 0})).await.problem(409);
+    let taken = app.post("/v1/teams", ADMIN, &json!({"name": "alpha", "gpu_quota": 0, "cpu_quota": 0})).await;
+    taken.problem(409);
+    // the answer names the team, never the database's own message (tables, constraints)
+    assert_eq!(taken.body["detail"], "a team named \"alpha\" exists", "{}", taken.text);
+    for internal in ["UNIQUE", "unique constraint", "duplicate key", "teams.name", "teams_name"] {
+        assert!(!taken.text.contains(internal), "{}", taken.text);
+    }
     app.post("/v1/teams/00000000-0000-0000-0000-000000000000/tokens", ADMIN, &json!({"role": "member"}))
         .await
         .problem(404);

@@ -60,3 +60,32 @@ pub fn write_secret(path: &std::path::Path, contents: &str) -> anyhow::Result<()
     file.sync_all()?;
     std::fs::rename(&partial, path).with_context(|| format!("cannot write {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &std::path::Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_data_dir_is_private_and_secrets_are_0600() {
+        let base = std::env::temp_dir().join(format!("ringtrain-private-{}", std::process::id()));
+        let dir = base.join("data");
+        super::private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        // an existing, world-readable folder is tightened
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        super::private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        let token = dir.join("admin-token");
+        super::write_secret(&token, "rt_x\n").unwrap();
+        assert_eq!(mode(&token), 0o600);
+        assert_eq!(std::fs::read_to_string(&token).unwrap(), "rt_x\n");
+        super::write_secret(&token, "rt_y\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&token).unwrap(), "rt_y\n");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no partial file left");
+        std::fs::remove_dir_all(base).unwrap();
+    }
+}
