@@ -10,7 +10,7 @@ pub struct ApiArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     server: String,
     /// An admin token (the benchmark creates its own team).
-    #[arg(long, env = "RINGTRAIN_TOKEN")]
+    #[arg(long, env = "RINGTRAIN_TOKEN", hide_env_values = true)]
     token: String,
     /// Timed submissions.
     #[arg(long, default_value_t = 2000)]
