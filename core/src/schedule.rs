@@ -147,12 +147,16 @@ impl Effective {
     /// The compact JSON form: per-epoch summary and the change points.
     pub fn render(&self, per_iteration: bool) -> ScheduleView {
         let ipe = self.iterations_per_epoch;
+        // The lr is monotone between change points, so an epoch's extremes lie at its ends or on either side
+        // of a change point inside it: a few evaluations per epoch, whatever the iteration count.
+        let changes: Vec<u64> = self.change_points().iter().map(|c| c.iteration).collect();
         let epochs = (0..u64::from(self.epochs))
             .map(|e| {
                 let first = e * ipe;
                 let last = (first + ipe).saturating_sub(1);
+                let inside = changes.iter().filter(|&&c| c > first && c <= last).flat_map(|&c| [c - 1, c]);
                 let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
-                for t in first..first + ipe {
+                for t in [first, last].into_iter().chain(inside) {
                     let lr = self.lr_at(t);
                     min = min.min(lr);
                     max = max.max(lr);

@@ -14,6 +14,9 @@ pub mod limits {
     pub const MAX_NAME_CHARS: usize = 200;
     pub const MAX_MLP_LAYERS: usize = 32;
     pub const MAX_MLP_WIDTH: u32 = 65_536;
+    /// A job's iterations (per epoch × epochs): 10^9 is ImageNet's 90 epochs at a global batch of 1 many
+    /// times over; beyond it a spec is a mistake or an attack on the schedule's rendering.
+    pub const MAX_TOTAL_ITERATIONS: u64 = 1_000_000_000;
 }
 
 /// Collects problems instead of stopping at the first.
@@ -85,6 +88,13 @@ impl JobSpec {
                 format!(
                     "the global batch workers * per_worker_batch = {kn} exceeds the {size} training samples: \
                      not one iteration per epoch"
+                )
+            });
+            let total = (size / kn.max(1)).checked_mul(u64::from(self.epochs));
+            p.check(total.is_some_and(|t| t <= MAX_TOTAL_ITERATIONS), "epochs", || {
+                format!(
+                    "{size} samples / {kn} per iteration x {} epochs is more than {MAX_TOTAL_ITERATIONS} iterations",
+                    self.epochs
                 )
             });
         }

@@ -21,6 +21,22 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
+fn a_schedule_of_more_than_a_billion_iterations_is_refused_not_computed() {
+    let spec = JobSpec::from_json(
+        r#"{"model": {"name": "mlp"}, "dataset": "synthetic", "per_worker_batch": 1, "epochs": 10000,
+            "lr": {"warmup": {"kind": "none"}, "decay": {"kind": "none"}}}"#,
+    )
+    .unwrap();
+    let errors = Effective::new(&spec, 1_000_000_000_000).unwrap_err();
+    assert!(
+        errors.iter().any(|e| e.path == "epochs" && e.reason.contains("more than 1000000000 iterations")),
+        "{errors:?}"
+    );
+    // and u64::MAX samples do not overflow anything
+    assert!(Effective::new(&spec, u64::MAX).is_err());
+}
+
+#[test]
 fn goyal_kn_8192_warms_up_to_3_2_then_steps_down() {
     let eff = Effective::new(&goyal_spec(256), IMAGENET_TRAIN).unwrap();
     let ipe = eff.iterations_per_epoch;
@@ -195,6 +211,22 @@ fn phases(eff: &Effective) -> Vec<std::ops::Range<u64>> {
 }
 
 proptest! {
+    /// The per-epoch summary is computed from a few points per epoch (the lr is monotone between change
+    /// points): it must equal the extremes over every iteration.
+    #[test]
+    fn epoch_extremes_match_every_iteration(spec in any_spec(), size in 4096u64..100_000) {
+        let eff = Effective::new(&spec, size).unwrap();
+        let view = eff.render(false);
+        let ipe = eff.iterations_per_epoch;
+        for summary in &view.epochs {
+            let lrs: Vec<f64> = (summary.first_iteration..summary.first_iteration + ipe).map(|t| eff.lr_at(t)).collect();
+            let min = lrs.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = lrs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            prop_assert_eq!(summary.lr_min, min, "epoch {}", summary.epoch);
+            prop_assert_eq!(summary.lr_max, max, "epoch {}", summary.epoch);
+        }
+    }
+
     #[test]
     fn never_exceeds_max(spec in any_spec(), size in 4096u64..100_000) {
         let eff = Effective::new(&spec, size).unwrap();

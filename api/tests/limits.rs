@@ -1,0 +1,35 @@
+//! Resource limits (issue 12): no request does unbounded work, no team's queue hides another's.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestApp;
+use serde_json::json;
+
+/// The preview that froze a server thread (a 1-sample batch, 10,000 epochs, 10^12 samples: 10^16
+/// iterations) is refused at once, and a large valid schedule renders without walking every iteration.
+async fn a_schedule_preview_cannot_freeze_the_server(app: TestApp) {
+    let team = app.team("alpha").await;
+    let spec = json!({"model": {"name": "mlp"}, "dataset": "synthetic", "per_worker_batch": 1, "epochs": 10000,
+                      "lr": {"warmup": {"kind": "none"}, "decay": {"kind": "none"}}});
+    let uri = "/v1/schedules/preview?dataset_size=1000000000000";
+    // a guard against a hang, not a speed test: before the fix this did not answer for hours
+    let refused =
+        tokio::time::timeout(Duration::from_secs(10), app.post(uri, &team.viewer, &spec)).await.expect("an answer");
+    assert_eq!(refused.problem(422), vec!["epochs"]);
+    // 10^9 iterations over 10,000 epochs with warmup and step decay: rendered from its change points
+    let big = json!({"model": {"name": "mlp"}, "dataset": "synthetic", "per_worker_batch": 1, "epochs": 10000,
+                     "lr": {"warmup": {"kind": "gradual", "epochs": 5}}});
+    let uri = "/v1/schedules/preview?dataset_size=100000";
+    let rendered =
+        tokio::time::timeout(Duration::from_secs(10), app.post(uri, &team.viewer, &big)).await.expect("an answer");
+    assert_eq!(rendered.status, 200, "{}", rendered.text);
+    assert_eq!(rendered.body["effective"]["total_iterations"], 1_000_000_000u64);
+    assert_eq!(rendered.body["epochs"].as_array().unwrap().len(), 10000);
+}
+
+ringtrain_store::on_both_backends!(
+    setup = crate::common::TestApp::new;
+    a_schedule_preview_cannot_freeze_the_server,
+);
