@@ -29,7 +29,33 @@ async fn a_schedule_preview_cannot_freeze_the_server(app: TestApp) {
     assert_eq!(rendered.body["epochs"].as_array().unwrap().len(), 10000);
 }
 
+/// Team A's queue of never-placeable high-priority jobs, longer than the scheduler's window, does not hide
+/// team B's job: the window is per team, and B's job starts in the first pass.
+async fn one_teams_queue_cannot_hide_another_teams_job(app: TestApp) {
+    let a = app.team("alpha").await;
+    let b = app.team("beta").await;
+    let agent = app.agent_token().await;
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(node.status, 200, "{}", node.text);
+    let mut hog = common::spec("hog");
+    hog["workers"] = json!(8); // more devices than the pool has: never placeable
+    hog["priority"] = json!(1000);
+    for _ in 0..6 {
+        app.submit(&a.member, &hog).await;
+    }
+    let mut small = common::spec("small");
+    small["workers"] = json!(1);
+    let id = app.submit(&b.member, &small).await;
+    let config = ringtrain_scheduler::LoopConfig { owner: "test".into(), queue_window: 5, ..Default::default() };
+    let pass = app.state.scheduler(config).pass().await.unwrap();
+    assert_eq!(pass.started, 1, "{pass:?}");
+    assert_eq!(app.get(&format!("/v1/jobs/{id}"), &b.member).await.body["state"], "scheduled");
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     a_schedule_preview_cannot_freeze_the_server,
+    one_teams_queue_cannot_hide_another_teams_job,
 );

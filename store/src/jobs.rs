@@ -18,7 +18,9 @@ pub trait JobStore: Send + Sync {
     /// Jobs holding devices: scheduled or running.
     async fn active_jobs(&self) -> StoreResult<Vec<Job>>;
     /// The queue, highest priority then oldest first.
-    async fn list_queued(&self, limit: i64) -> StoreResult<Vec<Job>>;
+    /// Queued jobs, the first `per_team` of each team and device kind (by priority, then submission), all
+    /// of them in priority order: one team's long or high-priority queue cannot hide another team's jobs.
+    async fn list_queued(&self, per_team: i64) -> StoreResult<Vec<Job>>;
     /// Active jobs whose lease expired before `now` (no agent holding one of their ranks is alive).
     async fn expired_leases(&self, now: DateTime<Utc>, limit: i64) -> StoreResult<Vec<Job>>;
     /// Jobs per state, for /metrics.
@@ -176,11 +178,14 @@ macro_rules! impl_job_store {
                     rows::jobs(rows)
                 }
 
-                async fn list_queued(&self, limit: i64) -> StoreResult<Vec<Job>> {
+                async fn list_queued(&self, per_team: i64) -> StoreResult<Vec<Job>> {
                     let sql = format!(
-                        "SELECT {JOB_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY priority DESC, seq LIMIT $1"
+                        "SELECT {JOB_COLUMNS} FROM (SELECT jobs.*, ROW_NUMBER() OVER \
+                         (PARTITION BY team_id, device ORDER BY priority DESC, seq) AS place_in_team \
+                         FROM jobs WHERE state = 'queued') AS queued \
+                         WHERE place_in_team <= $1 ORDER BY priority DESC, seq"
                     );
-                    let rows: Vec<JobRow> = sqlx::query_as(&sql).bind(limit).fetch_all(self.pool()).await?;
+                    let rows: Vec<JobRow> = sqlx::query_as(&sql).bind(per_team).fetch_all(self.pool()).await?;
                     rows::jobs(rows)
                 }
 

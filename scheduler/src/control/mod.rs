@@ -43,7 +43,8 @@ pub struct LoopConfig {
     pub node_timeout: Duration,
     /// How long a placement lives without a heartbeat from any agent holding one of its ranks.
     pub lease: Duration,
-    /// How many queued jobs one pass looks at.
+    /// How many queued jobs of each team and device kind one pass looks at (the first by priority): a
+    /// bound on a pass's work that no team's queue can use to hide another's.
     pub queue_window: i64,
     /// Names this server as the owner of the placements it makes.
     pub owner: String,
@@ -66,7 +67,7 @@ impl Default for LoopConfig {
             interval: Duration::from_secs(2),
             node_timeout: timing::NODE_TIMEOUT,
             lease: timing::LEASE,
-            queue_window: 10_000,
+            queue_window: 1_000,
             owner: format!("scheduler-{}", std::process::id()),
             no_lost_nodes_before: None,
         }
