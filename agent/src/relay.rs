@@ -15,6 +15,24 @@ use crate::rank::{AgentContext, TICK};
 const STDERR_TAIL: usize = 30;
 /// Metric lines kept while the server cannot be reached; older ones are dropped beyond this.
 const MAX_BUFFERED: usize = 200_000;
+/// A metrics batch stays under half the server's 1 MiB body limit (a line is ~200 bytes, but a report may
+/// carry more fields), so no batch is ever refused for its size.
+const MAX_BATCH_BYTES: usize = 512 << 10;
+const MAX_BATCH_LINES: usize = 2_000;
+
+/// How many of `pending`'s first lines make a batch within [`MAX_BATCH_BYTES`] (at least one).
+fn batch_len(pending: &[Map<String, Value>]) -> usize {
+    let mut bytes = 0;
+    let mut n = 0;
+    for report in pending.iter().take(MAX_BATCH_LINES) {
+        bytes += serde_json::to_string(report).map_or(0, |s| s.len() + 1);
+        if n > 0 && bytes > MAX_BATCH_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1).min(pending.len())
+}
 
 /// Relays one rank's output: metric lines in batches, its stderr's last lines, and (rank 0) each new
 /// checkpoint.
@@ -72,7 +90,7 @@ impl<'a> Relay<'a> {
         }
         self.last_flush = std::time::Instant::now();
         while !self.pending.is_empty() {
-            let batch = self.pending.len().min(5_000);
+            let batch = batch_len(&self.pending);
             match self.ctx.client.report_metrics(self.job, self.attempt, &self.pending[..batch]).await {
                 Ok(()) => {
                     self.pending.drain(..batch);
@@ -133,5 +151,29 @@ impl<'a> Relay<'a> {
         }
         self.uploaded = Some(name);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_stay_under_the_byte_budget() {
+        let line = |i: usize| -> Map<String, Value> {
+            let Value::Object(map) = serde_json::json!({"kind": "iteration", "rank": 0, "epoch": 3, "iteration": i,
+                "lr": 0.123456789, "loss": 0.987654321, "rank_loss": 0.87654321, "samples_per_s": 12345.678,
+                "allreduce_s": 0.00123456, "note": "x".repeat(300)})
+            else {
+                unreachable!()
+            };
+            map
+        };
+        let pending: Vec<_> = (0..20_000).map(line).collect();
+        let n = batch_len(&pending);
+        let bytes: usize = pending[..n].iter().map(|r| serde_json::to_string(r).unwrap().len() + 1).sum();
+        assert!(n > 100 && bytes <= MAX_BATCH_BYTES, "{n} lines, {bytes} bytes");
+        assert_eq!(batch_len(&pending[..3]), 3);
+        assert_eq!(batch_len(&[]), 0);
     }
 }

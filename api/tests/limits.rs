@@ -54,8 +54,39 @@ async fn one_teams_queue_cannot_hide_another_teams_job(app: TestApp) {
     assert_eq!(app.get(&format!("/v1/jobs/{id}"), &b.member).await.body["state"], "scheduled");
 }
 
+/// A finished job's result of several megabytes (10,000 epoch records) is taken and the job succeeds:
+/// before, anything over the 1 MiB body limit was refused, and the agent's job was re-run until it failed.
+async fn a_long_jobs_large_result_is_taken(app: TestApp) {
+    use ringtrain_core::{DeviceId, JobId, NodeId};
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
+    let node_id: NodeId = node.body["id"].as_str().unwrap().parse().unwrap();
+    let device: DeviceId = node.body["devices"][0]["id"].as_str().unwrap().parse().unwrap();
+    let mut one = common::spec("long");
+    one["workers"] = json!(1);
+    let id = app.submit(&team.member, &one).await;
+    let ranks = [ringtrain_store::NewAssignment { node_id, device_id: device, rank: 0 }];
+    let (job, _) =
+        app.store.start_job(JobId(id.parse().unwrap()), "s", Duration::from_secs(60), &ranks).await.unwrap().unwrap();
+    let attempt = job.attempt;
+    app.post(&format!("/v1/agent/jobs/{id}/running"), &agent, &json!({"attempt": attempt})).await;
+    let epochs: Vec<serde_json::Value> = (0..10_000)
+        .map(|e| json!({"epoch": e, "train_loss": 0.123456789, "train_error": 0.0456, "test_error": 0.0789,
+                         "test_loss": 0.3456789, "seconds": 12.345678, "lr_first": 0.1, "lr_last": 0.1, "samples_per_s": 12345.6}))
+        .collect();
+    let result = json!({"attempt": attempt, "outcome": "succeeded", "result": {"epochs": epochs}});
+    assert!(result.to_string().len() > 1 << 20, "bigger than the ordinary body limit");
+    let taken = app.post(&format!("/v1/agent/jobs/{id}/result"), &agent, &result).await;
+    assert_eq!(taken.status, 200, "{}", taken.text);
+    assert_eq!(app.get(&format!("/v1/jobs/{id}"), &team.viewer).await.body["state"], "succeeded");
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     a_schedule_preview_cannot_freeze_the_server,
     one_teams_queue_cannot_hide_another_teams_job,
+    a_long_jobs_large_result_is_taken,
 );

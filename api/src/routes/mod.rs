@@ -90,6 +90,11 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(datasets::upload_dataset, datasets::list_datasets))
         .routes(routes!(transfers::upload_checkpoint))
         .layer(DefaultBodyLimit::disable());
+    // A result carries every epoch's record: a long job's is megabytes, and refusing it would re-run a
+    // finished job (issue 12), so it has a limit of its own.
+    let results = OpenApiRouter::new()
+        .routes(routes!(agent::reports::report_result))
+        .layer(DefaultBodyLimit::max(MAX_RESULT_BYTES));
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::submit_job, jobs::list_jobs))
         .routes(routes!(jobs::get_job))
@@ -114,10 +119,13 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(transfers::agent_download_dataset))
         .routes(routes!(agent::reports::job_running))
         .routes(routes!(agent::reports::report_metrics))
-        .routes(routes!(agent::reports::report_result))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::prometheus))
         .routes(routes!(health::openapi_json))
         .merge(uploads)
+        .merge(results)
 }
+
+/// The largest result an agent may report: 64 MiB holds the records of well over 100,000 epochs.
+pub const MAX_RESULT_BYTES: usize = 64 << 20;
