@@ -76,6 +76,35 @@ fn a_gpu_job_on_a_cpu_build_fails_at_once_without_retry_and_says_why() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A data set the job cannot use, and a model that does not fit its data, are job errors: exit 3 (not
+/// retried) on the first attempt, with the reason.
+#[test]
+fn data_and_model_errors_are_not_retried() {
+    let dir = scratch("job-errors");
+    let spec = write_spec(&dir, &small_spec("cpu"));
+    let missing = one_rank(&spec, &["--dataset-file", "/nonexistent/data.safetensors"]);
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(missing.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("the data set cannot be used"), "{stderr}");
+    // LeNet-5 needs images of at least 12x12; this upload is 4 numbers per sample
+    let flat = dir.join("flat.safetensors");
+    let x: Vec<u8> = (0..400u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let y: Vec<u8> = (0..100i64).flat_map(|i| (i % 3).to_le_bytes()).collect();
+    let tensors = vec![
+        ("x", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![100, 4], &x).unwrap()),
+        ("y", safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![100], &y).unwrap()),
+    ];
+    std::fs::write(&flat, safetensors::serialize(tensors, &None).unwrap()).unwrap();
+    let mut lenet = small_spec("cpu");
+    lenet["model"] = json!({"name": "lenet5"});
+    let lenet = write_spec(&dir, &lenet);
+    let shape = one_rank(&lenet, &["--dataset-file", flat.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&shape.stderr);
+    assert_eq!(shape.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("the model cannot be built"), "{stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn nccl_for_a_cpu_rank_is_a_clear_error() {
     let dir = scratch("nccl-cpu");

@@ -111,6 +111,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     if args.exit_with_parent {
         exit_with_parent();
     }
+    exit_on_out_of_memory(rank);
     let spec = load_spec(&args.spec)?;
     let device = match spec.device {
         DeviceKind::Cpu => tch::Device::Cpu,
@@ -166,6 +167,37 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
 /// argument). Without one the ranks do not authenticate each other.
 pub fn rendezvous_secret() -> Option<String> {
     std::env::var(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV).ok().filter(|s| !s.is_empty())
+}
+
+/// libtorch reports an allocation it cannot make as an error that tch turns into a panic. Out of memory is
+/// the job's own doing (its model or batch is too big for the device): it exits with the job-error status,
+/// saying so, so that it is not retried on another device of the same size. Any other panic keeps Rust's
+/// default report and exit status.
+fn exit_on_out_of_memory(rank: usize) {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if is_out_of_memory(message) {
+            let first_line = message.lines().next().unwrap_or(message);
+            eprintln!(
+                "rank {rank}: error: out of memory: the job's model or batch does not fit this device: {first_line}"
+            );
+            std::process::exit(i32::from(EXIT_JOB_ERROR));
+        }
+        default(info);
+    }));
+}
+
+/// libtorch's messages for an allocation that failed, on the CPU and on CUDA.
+pub fn is_out_of_memory(message: &str) -> bool {
+    ["CUDA out of memory", "can't allocate memory", "out of memory", "std::bad_alloc"]
+        .iter()
+        .any(|m| message.contains(m))
 }
 
 /// Watches the parent process from a thread: when it dies this process is re-parented, and exits. (No
@@ -238,4 +270,18 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         children.push((rank, cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?));
     }
     wait_all(children)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_out_of_memory;
+
+    #[test]
+    fn libtorch_allocation_failures_are_recognised() {
+        assert!(is_out_of_memory("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total)"));
+        assert!(is_out_of_memory(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 17179869184 bytes."
+        ));
+        assert!(!is_out_of_memory("shape '[32, 10]' is invalid for input of size 100"));
+    }
 }

@@ -162,17 +162,21 @@ impl<'c> Trainer<'c> {
             spec.workers,
             comm.world_size()
         );
-        let mut data = match &options.dataset_file {
-            Some(path) => Dataset::load_safetensors(path, spec.train_samples, spec.test_samples)?,
-            None => Dataset::load(&spec.dataset, spec.train_samples, spec.test_samples)?,
+        // The data set and the model are the job's own: if they cannot be loaded or built, another attempt
+        // on other devices fails the same way (a job error, not retried).
+        let loaded = match &options.dataset_file {
+            Some(path) => Dataset::load_safetensors(path, spec.train_samples, spec.test_samples),
+            None => Dataset::load(&spec.dataset, spec.train_samples, spec.test_samples),
         };
+        let mut data = loaded.map_err(|e| JobError(format!("the data set cannot be used: {e:#}")))?;
         data.normalise_on(options.device);
         let effective = Effective::new(spec, data.train.len() as u64)
             .map_err(|errors| JobError(format!("invalid spec for this dataset: {}", join(&errors))))?;
 
         tch::manual_seed(spec.seed as i64);
         let vs = VarStore::new(options.device);
-        let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes, spec.bn_zero_init_last)?;
+        let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes, spec.bn_zero_init_last)
+            .map_err(|e| JobError(format!("the model cannot be built for this data: {e:#}")))?;
         let mut opt = Sgd::new(&vs, SgdConfig::from_effective(&effective));
         let reducer = GradientReducer::new(opt.params(), options.bucket_bytes);
         let mut bn = BatchNormState::new(&vs, v);
