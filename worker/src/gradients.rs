@@ -165,9 +165,7 @@ mod tests {
     /// computes it on the host (the old host-staged reducer's arithmetic), and the extras are exact sums.
     #[test]
     fn two_ranks_over_the_ring_get_the_host_arithmetic_bit_for_bit() {
-        use crate::collective::{RendezvousConfig, RingCollective};
-        use std::time::Duration;
-        let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        use crate::collective::{on_test_ring, Collective};
         let sizes = [7i64, 300, 5, 64, 1];
         let grads_of = |rank: i64| -> Vec<Tensor> {
             sizes.iter().map(|&n| Tensor::randn([n], (Kind::Float, Device::Cpu)) * (rank + 1) as f64).collect()
@@ -177,36 +175,21 @@ mod tests {
         let expected: Vec<Tensor> = (0..sizes.len()).map(|i| (&per_rank[0][i] + &per_rank[1][i]) / 2.0).collect();
         let inputs: Vec<Vec<Vec<f32>>> =
             per_rank.iter().map(|gs| gs.iter().map(|g| Vec::<f32>::try_from(g).unwrap()).collect()).collect();
-        let handles: Vec<_> = inputs
-            .into_iter()
-            .enumerate()
-            .map(|(rank, grads)| {
-                std::thread::spawn(move || {
-                    let config = RendezvousConfig {
-                        address,
-                        rank,
-                        world: 2,
-                        join_timeout: Duration::from_secs(20),
-                        io_timeout: Duration::from_secs(20),
-                        secret: None,
-                    };
-                    let mut ring = RingCollective::connect(&config).unwrap();
-                    let (_vs, ps) = params(&sizes);
-                    for (p, g) in ps.iter().zip(&grads) {
-                        // d/dp sum(p * g) = g, exactly
-                        (&p.tensor * Tensor::from_slice(g)).sum(Kind::Float).backward();
-                    }
-                    let mut reducer = GradientReducer::new(&ps, 310 * 4);
-                    assert!(reducer.bucket_count() > 1);
-                    let extras = Tensor::from_slice(&[rank as f32 + 0.5, 3.0]);
-                    let reduced = reducer.reduce(&ps, &mut ring, 2.0, &extras).unwrap();
-                    let grads: Vec<Vec<f32>> = reduced.grads.iter().map(|g| Vec::<f32>::try_from(g).unwrap()).collect();
-                    (grads, reduced.extras)
-                })
-            })
-            .collect();
-        for handle in handles {
-            let (grads, extras) = handle.join().unwrap();
+        let results = on_test_ring(2, move |mut ring| {
+            let rank = ring.rank();
+            let (_vs, ps) = params(&sizes);
+            for (p, g) in ps.iter().zip(&inputs[rank]) {
+                // d/dp sum(p * g) = g, exactly
+                (&p.tensor * Tensor::from_slice(g)).sum(Kind::Float).backward();
+            }
+            let mut reducer = GradientReducer::new(&ps, 310 * 4);
+            assert!(reducer.bucket_count() > 1);
+            let extras = Tensor::from_slice(&[rank as f32 + 0.5, 3.0]);
+            let reduced = reducer.reduce(&ps, &mut ring, 2.0, &extras).unwrap();
+            let grads: Vec<Vec<f32>> = reduced.grads.iter().map(|g| Vec::<f32>::try_from(g).unwrap()).collect();
+            (grads, reduced.extras)
+        });
+        for (grads, extras) in results {
             assert_eq!(extras, [2.0, 6.0]);
             for (got, want) in grads.iter().zip(&expected) {
                 let want = Vec::<f32>::try_from(want).unwrap();

@@ -198,3 +198,30 @@ impl Collective for SoloCollective {
         "none"
     }
 }
+
+/// Runs `body` on `world` ranks of one test process (threads), joined in a real TCP ring on loopback, and
+/// returns what each returned, in rank order.
+#[cfg(test)]
+pub(crate) fn on_test_ring<T: Send + 'static>(
+    world: usize,
+    body: impl Fn(RingCollective) -> T + Send + Clone + 'static,
+) -> Vec<T> {
+    let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let config = RendezvousConfig {
+                    address,
+                    rank,
+                    world,
+                    join_timeout: Duration::from_secs(20),
+                    io_timeout: Duration::from_secs(20),
+                    secret: None,
+                };
+                body(RingCollective::connect(&config).unwrap())
+            })
+        })
+        .collect();
+    ranks.into_iter().map(|r| r.join().unwrap()).collect()
+}

@@ -304,7 +304,7 @@ impl Collective for NcclCollective {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::SoloCollective;
+    use crate::collective::{on_test_ring, SoloCollective};
 
     #[test]
     fn waiting_returns_when_ready_fails_with_the_error_and_times_out() {
@@ -341,31 +341,13 @@ mod tests {
     /// signalling and quiet NaNs when the id is viewed as f32 words.
     #[test]
     fn the_unique_id_crosses_the_ring_bit_for_bit() {
-        let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let mut id = [0u8; UNIQUE_ID_BYTES];
         id.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 2 + 1) as u8);
         // f32 words 0x7f800001 (signalling NaN) and 0xffc00000 (quiet NaN), little-endian
         id[..4].copy_from_slice(&0x7f80_0001u32.to_le_bytes());
         id[4..8].copy_from_slice(&0xffc0_0000u32.to_le_bytes());
-        let ranks: Vec<_> = (0..2)
-            .map(|rank| {
-                std::thread::spawn(move || {
-                    let config = RendezvousConfig {
-                        address,
-                        rank,
-                        world: 2,
-                        join_timeout: Duration::from_secs(20),
-                        io_timeout: Duration::from_secs(20),
-                        secret: None,
-                    };
-                    let mut ring = RingCollective::connect(&config).unwrap();
-                    share_unique_id(&mut ring, || Ok(id)).unwrap()
-                })
-            })
-            .collect();
-        for rank in ranks {
-            assert_eq!(rank.join().unwrap(), id);
-        }
+        let received = on_test_ring(2, move |mut ring| share_unique_id(&mut ring, || Ok(id)).unwrap());
+        assert_eq!(received, [id, id]);
     }
 
     #[test]
