@@ -63,9 +63,14 @@ pub struct Args {
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = ringtrain_protocol::timing::HEARTBEAT.as_secs())]
     pub heartbeat_s: u64,
-    /// Stop every rank after this many seconds without a successful heartbeat (the server's lease).
+    /// Stop every rank after this many seconds without a successful heartbeat when the server answers but
+    /// refuses them (the server's lease: it has written this node off).
     #[arg(long, default_value_t = ringtrain_protocol::timing::LEASE.as_secs())]
     pub lease_s: u64,
+    /// Keep ranks running for this many seconds while the server cannot be reached at all (a restart, a
+    /// deploy, a database failover); when it answers again, ranks it no longer lists are stopped.
+    #[arg(long, env = "RINGTRAIN_OUTAGE_GRACE_S", default_value_t = ringtrain_protocol::timing::OUTAGE_GRACE.as_secs())]
+    pub outage_grace_s: u64,
     #[command(flatten)]
     pub transport: ringtrain_client::Transport,
     /// A folder under which `idx:PATH` datasets may be read on this node (repeat for several; none: no
@@ -106,6 +111,7 @@ pub struct Agent {
     node: NodeId,
     heartbeat: Duration,
     lease: Duration,
+    outage_grace: Duration,
     ranks: HashMap<AssignmentId, RankHandle>,
     /// Ranks that ended here, with the state reported for them: if the server still lists one (the report
     /// did not get through), it is reported again rather than taken for a rank lost in an agent restart.
@@ -172,24 +178,24 @@ impl Agent {
             node: node.id,
             heartbeat: Duration::from_secs(args.heartbeat_s.max(1)),
             lease: Duration::from_secs(args.lease_s.max(2)),
+            outage_grace: Duration::from_secs(args.outage_grace_s.max(args.lease_s).max(2)),
             ranks: HashMap::new(),
             ended: HashMap::new(),
         })
     }
 
     pub async fn run(mut self) -> Result<()> {
-        let last_heartbeat = Arc::new(Mutex::new(Instant::now()));
-        tokio::spawn(heartbeats(self.ctx.client.clone(), self.node, self.heartbeat, last_heartbeat.clone()));
+        let heard = Arc::new(Mutex::new(Heard { ok: Instant::now(), refused: false }));
+        tokio::spawn(heartbeats(self.ctx.client.clone(), self.node, self.heartbeat, heard.clone()));
         let mut since = None;
         loop {
             self.collect_ended().await;
-            let silent = last_heartbeat.lock().map(|t| t.elapsed()).unwrap_or_default();
-            if silent > self.lease && !self.ranks.is_empty() {
-                tracing::warn!(
-                    silent_s = silent.as_secs(),
-                    "no heartbeat got through for longer than the lease: stopping every rank"
-                );
-                self.stop_all("the agent lost its lease (the server could not be reached)");
+            let heard_now = heard.lock().map(|h| *h).unwrap_or(Heard { ok: Instant::now(), refused: false });
+            if let Some(why) = heard_now.stop_reason(self.lease, self.outage_grace) {
+                if !self.ranks.is_empty() {
+                    tracing::warn!(silent_s = heard_now.ok.elapsed().as_secs(), "{why}: stopping every rank");
+                    self.stop_all(why);
+                }
             }
             // The poll answers at once when anything changes (rank 0's address included), so the wait is
             // only the longest silence.
@@ -309,17 +315,65 @@ impl Agent {
     }
 }
 
-async fn heartbeats(client: Client, node: NodeId, every: Duration, last_ok: Arc<Mutex<Instant>>) {
+/// What the heartbeats heard last.
+#[derive(Debug, Clone, Copy)]
+struct Heard {
+    /// The last heartbeat the server took.
+    ok: Instant,
+    /// The server answered the last one, and refused it (the node is not this agent's, or the token was
+    /// revoked): it has written this node off, and its jobs run elsewhere.
+    refused: bool,
+}
+
+impl Heard {
+    /// Why every rank must stop now, if it must: refused for longer than the lease (the server has placed
+    /// the jobs elsewhere), or not reachable at all for longer than the outage grace. An outage shorter than
+    /// that is ridden out: the ranks train on, and the poll reconciles once the server answers again.
+    fn stop_reason(&self, lease: Duration, outage_grace: Duration) -> Option<&'static str> {
+        let silent = self.ok.elapsed();
+        if self.refused && silent > lease {
+            Some("the server refused this node's heartbeats for longer than the lease")
+        } else if silent > outage_grace {
+            Some("the server could not be reached for longer than the outage grace")
+        } else {
+            None
+        }
+    }
+}
+
+async fn heartbeats(client: Client, node: NodeId, every: Duration, heard: Arc<Mutex<Heard>>) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        match client.heartbeat(node).await {
-            Ok(()) => {
-                if let Ok(mut last) = last_ok.lock() {
-                    *last = Instant::now();
-                }
+        let answer = client.heartbeat(node).await;
+        let Ok(mut heard) = heard.lock() else { return };
+        match answer {
+            Ok(()) => *heard = Heard { ok: Instant::now(), refused: false },
+            Err(err) => {
+                tracing::warn!(error = %err, "heartbeat failed");
+                heard.refused = err.is_final();
             }
-            Err(err) => tracing::warn!(error = %err, "heartbeat failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn heard(silent_s: u64, refused: bool) -> Heard {
+        Heard { ok: Instant::now().checked_sub(Duration::from_secs(silent_s)).unwrap(), refused }
+    }
+
+    #[test]
+    fn an_outage_is_ridden_out_but_a_refusal_is_not() {
+        let (lease, grace) = (Duration::from_secs(30), Duration::from_secs(600));
+        assert_eq!(heard(5, false).stop_reason(lease, grace), None);
+        // the server cannot be reached: ranks train on, up to the outage grace
+        assert_eq!(heard(300, false).stop_reason(lease, grace), None);
+        assert!(heard(601, false).stop_reason(lease, grace).unwrap().contains("could not be reached"));
+        // the server answers and refuses: it wrote the node off, so stop after the lease
+        assert_eq!(heard(10, true).stop_reason(lease, grace), None);
+        assert!(heard(31, true).stop_reason(lease, grace).unwrap().contains("refused"));
     }
 }

@@ -48,6 +48,8 @@ pub struct ApiError {
     slug: &'static str,
     detail: String,
     errors: Vec<FieldError>,
+    /// Seconds after which the same request may succeed (a `Retry-After` header).
+    retry_after: Option<u64>,
     /// What went wrong on our side, for the log only.
     cause: Option<InternalCause>,
 }
@@ -58,7 +60,7 @@ pub struct InternalCause(Arc<anyhow::Error>);
 
 impl ApiError {
     pub fn new(status: StatusCode, slug: &'static str, detail: impl Into<String>) -> Self {
-        ApiError { status, slug, detail: detail.into(), errors: Vec::new(), cause: None }
+        ApiError { status, slug, detail: detail.into(), errors: Vec::new(), retry_after: None, cause: None }
     }
 
     /// 422: the request is well-formed but its content is wrong; every field problem listed.
@@ -67,12 +69,19 @@ impl ApiError {
             [one] => one.to_string(),
             many => format!("{} problems with the request", many.len()),
         };
-        ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, slug: "validation", detail, errors, cause: None }
+        ApiError {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            slug: "validation",
+            detail,
+            errors,
+            retry_after: None,
+            cause: None,
+        }
     }
 
     pub fn field(status: StatusCode, slug: &'static str, path: &str, reason: impl Into<String>) -> Self {
         let error = FieldError::new(path, reason);
-        ApiError { status, slug, detail: error.to_string(), errors: vec![error], cause: None }
+        ApiError { status, slug, detail: error.to_string(), errors: vec![error], retry_after: None, cause: None }
     }
 
     pub fn bad_request(detail: impl Into<String>) -> Self {
@@ -93,6 +102,17 @@ impl ApiError {
 
     pub fn conflict(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "conflict", detail)
+    }
+
+    /// 429: a limit was reached; the same request may succeed after `seconds`.
+    pub fn too_many(slug: &'static str, detail: impl Into<String>, seconds: u64) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, slug, detail).retry_after(seconds)
+    }
+
+    /// Adds a `Retry-After` header of at least one second.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds.max(1));
+        self
     }
 
     /// A failure on our side: the client sees only that; the cause (and its chain) is logged once.
@@ -133,6 +153,9 @@ impl IntoResponse for ApiError {
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         if let Some(cause) = self.cause {
             response.extensions_mut().insert(cause);

@@ -9,6 +9,8 @@ pub mod changes;
 pub mod error;
 pub mod extract;
 pub mod files;
+pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod routes;
 pub mod state;
@@ -30,8 +32,8 @@ pub use state::{ApiConfig, AppState};
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The complete application: every route, problem+json fallbacks, body limit, timeout, request ids,
-/// tracing, compression and request metrics.
+/// The complete application: every route, problem+json fallbacks, body limit, timeout, admission limits,
+/// request ids, tracing, compression and request metrics.
 pub fn app(state: AppState) -> Router {
     let (router, _doc) = routes::router().split_for_parts();
     let body_limit = state.config.max_body_bytes;
@@ -39,6 +41,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(error::log_internal_errors))
+        // inside the request metrics, so refusals are counted too
+        .layer(middleware::from_fn_with_state(state.clone(), limits::admit))
         .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))

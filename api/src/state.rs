@@ -9,6 +9,8 @@ use ringtrain_scheduler::{ChangeNotifier, LoopConfig, Scheduler};
 use ringtrain_store::Store;
 
 use crate::changes::Changes;
+use crate::ingest::MetricBudgets;
+use crate::limits::{Admission, AdmissionConfig};
 use crate::metrics::ServerMetrics;
 
 /// Limits and locations of the API.
@@ -24,7 +26,8 @@ pub struct ApiConfig {
     pub max_checkpoint_bytes: u64,
     /// Requests (except streams after their headers) that take longer are answered 503.
     pub request_timeout: Duration,
-    /// How often an SSE stream looks for new events.
+    /// The longest an SSE stream waits for a change notification before it reads the store anyway (a
+    /// safety net: streams are woken by the change notifier).
     pub event_poll: Duration,
     /// How long a job's placement lives without a heartbeat from any agent holding one of its ranks.
     pub lease: Duration,
@@ -32,6 +35,13 @@ pub struct ApiConfig {
     pub max_poll_wait: Duration,
     /// Folders under which `idx:` datasets may lie (none: `idx:` is refused).
     pub idx_roots: Vec<PathBuf>,
+    /// Requests at once, per-token rate, event streams per token and their lifetime.
+    pub admission: AdmissionConfig,
+    /// Iteration reports one job may store per second, over all its ranks; beyond it the server keeps an
+    /// evenly spaced subset (epoch reports are always kept).
+    pub metric_rows_per_second: f64,
+    /// Queued jobs one team may have; a submission beyond is 429.
+    pub max_queued_per_team: i64,
 }
 
 impl ApiConfig {
@@ -42,10 +52,13 @@ impl ApiConfig {
             max_dataset_bytes: 512 << 20,
             max_checkpoint_bytes: 8 << 30,
             request_timeout: Duration::from_secs(30),
-            event_poll: Duration::from_millis(500),
+            event_poll: Duration::from_secs(15),
             lease: timing::LEASE,
             max_poll_wait: timing::MAX_POLL_WAIT,
             idx_roots: Vec::new(),
+            admission: AdmissionConfig::default(),
+            metric_rows_per_second: 500.0,
+            max_queued_per_team: 1_000,
         }
     }
 }
@@ -56,12 +69,16 @@ pub struct AppState {
     pub config: Arc<ApiConfig>,
     pub metrics: Arc<ServerMetrics>,
     pub changes: Arc<Changes>,
+    pub admission: Arc<Admission>,
+    pub metric_budgets: Arc<MetricBudgets>,
 }
 
 impl AppState {
     pub fn new(store: Arc<dyn Store>, config: ApiConfig) -> Self {
         AppState {
             store,
+            admission: Arc::new(Admission::new(config.admission)),
+            metric_budgets: Arc::new(MetricBudgets::new(config.metric_rows_per_second)),
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             changes: Arc::new(Changes::default()),

@@ -57,22 +57,8 @@ async fn one_teams_queue_cannot_hide_another_teams_job(app: TestApp) {
 /// A finished job's result of several megabytes (10,000 epoch records) is taken and the job succeeds:
 /// before, anything over the 1 MiB body limit was refused, and the agent's job was re-run until it failed.
 async fn a_long_jobs_large_result_is_taken(app: TestApp) {
-    use ringtrain_core::{DeviceId, JobId, NodeId};
     let team = app.team("alpha").await;
-    let agent = app.agent_token().await;
-    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
-    let node =
-        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
-    let node_id: NodeId = node.body["id"].as_str().unwrap().parse().unwrap();
-    let device: DeviceId = node.body["devices"][0]["id"].as_str().unwrap().parse().unwrap();
-    let mut one = common::spec("long");
-    one["workers"] = json!(1);
-    let id = app.submit(&team.member, &one).await;
-    let ranks = [ringtrain_store::NewAssignment { node_id, device_id: device, rank: 0 }];
-    let (job, _) =
-        app.store.start_job(JobId(id.parse().unwrap()), "s", Duration::from_secs(60), &ranks).await.unwrap().unwrap();
-    let attempt = job.attempt;
-    app.post(&format!("/v1/agent/jobs/{id}/running"), &agent, &json!({"attempt": attempt})).await;
+    let (id, agent, attempt) = placed_job(&app, &team, 4, Duration::from_secs(60), true).await;
     let epochs: Vec<serde_json::Value> = (0..10_000)
         .map(|e| json!({"epoch": e, "train_loss": 0.123456789, "train_error": 0.0456, "test_error": 0.0789,
                          "test_loss": 0.3456789, "seconds": 12.345678, "lr_first": 0.1, "lr_last": 0.1, "samples_per_s": 12345.6}))
@@ -84,9 +70,292 @@ async fn a_long_jobs_large_result_is_taken(app: TestApp) {
     assert_eq!(app.get(&format!("/v1/jobs/{id}"), &team.viewer).await.body["state"], "succeeded");
 }
 
+/// Small limits, so that tests can reach them: 1 request/s per token after a burst of 20, two event
+/// streams per token living 2 s, 100 iteration reports per second per job, and a safety-net poll of a
+/// minute (so a stream that reacts at once was woken by the change notifier).
+async fn strict(store: std::sync::Arc<dyn ringtrain_store::Store>) -> TestApp {
+    TestApp::with_config(store, |config| {
+        config.admission.rate_per_second = 1.0;
+        config.admission.rate_burst = 20.0;
+        config.admission.max_streams_per_token = 2;
+        config.admission.max_stream_lifetime = Duration::from_secs(2);
+        config.metric_rows_per_second = 100.0;
+        config.event_poll = Duration::from_secs(60);
+    })
+    .await
+}
+
+/// A token over its rate is refused with 429 and a Retry-After, without slowing another token; an invented
+/// HTTP method does not become a label of `/metrics`.
+async fn a_token_over_its_rate_is_refused_and_others_are_not(app: TestApp) {
+    let team = app.team("alpha").await;
+    for _ in 0..20 {
+        assert_eq!(app.get("/v1/jobs", &team.viewer).await.status, 200);
+    }
+    let limited = app.get("/v1/jobs", &team.viewer).await;
+    limited.problem(429);
+    assert_eq!(limited.body["type"], "urn:ringtrain:problem:rate-limited");
+    let retry: u64 = limited.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry), "Retry-After: {retry}");
+    // an unknown token is limited too, before any database lookup, and apart from the others
+    for _ in 0..20 {
+        assert_eq!(app.get("/v1/jobs", "rt_no_such_token").await.status, 401);
+    }
+    assert_eq!(app.get("/v1/jobs", "rt_no_such_token").await.status, 429);
+    assert_eq!(app.get("/v1/jobs", &team.member).await.status, 200, "another token has its own budget");
+
+    let invented = axum::http::Method::from_bytes(b"FROBNICATE").unwrap();
+    app.call(invented, "/v1/jobs", None, None).await;
+    let scraped = app.call(axum::http::Method::GET, "/metrics", None, None).await;
+    assert!(!scraped.text.contains("FROBNICATE"), "{}", scraped.text);
+    assert!(scraped.text.contains("method=\"OTHER\""), "{}", scraped.text);
+    assert!(scraped.text.contains("status=\"429\""), "refusals are counted");
+}
+
+/// Opens an event stream of `job`; the response with its body not yet read.
+async fn open_stream(app: &TestApp, job: &str, token: &str) -> axum::response::Response {
+    use tower::ServiceExt;
+    let request = axum::http::Request::builder()
+        .uri(format!("/v1/jobs/{job}/events"))
+        .header("authorization", format!("Bearer {token}"))
+        .header("accept", "text/event-stream")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    app.router.clone().oneshot(request).await.unwrap()
+}
+
+/// Reads an event stream's text until `until` appears in it or the stream ends.
+async fn read_stream(response: axum::response::Response, until: &str) -> String {
+    use futures_util::StreamExt;
+    let mut body = response.into_body().into_data_stream();
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = body.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if text.contains(until) {
+            break;
+        }
+    }
+    text
+}
+
+/// A token holds at most two streams at once; a stream ends after its lifetime (the job still queued), and
+/// a change wakes a stream at once, not at the next poll (a minute here).
+async fn event_streams_are_bounded_and_woken_by_changes(app: TestApp) {
+    let team = app.team("alpha").await;
+    let job = app.submit(&team.member, &common::spec("queued")).await;
+    let first = open_stream(&app, &job, &team.viewer).await;
+    let second = open_stream(&app, &job, &team.viewer).await;
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    let third = open_stream(&app, &job, &team.viewer).await;
+    assert_eq!(third.status(), 429);
+    assert!(third.headers().contains_key("retry-after"));
+    assert_eq!(open_stream(&app, &job, &team.member).await.status(), 200, "another token's streams are its own");
+
+    // a queued job's stream ends with its lifetime, and frees its place
+    let ended = tokio::time::timeout(Duration::from_secs(10), read_stream(first, "never")).await;
+    assert!(ended.expect("the stream ends after its lifetime").contains("queued"));
+    let replacement = open_stream(&app, &job, &team.viewer).await;
+    assert_eq!(replacement.status(), 200);
+    drop(second);
+
+    // a cancel reaches a following stream at once (the safety-net poll is a minute away)
+    let follower = tokio::spawn(read_stream(replacement, "cancelled"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    assert_eq!(app.post(&format!("/v1/jobs/{job}/cancel"), &team.member, &json!({})).await.status, 200);
+    let text = tokio::time::timeout(Duration::from_secs(10), follower).await.expect("woken").unwrap();
+    assert!(text.contains("cancelled"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(1), "woken after {:?}", started.elapsed());
+}
+
+/// A one-rank job of `epochs` epochs (32 iterations each) placed on a fresh one-CPU node with `lease`, and
+/// reported running when `running`; its id, the agent's token and the attempt.
+async fn placed_job(
+    app: &TestApp,
+    team: &common::Team,
+    epochs: u32,
+    lease: Duration,
+    running: bool,
+) -> (String, String, i32) {
+    use ringtrain_core::{DeviceId, JobId, NodeId};
+    let agent = app.agent_token().await;
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(node.status, 200, "{}", node.text);
+    let node_id: NodeId = node.body["id"].as_str().unwrap().parse().unwrap();
+    let device: DeviceId = node.body["devices"][0]["id"].as_str().unwrap().parse().unwrap();
+    let mut one = common::spec("one");
+    one["workers"] = json!(1);
+    one["epochs"] = json!(epochs);
+    let id = app.submit(&team.member, &one).await;
+    let ranks = [ringtrain_store::NewAssignment { node_id, device_id: device, rank: 0 }];
+    let (job, _) = app.store.start_job(JobId(id.parse().unwrap()), "s", lease, &ranks).await.unwrap().unwrap();
+    if running {
+        let running = app.post(&format!("/v1/agent/jobs/{id}/running"), &agent, &json!({"attempt": job.attempt})).await;
+        assert_eq!(running.status, 200, "{}", running.text);
+    }
+    (id, agent, job.attempt)
+}
+
+/// Metric reports are bounded: no iteration past the job's end, at most 32 plain names; and a flood of
+/// iteration reports is thinned evenly to the job's budget instead of written row by row.
+async fn metric_ingestion_is_bounded(app: TestApp) {
+    let team = app.team("alpha").await;
+    let (job, agent, attempt) = placed_job(&app, &team, 1000, Duration::from_secs(60), true).await;
+    let uri = format!("/v1/agent/jobs/{job}/metrics");
+    let batch = |reports: Vec<serde_json::Value>| json!({"attempt": attempt, "reports": reports});
+    let report =
+        |iteration: u64| json!({"kind": "iteration", "rank": 0, "epoch": 0, "iteration": iteration, "loss": 1.0});
+
+    let past_the_end = app.post(&uri, &agent, &batch(vec![report(32_001)])).await;
+    assert_eq!(past_the_end.problem(422), vec!["reports[0].iteration"]);
+    let mut wide = report(1);
+    for i in 0..40 {
+        wide[format!("m{i}")] = json!(1.0);
+    }
+    assert_eq!(app.post(&uri, &agent, &batch(vec![wide])).await.problem(422), vec!["reports[0].*"]);
+    let mut odd = report(1);
+    odd["Loss-Of-Everything"] = json!(1.0);
+    assert_eq!(app.post(&uri, &agent, &batch(vec![odd])).await.problem(422), vec!["reports[0].Loss-Of-Everything"]);
+
+    // 20,000 reports in a few seconds against a budget of 100 a second (1,000 saved up)
+    let started = std::time::Instant::now();
+    let (mut accepted, mut downsampled) = (0, 0);
+    for from in (0..20_000).step_by(2_000) {
+        let ack = app.post(&uri, &agent, &batch((from..from + 2_000).map(report).collect())).await;
+        assert_eq!(ack.status, 200, "{}", ack.text);
+        accepted += ack.body["accepted"].as_u64().unwrap();
+        downsampled += ack.body["downsampled"].as_u64().unwrap();
+        let stride = ack.body["stride"].as_u64().unwrap();
+        assert!(stride.is_power_of_two());
+    }
+    assert_eq!(accepted + downsampled, 20_000);
+    let budget = 1_000 + (100.0 * started.elapsed().as_secs_f64()).ceil() as u64;
+    assert!((1_000..=budget).contains(&accepted), "kept {accepted}, budget {budget}");
+    let stored = app.get(&format!("/v1/jobs/{job}/metrics?limit=10000"), &team.viewer).await;
+    assert_eq!(stored.body["points"].as_array().unwrap().len() as u64, accepted);
+}
+
+/// A queue of three jobs per team.
+async fn small_queue(store: std::sync::Arc<dyn ringtrain_store::Store>) -> TestApp {
+    TestApp::with_config(store, |config| config.max_queued_per_team = 3).await
+}
+
+/// A team's queue is bounded: the fourth queued job is 429 with a Retry-After, another team is not
+/// affected, and once a job leaves the queue the team may submit again.
+async fn a_teams_queue_is_bounded(app: TestApp) {
+    let a = app.team("alpha").await;
+    let b = app.team("beta").await;
+    let mut first = None;
+    for i in 0..3 {
+        let id = app.submit(&a.member, &common::spec(&format!("q{i}"))).await;
+        first.get_or_insert(id);
+    }
+    let full = app.post("/v1/jobs", &a.member, &common::spec("q3")).await;
+    full.problem(429);
+    assert_eq!(full.body["type"], "urn:ringtrain:problem:queue-full");
+    assert!(full.body["detail"].as_str().unwrap().contains("3 queued jobs"), "{}", full.text);
+    assert!(full.headers.contains_key("retry-after"));
+    app.submit(&b.member, &common::spec("other team")).await;
+    let cancel = app.post(&format!("/v1/jobs/{}/cancel", first.unwrap()), &a.member, &json!({})).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text);
+    app.submit(&a.member, &common::spec("q3")).await;
+}
+
+/// A job the pool cannot place is marked with the reason in its view (and loses the mark once the pool can
+/// place it); one that stays unplaceable past the grace period fails, saying why.
+async fn an_unplaceable_job_says_why_and_fails_after_the_grace(app: TestApp) {
+    let team = app.team("alpha").await;
+    let register = |name: &'static str, agent: String| {
+        let app = &app;
+        async move {
+            let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+            let body = json!({"name": name, "address": "127.0.0.1", "devices": devices});
+            let node = app.post("/v1/agent/nodes", &agent, &body).await;
+            assert_eq!(node.status, 200, "{}", node.text);
+        }
+    };
+    register("one", app.agent_token().await).await;
+    let mut two = common::spec("two");
+    two["workers"] = json!(2);
+    let two = app.submit(&team.member, &two).await;
+    let mut gpu = common::spec("gpu");
+    gpu["workers"] = json!(1);
+    gpu["device"] = json!("gpu");
+    let gpu = app.submit(&team.member, &gpu).await;
+    let patient = ringtrain_scheduler::LoopConfig { owner: "test".into(), ..Default::default() };
+    app.state.scheduler(patient.clone()).pass().await.unwrap();
+    let view = app.get(&format!("/v1/jobs/{two}"), &team.viewer).await;
+    assert_eq!(view.body["state"], "queued");
+    assert_eq!(view.body["unplaceable"]["reason"], "needs 2 cpu devices; the pool has 1", "{}", view.text);
+    let since = view.body["unplaceable"]["since"].clone();
+    let view = app.get(&format!("/v1/jobs/{gpu}"), &team.viewer).await;
+    assert_eq!(view.body["unplaceable"]["reason"], "needs 1 gpu devices; no node that is up offers any");
+    // another pass keeps the first `since`
+    app.state.scheduler(patient.clone()).pass().await.unwrap();
+    assert_eq!(app.get(&format!("/v1/jobs/{two}"), &team.viewer).await.body["unplaceable"]["since"], since);
+
+    // a second node makes the two-device job placeable: its mark goes, and it starts
+    register("two", app.agent_token().await).await;
+    app.state.scheduler(patient).pass().await.unwrap();
+    let view = app.get(&format!("/v1/jobs/{two}"), &team.viewer).await;
+    assert_eq!(view.body["state"], "scheduled", "{}", view.text);
+    assert!(view.body["unplaceable"].is_null());
+
+    // with no grace left, the GPU job fails with the reason
+    let impatient = ringtrain_scheduler::LoopConfig {
+        owner: "test".into(),
+        unplaceable_grace: Duration::ZERO,
+        ..Default::default()
+    };
+    let pass = app.state.scheduler(impatient).pass().await.unwrap();
+    assert_eq!(pass.unplaceable_failed, 1, "{pass:?}");
+    let view = app.get(&format!("/v1/jobs/{gpu}"), &team.viewer).await;
+    assert_eq!(view.body["state"], "failed");
+    let error = view.body["error"].as_str().unwrap();
+    assert!(error.contains("needs 1 gpu devices; no node that is up offers any"), "{error}");
+}
+
+/// A server that starts again after an outage longer than the lease does not fail the placements whose
+/// agents kept running: leases expire only once the agents have had a node timeout to heartbeat.
+async fn leases_that_ran_out_in_an_outage_get_a_grace(app: TestApp) {
+    let team = app.team("alpha").await;
+    // a lease that has already run out, as after an outage
+    let (id, _, _) = placed_job(&app, &team, 4, Duration::ZERO, false).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let restarted = ringtrain_scheduler::LoopConfig {
+        owner: "test".into(),
+        ..ringtrain_scheduler::LoopConfig::starting_now(Duration::from_secs(30))
+    };
+    let pass = app.state.scheduler(restarted).pass().await.unwrap();
+    assert_eq!(pass.failed_placements, 0, "{pass:?}");
+    assert_eq!(app.get(&format!("/v1/jobs/{id}"), &team.viewer).await.body["state"], "scheduled");
+    // once the grace is over, a lease nobody renewed expires as before
+    let later = ringtrain_scheduler::LoopConfig { owner: "test".into(), ..Default::default() };
+    let pass = app.state.scheduler(later).pass().await.unwrap();
+    assert_eq!(pass.failed_placements, 1, "{pass:?}");
+    let events = app.get(&format!("/v1/jobs/{id}/events"), &team.viewer).await;
+    assert!(events.text.contains("its lease expired"), "{}", events.text);
+}
+
+ringtrain_store::on_both_backends!(
+    setup = crate::small_queue;
+    a_teams_queue_is_bounded,
+);
+
+ringtrain_store::on_both_backends!(
+    setup = crate::strict;
+    a_token_over_its_rate_is_refused_and_others_are_not,
+    event_streams_are_bounded_and_woken_by_changes,
+    metric_ingestion_is_bounded,
+);
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     a_schedule_preview_cannot_freeze_the_server,
     one_teams_queue_cannot_hide_another_teams_job,
     a_long_jobs_large_result_is_taken,
+    an_unplaceable_job_says_why_and_fails_after_the_grace,
+    leases_that_ran_out_in_an_outage_get_a_grace,
 );

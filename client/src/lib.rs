@@ -21,9 +21,12 @@ pub struct CallError {
 }
 
 impl CallError {
-    /// The server refused the call (4xx): repeating it cannot help. A 5xx or no answer at all may pass.
+    /// The server refused the call (4xx): repeating it cannot help. A 5xx, no answer at all, a 429 (a limit
+    /// that passes: see `Retry-After`) or a 408 may pass.
     pub fn is_final(&self) -> bool {
-        self.status.is_some_and(|s| s.is_client_error())
+        self.status.is_some_and(|s| {
+            s.is_client_error() && s != StatusCode::TOO_MANY_REQUESTS && s != StatusCode::REQUEST_TIMEOUT
+        })
     }
 }
 
@@ -172,7 +175,17 @@ impl ApiClient {
 
 #[cfg(test)]
 mod tests {
-    use super::Transport;
+    use super::{CallError, StatusCode, Transport};
+
+    #[test]
+    fn a_refusal_is_final_but_a_limit_passes() {
+        let answer = |status| CallError { status: Some(status), message: String::new() };
+        assert!(answer(StatusCode::UNPROCESSABLE_ENTITY).is_final());
+        assert!(answer(StatusCode::PAYLOAD_TOO_LARGE).is_final());
+        assert!(!answer(StatusCode::TOO_MANY_REQUESTS).is_final());
+        assert!(!answer(StatusCode::SERVICE_UNAVAILABLE).is_final());
+        assert!(!CallError { status: None, message: String::new() }.is_final());
+    }
 
     #[test]
     fn plain_http_goes_only_to_this_machine_unless_allowed() {

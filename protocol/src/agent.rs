@@ -127,7 +127,18 @@ pub struct MetricsBatch {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MetricsAck {
+    /// Reports stored.
     pub accepted: usize,
+    /// Iteration reports left out because the job went over its budget of reports per second.
+    #[serde(default)]
+    pub downsampled: usize,
+    /// Of the iteration reports, only iterations that are multiples of this were kept.
+    #[serde(default = "one")]
+    pub stride: i64,
+}
+
+fn one() -> i64 {
+    1
 }
 
 /// Where a checkpoint archive comes from (the query of its upload).

@@ -4,6 +4,7 @@ pub mod doctor;
 pub mod jobs;
 pub mod latency;
 pub mod launch;
+pub mod limits;
 pub mod schedule;
 pub mod serve;
 pub mod train;
@@ -20,7 +21,11 @@ pub fn block_on(who: &str, command: impl std::future::Future<Output = anyhow::Re
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(command) {
+    let outcome = runtime.block_on(command);
+    // Dropping the runtime would wait for every blocking task still working (a long checkpoint tar, a
+    // dataset parse): a stop must not hang on one.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("{who}: error: {err:#}");

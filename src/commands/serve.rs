@@ -37,6 +37,8 @@ pub struct Args {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, env = "RINGTRAIN_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub limits: super::limits::LimitArgs,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -63,6 +65,8 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     /// Set when serving HTTPS.
     tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    /// The scheduler loop's settings besides its timing.
+    limits: super::limits::LimitArgs,
 }
 
 impl Server {
@@ -83,6 +87,7 @@ impl Server {
         let mut config = ApiConfig::new(&args.data_dir);
         config.max_dataset_bytes = args.max_dataset_bytes;
         config.idx_roots = args.idx_roots.clone();
+        args.limits.apply(&mut config);
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -100,7 +105,14 @@ impl Server {
             _ => None,
         };
         tracing::info!(%address, database = %redact(&url), tls = tls.is_some(), "serving");
-        Ok(Server { address, state: AppState::new(store, config), bootstrap_token, listener, tls })
+        Ok(Server {
+            address,
+            state: AppState::new(store, config),
+            bootstrap_token,
+            listener,
+            tls,
+            limits: args.limits.clone(),
+        })
     }
 
     /// The base URL clients use: https:// when serving TLS.
@@ -110,9 +122,22 @@ impl Server {
     }
 
     /// Serves the API and runs the scheduler loop until `shutdown` completes. The loop is watched: if it
-    /// ever ends (a panic), the server stops with an error instead of serving on without a scheduler.
+    /// ever ends (a panic), the server stops with an error instead of serving on without a scheduler. After
+    /// `shutdown`, requests in flight have [`SHUTDOWN_GRACE`] to finish; long polls and event streams still
+    /// open then are closed (agents and followers reconnect to the next server).
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let scheduler = self.state.scheduler(LoopConfig::starting_now(self.state.config.lease));
+        let (stopping, mut stopped) = tokio::sync::watch::channel(false);
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stopping.send(true);
+        };
+        let forced = async move {
+            let _ = stopped.wait_for(|stopping| *stopping).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        let mut loop_config = LoopConfig::starting_now(self.state.config.lease);
+        self.limits.apply_to_loop(&mut loop_config);
+        let scheduler = self.state.scheduler(loop_config);
         let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
         let router = app(self.state);
@@ -123,7 +148,7 @@ impl Server {
                 let stopper = handle.clone();
                 tokio::spawn(async move {
                     shutdown.await;
-                    stopper.graceful_shutdown(Some(std::time::Duration::from_secs(10)));
+                    stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
                 });
                 let listener = self.listener.into_std()?;
                 Box::pin(axum_server::from_tcp_rustls(listener, tls).handle(handle).serve(router.into_make_service()))
@@ -131,6 +156,10 @@ impl Server {
         };
         let result = tokio::select! {
             served = serving => served.context("the server failed"),
+            () = forced => {
+                tracing::info!("requests still open {} s after the stop: closing them", SHUTDOWN_GRACE.as_secs());
+                Ok(())
+            }
             ended = &mut scheduler => Err(anyhow::anyhow!("the scheduler loop ended: {ended:?}")),
         };
         scheduler.abort();
@@ -138,6 +167,9 @@ impl Server {
         result
     }
 }
+
+/// How long requests in flight may take to finish after a stop.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Changes made through other servers on the same (Postgres) database wake this one's scheduler loop and
 /// long polls; reconnects after a lost connection.

@@ -36,6 +36,8 @@ pub struct Args {
     /// A folder under which `idx:PATH` datasets may lie (repeat for several; none: `idx:` is refused).
     #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
     idx_roots: Vec<std::path::PathBuf>,
+    #[command(flatten)]
+    limits: super::limits::LimitArgs,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -58,6 +60,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         idx_roots: args.idx_roots.clone(),
         tls_cert: None,
         tls_key: None,
+        limits: args.limits.clone(),
     })
     .await?;
     let url = format!("http://{}", server.address);
@@ -91,6 +94,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         threads: args.threads,
         heartbeat_s: timing::HEARTBEAT.as_secs(),
         lease_s: timing::LEASE.as_secs(),
+        outage_grace_s: timing::OUTAGE_GRACE.as_secs(),
         idx_roots: args.idx_roots.clone(),
         transport: ringtrain_client::Transport::default(),
     })

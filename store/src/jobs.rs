@@ -25,6 +25,11 @@ pub trait JobStore: Send + Sync {
     async fn expired_leases(&self, now: DateTime<Utc>, limit: i64) -> StoreResult<Vec<Job>>;
     /// Jobs per state, for /metrics.
     async fn count_jobs_by_state(&self) -> StoreResult<Vec<(JobState, i64)>>;
+    /// The team's queued jobs.
+    async fn count_queued(&self, team: TeamId) -> StoreResult<i64>;
+    /// Marks a queued job as not placeable on the pool as it exists, with `reason` (keeping the first
+    /// `since` while it stays so), or clears the mark (`None`). Nothing happens to a job no longer queued.
+    async fn mark_unplaceable(&self, job: JobId, reason: Option<&str>) -> StoreResult<()>;
     /// A job's history (state changes, restarts) after `after_seq`, oldest first.
     async fn list_events(&self, job: JobId, after_seq: i64, limit: i64) -> StoreResult<Vec<JobEvent>>;
 }
@@ -203,6 +208,29 @@ macro_rules! impl_job_store {
                         .fetch_all(self.pool())
                         .await?;
                     rows.into_iter().map(|(s, n)| Ok((rows::parse(&s)?, n))).collect()
+                }
+
+                async fn count_queued(&self, team: TeamId) -> StoreResult<i64> {
+                    let (n,): (i64,) =
+                        sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE team_id = $1 AND state = 'queued'")
+                            .bind(team.0)
+                            .fetch_one(self.pool())
+                            .await?;
+                    Ok(n)
+                }
+
+                async fn mark_unplaceable(&self, job: JobId, reason: Option<&str>) -> StoreResult<()> {
+                    sqlx::query(
+                        "UPDATE jobs SET unplaceable_reason = $2, \
+                         unplaceable_since = CASE WHEN $2 IS NULL THEN NULL ELSE COALESCE(unplaceable_since, $3) END \
+                         WHERE id = $1 AND state = 'queued'",
+                    )
+                    .bind(job.0)
+                    .bind(reason)
+                    .bind(now())
+                    .execute(self.pool())
+                    .await?;
+                    Ok(())
                 }
 
                 async fn list_events(&self, job: JobId, after_seq: i64, limit: i64) -> StoreResult<Vec<JobEvent>> {

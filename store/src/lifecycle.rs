@@ -160,26 +160,34 @@ macro_rules! impl_lifecycle_store {
                     Ok(())
                 }
 
-                /// Cancels the job's assignments no agent has picked up yet, inside the caller's transaction.
-                async fn cancel_pending_in(tx: &mut Tx<'_>, job: JobId) -> StoreResult<()> {
+                /// Cancels the job's assignments no agent has picked up yet (of placement `attempt` only, when
+                /// given: a late report about one placement must never cancel the next one's ranks), inside the
+                /// caller's transaction.
+                async fn cancel_pending_in(tx: &mut Tx<'_>, job: JobId, attempt: Option<i32>) -> StoreResult<()> {
                     sqlx::query(
                         "UPDATE assignments SET state = 'cancelled', updated_at = $2 \
-                         WHERE job_id = $1 AND state = 'pending'",
+                         WHERE job_id = $1 AND state = 'pending' AND ($3 IS NULL OR attempt = $3)",
                     )
                     .bind(job.0)
                     .bind(now())
+                    .bind(attempt)
                     .execute(&mut **tx)
                     .await?;
                     Ok(())
                 }
 
-                /// The job, if `attempt` is its active (scheduled or running) placement.
+                /// The job, if `attempt` is its active (scheduled or running) placement. Written, not read (a
+                /// no-op update): on SQLite a deferred transaction that reads first and writes later fails at
+                /// once with SQLITE_BUSY_SNAPSHOT when another connection committed in between, while a write
+                /// first takes the lock up front and waits out the busy timeout; on Postgres it locks the row.
                 async fn active_placement(tx: &mut Tx<'_>, id: JobId, attempt: i32) -> StoreResult<Option<Job>> {
-                    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 AND attempt = $2");
+                    let sql = format!(
+                        "UPDATE jobs SET updated_at = updated_at WHERE id = $1 AND attempt = $2 \
+                         AND state IN ('scheduled', 'running') RETURNING {JOB_COLUMNS}"
+                    );
                     let row: Option<JobRow> =
                         sqlx::query_as(&sql).bind(id.0).bind(attempt).fetch_optional(&mut **tx).await?;
-                    let job: Option<Job> = row.map(TryInto::try_into).transpose()?;
-                    Ok(job.filter(|j| matches!(j.state, JobState::Scheduled | JobState::Running)))
+                    row.map(TryInto::try_into).transpose()
                 }
 
                 /// Ends the active placement `attempt` with `transition` (built from the job as it is now) and
@@ -199,7 +207,7 @@ macro_rules! impl_lifecycle_store {
                         tx.rollback().await?;
                         return Ok(None);
                     };
-                    Self::cancel_pending_in(&mut tx, id).await?;
+                    Self::cancel_pending_in(&mut tx, id, Some(attempt)).await?;
                     tx.commit().await?;
                     Ok(Some(ended))
                 }
@@ -335,7 +343,7 @@ macro_rules! impl_lifecycle_store {
                     let job: Job = row.try_into()?;
                     let reason = format!("preempted: {reason}");
                     Self::insert_state_event(&mut tx, id, now, (from, "queued"), attempt, &reason).await?;
-                    Self::cancel_pending_in(&mut tx, id).await?;
+                    Self::cancel_pending_in(&mut tx, id, Some(attempt)).await?;
                     sqlx::query(
                         "UPDATE assignments SET preempted = TRUE, updated_at = $3 \
                          WHERE job_id = $1 AND attempt = $2 AND state IN ('delivered', 'running')",
@@ -358,7 +366,7 @@ macro_rules! impl_lifecycle_store {
                         let mut tx = self.pool().begin().await?;
                         let transition = Transition::new(id, job.state, JobState::Cancelled, reason);
                         if let Some(cancelled) = Self::transition_in(&mut tx, &transition).await? {
-                            Self::cancel_pending_in(&mut tx, id).await?;
+                            Self::cancel_pending_in(&mut tx, id, None).await?;
                             tx.commit().await?;
                             return Ok(Some(Cancellation::Cancelled(cancelled)));
                         }

@@ -140,6 +140,16 @@ pub struct Job {
     pub finished_at: Option<DateTime<Utc>>,
     pub result: Option<Value>,
     pub error: Option<String>,
+    /// Set while the job is queued and cannot be placed on the pool as it exists.
+    pub unplaceable: Option<Unplaceable>,
+}
+
+/// Why a queued job cannot be placed on the pool as it exists, and since when.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Unplaceable {
+    pub since: DateTime<Utc>,
+    /// In words, with the numbers: "needs 8 cpu devices; the pool has 1".
+    pub reason: String,
 }
 
 impl Job {

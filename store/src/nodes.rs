@@ -65,7 +65,8 @@ macro_rules! impl_node_store {
                         sqlx::query(
                             "INSERT INTO devices (id, node_id, idx, kind, name, memory_bytes) \
                              VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (node_id, idx) DO UPDATE SET \
-                             kind = excluded.kind, name = excluded.name, memory_bytes = excluded.memory_bytes",
+                             kind = excluded.kind, name = excluded.name, memory_bytes = excluded.memory_bytes, \
+                             retired = FALSE",
                         )
                         .bind(Uuid::new_v4())
                         .bind(node_id)
@@ -76,6 +77,24 @@ macro_rules! impl_node_store {
                         .execute(&mut *tx)
                         .await?;
                     }
+                    // Devices the node no longer offers are retired (kept for the assignments naming them): the
+                    // scheduler must not place ranks on a GPU that died or on CPU slots the agent stopped
+                    // offering. A rank still running on one is failed by the scheduler like any rank of a
+                    // device it cannot see.
+                    let offered: Vec<i32> = node.devices.iter().map(|d| d.index).collect();
+                    let mut retire = sqlx::QueryBuilder::<<Self as SqlBackend>::Db>::new(
+                        "UPDATE devices SET retired = TRUE WHERE node_id = ",
+                    );
+                    retire.push_bind(node_id);
+                    if !offered.is_empty() {
+                        retire.push(" AND idx NOT IN (");
+                        let mut list = retire.separated(", ");
+                        for index in offered {
+                            list.push_bind(index);
+                        }
+                        retire.push(")");
+                    }
+                    retire.build().execute(&mut *tx).await?;
                     tx.commit().await?;
                     self.get_node(NodeId(node_id)).await?.ok_or_else(|| StoreError::Corrupt(format!("node {node_id} vanished")))
                 }
@@ -96,7 +115,7 @@ macro_rules! impl_node_store {
                     let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1");
                     let row: Option<NodeRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     let Some(row) = row else { return Ok(None) };
-                    let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE node_id = $1 ORDER BY idx");
+                    let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE node_id = $1 AND NOT retired ORDER BY idx");
                     let devices: Vec<DeviceRow> = sqlx::query_as(&sql).bind(id.0).fetch_all(self.pool()).await?;
                     let devices = devices.into_iter().map(TryInto::try_into).collect::<StoreResult<_>>()?;
                     Ok(Some(row.with_devices(devices)?))
@@ -105,7 +124,7 @@ macro_rules! impl_node_store {
                 async fn list_nodes(&self) -> StoreResult<Vec<Node>> {
                     let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY name");
                     let nodes: Vec<NodeRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
-                    let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices ORDER BY node_id, idx");
+                    let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE NOT retired ORDER BY node_id, idx");
                     let devices: Vec<DeviceRow> = sqlx::query_as(&sql).fetch_all(self.pool()).await?;
                     let mut by_node: HashMap<Uuid, Vec<Device>> = HashMap::new();
                     for device in devices {

@@ -13,7 +13,7 @@ use crate::model::*;
 /// The columns every job query returns, in [`JobRow`]'s order.
 pub(crate) const JOB_COLUMNS: &str = "seq, id, team_id, created_by, name, spec, effective, dataset_size, state, \
      priority, device, workers, attempt, preemptions, max_restarts, lease_owner, lease_expires, created_at, updated_at, \
-     started_at, finished_at, result, error";
+     started_at, finished_at, result, error, unplaceable_since, unplaceable_reason";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct JobRow {
@@ -40,6 +40,8 @@ pub(crate) struct JobRow {
     finished_at: Option<DateTime<Utc>>,
     result: Option<Json<Value>>,
     error: Option<String>,
+    unplaceable_since: Option<DateTime<Utc>>,
+    unplaceable_reason: Option<String>,
 }
 
 /// A stored state or kind name: one this build does not know is a corrupt row.
@@ -75,6 +77,10 @@ impl TryFrom<JobRow> for Job {
             finished_at: row.finished_at,
             result: row.result.map(|j| j.0),
             error: row.error,
+            unplaceable: match (row.unplaceable_since, row.unplaceable_reason) {
+                (Some(since), Some(reason)) => Some(Unplaceable { since, reason }),
+                _ => None,
+            },
         })
     }
 }

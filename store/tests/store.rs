@@ -391,8 +391,93 @@ async fn starts_are_atomic_and_preemptions_keep_the_restart_budget(store: Arc<dy
     let _ = agent;
 }
 
+/// An agent restarted with fewer devices (a dead GPU, fewer CPU slots) re-registers its node: the devices
+/// it no longer offers are gone from the node and the pool; offering one again brings it back (same id).
+async fn re_registering_replaces_the_device_list(store: Arc<dyn Store>) {
+    let (agent, four) = cpu_node(&store, "n", 4).await;
+    let register = |slots: i32| {
+        let devices = (0..slots)
+            .map(|index| NewDevice { index, kind: DeviceKind::Cpu, name: format!("slot {index}"), memory_bytes: None })
+            .collect();
+        NodeRegistration { name: "n".into(), address: None, devices }
+    };
+    let two = store.register_node(agent.id, register(2)).await.unwrap();
+    assert_eq!(two.devices.len(), 2);
+    assert_eq!(store.list_nodes().await.unwrap()[0].devices.len(), 2);
+    let three = store.register_node(agent.id, register(3)).await.unwrap();
+    assert_eq!(
+        three.devices.iter().map(|d| d.id).collect::<Vec<_>>(),
+        four.devices[..3].iter().map(|d| d.id).collect::<Vec<_>>()
+    );
+}
+
+/// A failure report that arrives after the job was placed again changes nothing, and never cancels the new
+/// placement's ranks.
+async fn a_late_report_leaves_the_next_placement_alone(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let (_, node) = cpu_node(&store, "n", 1).await;
+    let job = submit(&store, new_job(&team, "a", 0)).await;
+    let rank = [NewAssignment { node_id: node.id, device_id: node.devices[0].id, rank: 0 }];
+    let lease = Duration::from_secs(30);
+    let (first, placed) = store.start_job(job.id, "sched", lease, &rank).await.unwrap().unwrap();
+    assert!(store.fail_placement(job.id, first.attempt, "boom", true).await.unwrap().is_some());
+    // the first placement's rank was never picked up: cancelled with it, so the device is free again
+    assert_eq!(store.get_assignment(placed[0].id).await.unwrap().unwrap().state, AssignmentState::Cancelled);
+    let (second, next) = store.start_job(job.id, "sched", lease, &rank).await.unwrap().unwrap();
+    assert_eq!(second.attempt, first.attempt + 1);
+    assert!(store.fail_placement(job.id, first.attempt, "boom again", true).await.unwrap().is_none());
+    assert!(store.preempt_job(job.id, first.attempt, "stale").await.unwrap().is_none());
+    assert_eq!(store.get_assignment(next[0].id).await.unwrap().unwrap().state, AssignmentState::Pending);
+}
+
+/// Preemptions and failure reports succeed while another connection writes metrics as fast as it can (on
+/// SQLite a transaction that read before writing failed at once with SQLITE_BUSY_SNAPSHOT then).
+async fn placements_end_cleanly_under_concurrent_writes(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let (_, node) = cpu_node(&store, "n", 1).await;
+    let noisy = submit(&store, new_job(&team, "noisy", 0)).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (store, stop) = (store.clone(), stop.clone());
+        async move {
+            let mut iteration = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let point = MetricPoint {
+                    kind: "iteration".into(),
+                    rank: 0,
+                    epoch: 0,
+                    iteration,
+                    attempt: 1,
+                    fields: serde_json::Map::new(),
+                };
+                store.record_metrics(noisy.id, &[point]).await.unwrap();
+                iteration += 1;
+            }
+        }
+    });
+    let job = submit(&store, NewJob { max_restarts: 100, ..new_job(&team, "a", 0) }).await;
+    let rank = [NewAssignment { node_id: node.id, device_id: node.devices[0].id, rank: 0 }];
+    for round in 0..20 {
+        let (placed, ranks) = store.start_job(job.id, "sched", Duration::from_secs(30), &rank).await.unwrap().unwrap();
+        let ended = if round % 2 == 0 {
+            store.preempt_job(job.id, placed.attempt, "reclaimed").await
+        } else {
+            store.fail_placement(job.id, placed.attempt, "boom", true).await
+        };
+        assert!(ended.unwrap_or_else(|err| panic!("round {round}: {err}")).is_some());
+        // free the device for the next round (a preempted pending rank is cancelled with the placement)
+        let state = store.get_assignment(ranks[0].id).await.unwrap().unwrap().state;
+        assert_eq!(state, AssignmentState::Cancelled, "round {round}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::store;
+    re_registering_replaces_the_device_list,
+    a_late_report_leaves_the_next_placement_alone,
+    placements_end_cleanly_under_concurrent_writes,
     guarded_transitions_refuse_stale_writers,
     concurrent_starts_never_share_a_job,
     leases_renew_and_expire,

@@ -60,13 +60,24 @@ pub struct Team {
 
 impl TestApp {
     /// The app on a fresh store (see `on_both_backends!`), with its data directory in a temporary folder.
+    /// No per-token rate limit or metric budget: tests of other things make requests as fast as they can.
     pub async fn new(store: Arc<dyn Store>) -> TestApp {
+        Self::with_config(store, |config| {
+            config.admission.rate_per_second = 0.0;
+            config.metric_rows_per_second = 0.0;
+        })
+        .await
+    }
+
+    /// The app with `configure` applied to the test configuration.
+    pub async fn with_config(store: Arc<dyn Store>, configure: impl FnOnce(&mut ApiConfig)) -> TestApp {
         let dir = tempfile::tempdir().unwrap();
         ringtrain_api::bootstrap::bootstrap(store.as_ref(), Some(ADMIN)).await.unwrap();
         let mut config = ApiConfig::new(dir.path());
         config.event_poll = std::time::Duration::from_millis(50);
         config.max_dataset_bytes = 1 << 20;
         config.idx_roots = vec!["/data".into()];
+        configure(&mut config);
         let state = AppState::new(store.clone(), config);
         let router = app(state.clone());
         TestApp { router, store, state, dir }

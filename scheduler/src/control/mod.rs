@@ -9,11 +9,13 @@
 //! 2. [`view`]: the rows become the policy's input; placements still stopping hold their devices;
 //! 3. [`sweep`]: repairs what a crash between two statements left, and fails placements whose ranks all
 //!    ended without a result;
-//! 4. [`apply`]: the plan's preemptions and starts, each one guarded statement.
+//! 4. [`apply`]: the plan's preemptions and starts, each one guarded statement;
+//! 5. [`unplaceable`]: jobs the pool cannot place are marked with the reason, and fail after a grace period.
 
 mod apply;
 mod rescue;
 mod sweep;
+mod unplaceable;
 mod view;
 
 use std::sync::Arc;
@@ -51,6 +53,8 @@ pub struct LoopConfig {
     /// No node is declared lost before this: a server that just (re)started has not heard any heartbeat
     /// yet, and must not write off every node that kept running while it was down.
     pub no_lost_nodes_before: Option<Instant>,
+    /// A queued job the pool as it exists cannot place fails after this long.
+    pub unplaceable_grace: Duration,
 }
 
 impl LoopConfig {
@@ -70,6 +74,7 @@ impl Default for LoopConfig {
             queue_window: 1_000,
             owner: format!("scheduler-{}", std::process::id()),
             no_lost_nodes_before: None,
+            unplaceable_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -82,11 +87,13 @@ pub struct PassReport {
     pub failed_placements: usize,
     pub started: usize,
     pub preempted: usize,
+    /// Queued jobs failed because the pool could not place them for the whole grace period.
+    pub unplaceable_failed: usize,
 }
 
 impl PassReport {
     fn changed_anything(&self) -> bool {
-        self.lost_nodes + self.failed_placements + self.started + self.preempted > 0
+        self.lost_nodes + self.failed_placements + self.started + self.preempted + self.unplaceable_failed > 0
     }
 }
 
@@ -109,8 +116,10 @@ impl Scheduler {
         Scheduler { store, changes, config }
     }
 
-    /// Runs passes forever: after each one, waits for a change or the interval.
-    pub async fn run(self) {
+    /// Runs passes forever: after each one, waits for a change or the interval. While passes fail (the
+    /// database is unreachable), no heartbeat can arrive either: the grace before nodes are lost and leases
+    /// expire moves on with every failed pass.
+    pub async fn run(mut self) {
         let mut was_leader = None;
         loop {
             let seen = self.changes.version();
@@ -126,7 +135,10 @@ impl Scheduler {
                         self.changes.announce().await;
                     }
                 }
-                Err(err) => tracing::warn!(error = %err, "scheduler pass failed; retrying"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "scheduler pass failed; retrying");
+                    self.config.no_lost_nodes_before = Some(Instant::now() + self.config.node_timeout);
+                }
             }
             self.changes.wait_past(seen, self.config.interval).await;
         }
@@ -146,6 +158,7 @@ impl Scheduler {
         let view = snapshot.cluster_view(store).await?;
         let plan = crate::plan(&view);
         apply::apply(store, &self.config, &snapshot, &plan, &mut report).await?;
+        unplaceable::mark(store, &self.config, &snapshot, &plan, &mut report).await?;
         Ok(report)
     }
 }

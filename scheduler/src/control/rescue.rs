@@ -1,6 +1,8 @@
 //! Rescue: what died since the last pass. Nodes whose heartbeats stopped are marked lost, and their ranks
 //! with them; placements whose lease ran out (no agent holding one of their ranks heartbeated) fail. A failed
-//! placement is requeued, resuming from its last checkpoint, while the job's restart budget lasts.
+//! placement is requeued, resuming from its last checkpoint, while the job's restart budget lasts. Neither
+//! happens until the agents have had a node timeout to heartbeat after the server started, or after its
+//! database came back (`LoopConfig::no_lost_nodes_before`): an outage must not write off the whole cluster.
 
 use std::time::Instant;
 
@@ -24,6 +26,11 @@ pub(super) async fn rescue(store: &dyn Store, config: &LoopConfig, report: &mut 
             report.failed_placements += usize::from(failed.is_some());
         }
         store.end_node_assignments(node, AssignmentState::Failed).await?;
+    }
+    // After a start or a database outage, leases ran out while no agent could renew them: wait for the
+    // heartbeats (which renew them) as for lost nodes.
+    if !heard_long_enough {
+        return Ok(());
     }
     for job in store.expired_leases(ringtrain_store::now(), 100).await? {
         let why = format!(

@@ -36,18 +36,28 @@ pub async fn job_running(
         Transition::new(job.id, JobState::Scheduled, JobState::Running, format!("attempt {} started", body.attempt))
             .at_attempt(body.attempt);
     match state.store.transition(&transition).await? {
-        Some(_) => Ok(StatusCode::OK),
+        Some(_) => {
+            // wakes the job's event streams
+            state.changed().await;
+            Ok(StatusCode::OK)
+        }
         None => Err(ApiError::conflict(format!("job {id} attempt {} is not scheduled", body.attempt))),
     }
 }
 
 pub const MAX_REPORTS: usize = 10_000;
+/// Numbers one report may carry besides kind, rank, epoch and iteration.
+pub const MAX_REPORT_FIELDS: usize = 32;
+/// The longest name of a reported number.
+pub const MAX_FIELD_NAME: usize = 64;
 
-/// Turns a rank's report into a stored point, naming the path of anything wrong.
+/// Turns a rank's report into a stored point, naming the path of anything wrong. `total_iterations`, when
+/// known, bounds the iteration: a report past the job's end is not one the trainer makes.
 pub fn parse_report(
     i: usize,
     attempt: i32,
     workers: i32,
+    total_iterations: Option<u64>,
     mut report: Map<String, Value>,
 ) -> Result<MetricPoint, Vec<FieldError>> {
     let mut errors = Vec::new();
@@ -72,9 +82,21 @@ pub fn parse_report(
     };
     let rank = integer("rank", i64::from(workers.max(1) - 1));
     let epoch = integer("epoch", i64::from(i32::MAX));
-    let iteration = integer("iteration", i64::MAX / 2);
-    for (name, value) in &report {
-        if !(value.is_number() || value.is_null()) {
+    let last_iteration = total_iterations.map_or(i64::MAX / 2, |total| i64::try_from(total).unwrap_or(i64::MAX));
+    let iteration = integer("iteration", last_iteration);
+    if report.len() > MAX_REPORT_FIELDS {
+        errors.push(FieldError::new(path("*"), format!("at most {MAX_REPORT_FIELDS} numbers per report")));
+    }
+    for (name, value) in report.iter().take(MAX_REPORT_FIELDS + 1) {
+        let plain = (1..=MAX_FIELD_NAME).contains(&name.len())
+            && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !plain {
+            let shown: String = name.chars().take(MAX_FIELD_NAME).collect();
+            errors.push(FieldError::new(
+                path(&shown),
+                format!("a metric's name is 1 to {MAX_FIELD_NAME} of a-z, 0-9 and _"),
+            ));
+        } else if !(value.is_number() || value.is_null()) {
             errors.push(FieldError::new(path(name), "must be a number"));
         }
     }
@@ -89,9 +111,9 @@ pub fn parse_report(
 /// key: a resumed attempt's report replaces the earlier one instead of adding to it.
 #[utoipa::path(post, path = "/v1/agent/jobs/{id}/metrics", tag = "agent", params(("id" = Uuid, Path)),
     request_body = MetricsBatch,
-    responses((status = 200, body = MetricsAck),
+    responses((status = 200, body = MetricsAck, description = "Stored; beyond the job's budget of iteration reports per second, an evenly spaced subset (`downsampled`, `stride`)"),
         (status = 404),
-        (status = 422)),
+        (status = 422, description = "A report's field is wrong: kind, rank, epoch, an iteration past the job's total, more than 32 numbers, a name not of a-z, 0-9 and _")),
     security(("bearer" = [])))]
 pub async fn report_metrics(
     State(state): State<AppState>,
@@ -103,10 +125,11 @@ pub async fn report_metrics(
         return Err(ApiError::validation(vec![FieldError::new("reports", format!("at most {MAX_REPORTS} per batch"))]));
     }
     let job = assigned_job(&state, &agent, id, body.attempt).await?;
+    let total_iterations = job.effective.as_ref().and_then(|e| e["total_iterations"].as_u64());
     let mut points = Vec::with_capacity(body.reports.len());
     let mut errors = Vec::new();
     for (i, report) in body.reports.into_iter().enumerate() {
-        match parse_report(i, body.attempt, job.workers, report) {
+        match parse_report(i, body.attempt, job.workers, total_iterations, report) {
             Ok(point) => points.push(point),
             Err(mut e) => errors.append(&mut e),
         }
@@ -114,8 +137,9 @@ pub async fn report_metrics(
     if !errors.is_empty() {
         return Err(ApiError::validation(errors));
     }
-    state.store.record_metrics(job.id, &points).await?;
-    Ok(Json(MetricsAck { accepted: points.len() }))
+    let thinned = state.metric_budgets.thin(job.id, points, std::time::Instant::now());
+    state.store.record_metrics(job.id, &thinned.kept).await?;
+    Ok(Json(MetricsAck { accepted: thinned.kept.len(), downsampled: thinned.dropped, stride: thinned.stride }))
 }
 
 /// The attempt ended. A retryable failure with restarts left requeues the job (it resumes from its last

@@ -10,7 +10,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{JobId, JobState, TeamId};
-use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, NewJob, Submitted};
+use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, NewJob, Submitted, Unplaceable};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -58,6 +58,10 @@ pub struct JobView {
     #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,
     pub error: Option<String>,
+    /// While queued: the pool as it exists cannot place this job (more devices than it has of the kind,
+    /// or none of the kind), why, and since when. The job fails once the platform's grace period (an hour
+    /// by default) has passed without the pool growing.
+    pub unplaceable: Option<Unplaceable>,
     pub links: JobLinks,
 }
 
@@ -94,6 +98,7 @@ impl From<&Job> for JobView {
             finished_at: job.finished_at,
             result: job.result.clone(),
             error: job.error.clone(),
+            unplaceable: job.unplaceable.clone().filter(|_| job.state == JobState::Queued),
             links: JobLinks {
                 schedule: format!("{base}/schedule"),
                 events: format!("{base}/events"),
@@ -125,6 +130,7 @@ const MAX_IDEMPOTENCY_KEY: usize = 255;
         (status = 413),
         (status = 415),
         (status = 422),
+        (status = 429, description = "The team already has as many queued jobs as it may (1,000 by default), or a rate limit; see Retry-After"),
     ),
     security(("bearer" = [])))]
 pub async fn submit_job(
@@ -151,6 +157,15 @@ pub async fn submit_job(
         }
     };
     let (spec, spec_json) = specs::parse_spec(&body)?;
+    let queued = state.store.count_queued(user.team_id).await?;
+    let limit = state.config.max_queued_per_team;
+    if queued >= limit {
+        return Err(ApiError::too_many(
+            "queue-full",
+            format!("your team has {queued} queued jobs, the most it may; submit again when some have started"),
+            60,
+        ));
+    }
     let dataset_size = specs::dataset_size(&state, &user, &spec).await?;
     let effective = specs::effective(&spec, dataset_size)?;
     let new = NewJob {

@@ -20,6 +20,7 @@ use crate::access::team_job;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
+use crate::limits::StreamSlot;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -38,11 +39,13 @@ pub struct EventList {
 const EVENT_PAGE: i64 = 1000;
 
 /// The job's state changes and restarts. With `Accept: text/event-stream`, a Server-Sent Events stream that
-/// follows the job until it ends.
+/// follows the job until it ends, or until the stream's lifetime (an hour by default) is over: reconnect
+/// with `Last-Event-ID` to go on. A token may follow a few streams at once (8 by default; 429 beyond).
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", params(("id" = Uuid, Path), EventsQuery),
     responses((status = 200, description = "JSON list, or an SSE stream (`event: state`, data: a JobEvent)", 
             content((EventList = "application/json"), (String = "text/event-stream"))),
-        (status = 404)),
+        (status = 404),
+        (status = 429, description = "This token already holds as many event streams as it may")),
     security(("bearer" = [])))]
 pub async fn job_events(
     State(state): State<AppState>,
@@ -62,21 +65,34 @@ pub async fn job_events(
         let events = state.store.list_events(job.id, after, EVENT_PAGE).await?;
         return Ok(Json(EventList { events }).into_response());
     }
-    Ok(Sse::new(follow_events(state, job.id, after)).keep_alive(KeepAlive::default()).into_response())
+    let slot = state.admission.open_stream(user.token.id)?;
+    Ok(Sse::new(follow_events(state, job.id, after, slot)).keep_alive(KeepAlive::default()).into_response())
 }
 
-/// Polls the store for new events (leases and polling, not LISTEN/NOTIFY, so it works on SQLite too) and
-/// ends once the job is terminal and every event has been sent.
-fn follow_events(state: AppState, job: JobId, after: i64) -> impl Stream<Item = Result<Event, Infallible>> {
+/// Reads the store for new events whenever something changed (the change notifier that wakes the
+/// scheduler and the agents' long polls; `event_poll` is only a safety net for a missed wake-up), and ends
+/// once the job is terminal and every event has been sent, or the stream's lifetime is over. The stream
+/// holds its token's `slot` until it is dropped.
+fn follow_events(
+    state: AppState,
+    job: JobId,
+    after: i64,
+    slot: StreamSlot,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     struct Cursor {
         state: AppState,
         job: JobId,
         after: i64,
         pending: std::collections::VecDeque<JobEvent>,
         done: bool,
-        first: bool,
+        /// The change version before the last read: a wait returns once it moves on.
+        seen: Option<u64>,
+        ends_at: tokio::time::Instant,
+        _slot: StreamSlot,
     }
-    let cursor = Cursor { state, job, after, pending: Default::default(), done: false, first: true };
+    let ends_at = tokio::time::Instant::now() + state.config.admission.max_stream_lifetime;
+    let cursor =
+        Cursor { state, job, after, pending: Default::default(), done: false, seen: None, ends_at, _slot: slot };
     stream::unfold(cursor, |mut c| async move {
         loop {
             if let Some(event) = c.pending.pop_front() {
@@ -84,13 +100,14 @@ fn follow_events(state: AppState, job: JobId, after: i64) -> impl Stream<Item = 
                 let data = serde_json::to_string(&event).unwrap_or_default();
                 return Some((Ok(Event::default().id(event.seq.to_string()).event("state").data(data)), c));
             }
-            if c.done {
+            if c.done || tokio::time::Instant::now() >= c.ends_at {
                 return None;
             }
-            if !c.first {
-                tokio::time::sleep(c.state.config.event_poll).await;
+            if let Some(seen) = c.seen {
+                let wait = c.state.config.event_poll.min(c.ends_at - tokio::time::Instant::now());
+                c.state.changes.wait_past(seen, wait).await;
             }
-            c.first = false;
+            c.seen = Some(c.state.changes.version());
             // Read the job's state before its events: an event written after this read is still fetched
             // below, so a terminal state seen here means no event can be missed.
             let terminal = match c.state.store.get_job(c.job).await {

@@ -1,0 +1,63 @@
+//! Jobs the pool as it exists cannot place (more devices than it has of their kind, or none of their
+//! kind): the policy lists them (`Plan::too_large`) and gives them no reservation; here each is marked with
+//! the reason in words, so its view says why it waits, and failed once it has been unplaceable for the
+//! platform's grace period, so it never waits silently forever. A job the pool can place again (a node
+//! came back, a larger one joined) loses its mark.
+
+use std::collections::HashSet;
+
+use ringtrain_core::spec::DeviceKind;
+use ringtrain_core::{JobId, JobState};
+use ringtrain_store::{Job, Store, StoreResult, Transition};
+
+use super::view::Snapshot;
+use super::{LoopConfig, PassReport};
+use crate::Plan;
+
+pub(super) async fn mark(
+    store: &dyn Store,
+    config: &LoopConfig,
+    snapshot: &Snapshot,
+    plan: &Plan,
+    report: &mut PassReport,
+) -> StoreResult<()> {
+    let too_large: HashSet<JobId> = plan.too_large.iter().copied().collect();
+    let now = ringtrain_store::now();
+    let grace = chrono::Duration::from_std(config.unplaceable_grace).unwrap_or(chrono::Duration::MAX);
+    for job in &snapshot.queued {
+        if !too_large.contains(&job.id) {
+            if job.unplaceable.is_some() {
+                store.mark_unplaceable(job.id, None).await?;
+            }
+            continue;
+        }
+        let reason = reason(job, capacity(snapshot, job.device));
+        match &job.unplaceable {
+            Some(mark) if now - mark.since >= grace => {
+                let why = format!("cannot be placed: {reason} (for longer than the platform's grace period)");
+                let mut failed = Transition::new(job.id, JobState::Queued, JobState::Failed, why.clone());
+                failed.error = Some(why);
+                if store.transition(&failed).await?.is_some() {
+                    report.unplaceable_failed += 1;
+                }
+            }
+            Some(mark) if mark.reason == reason => {}
+            _ => store.mark_unplaceable(job.id, Some(&reason)).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Devices of `kind` on the nodes that are up.
+fn capacity(snapshot: &Snapshot, kind: DeviceKind) -> usize {
+    snapshot.up.iter().flat_map(|node| &node.devices).filter(|device| device.kind == kind).count()
+}
+
+fn reason(job: &Job, capacity: usize) -> String {
+    let (k, kind) = (job.workers, job.device.as_str());
+    if capacity == 0 {
+        format!("needs {k} {kind} devices; no node that is up offers any")
+    } else {
+        format!("needs {k} {kind} devices; the pool has {capacity}")
+    }
+}

@@ -1,0 +1,52 @@
+//! The server's limits as command-line flags, shared by `serve` and `up` (the README's Limits table lists
+//! them with their defaults).
+
+use std::time::Duration;
+
+use ringtrain_api::ApiConfig;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct LimitArgs {
+    /// Requests handled at once, over all callers; beyond it 429 with Retry-After.
+    #[arg(long, env = "RINGTRAIN_MAX_IN_FLIGHT", default_value_t = 512)]
+    pub max_in_flight: usize,
+    /// Sustained requests per second one token may make (0: no limit); beyond it 429 with Retry-After.
+    #[arg(long, env = "RINGTRAIN_RATE_LIMIT", default_value_t = 50.0)]
+    pub rate_limit: f64,
+    /// Requests one token may make in a burst after being idle.
+    #[arg(long, env = "RINGTRAIN_RATE_BURST", default_value_t = 200.0)]
+    pub rate_burst: f64,
+    /// Event streams one token may follow at once.
+    #[arg(long, env = "RINGTRAIN_MAX_STREAMS_PER_TOKEN", default_value_t = 8)]
+    pub max_streams_per_token: usize,
+    /// Seconds an event stream lives before the server ends it (clients reconnect with Last-Event-ID).
+    #[arg(long, env = "RINGTRAIN_MAX_STREAM_SECONDS", default_value_t = 3600)]
+    pub max_stream_seconds: u64,
+    /// Iteration reports one job may store per second; beyond it an evenly spaced subset is kept (0: all).
+    #[arg(long, env = "RINGTRAIN_METRIC_ROWS_PER_SECOND", default_value_t = 500.0)]
+    pub metric_rows_per_second: f64,
+    /// Queued jobs one team may have; a submission beyond is 429.
+    #[arg(long, env = "RINGTRAIN_MAX_QUEUED_PER_TEAM", default_value_t = 1_000)]
+    pub max_queued_per_team: i64,
+    /// Seconds a queued job the pool cannot place (too many devices, or none of its kind) waits, marked with
+    /// the reason, before it fails.
+    #[arg(long, env = "RINGTRAIN_UNPLACEABLE_GRACE_SECONDS", default_value_t = 3600)]
+    pub unplaceable_grace_seconds: u64,
+}
+
+impl LimitArgs {
+    pub fn apply(&self, config: &mut ApiConfig) {
+        config.admission.max_in_flight = self.max_in_flight;
+        config.admission.rate_per_second = self.rate_limit;
+        config.admission.rate_burst = self.rate_burst;
+        config.admission.max_streams_per_token = self.max_streams_per_token;
+        config.admission.max_stream_lifetime = Duration::from_secs(self.max_stream_seconds.max(1));
+        config.metric_rows_per_second = self.metric_rows_per_second;
+        config.max_queued_per_team = self.max_queued_per_team;
+    }
+
+    /// The scheduler loop's share of the limits.
+    pub fn apply_to_loop(&self, config: &mut ringtrain_scheduler::LoopConfig) {
+        config.unplaceable_grace = Duration::from_secs(self.unplaceable_grace_seconds);
+    }
+}
