@@ -26,7 +26,6 @@ pub struct CheckpointArchive {
     /// The next global iteration.
     pub iteration: u64,
     pub is_final: bool,
-    pub bytes: bytes::Bytes,
 }
 
 /// The /v1/agent calls of one agent.
@@ -94,13 +93,25 @@ impl Client {
     }
 
     /// Uploads a checkpoint archive and registers it.
-    pub async fn upload_checkpoint(&self, job: JobId, archive: &CheckpointArchive) -> Result<(), CallError> {
+    /// Uploads the archive at `file`, streamed from disk.
+    pub async fn upload_checkpoint(
+        &self,
+        job: JobId,
+        archive: &CheckpointArchive,
+        file: &Path,
+    ) -> Result<(), CallError> {
         let a = archive;
         let path = format!(
             "/v1/agent/jobs/{job}/checkpoints/{}?attempt={}&epoch={}&iteration={}&final={}",
             a.name, a.attempt, a.epoch, a.iteration, a.is_final
         );
-        self.api.put_bytes(&path, a.bytes.clone(), Duration::from_secs(600)).await
+        let unreadable = |err: std::io::Error| CallError {
+            status: None,
+            message: format!("cannot read the archive {}: {err}", file.display()),
+        };
+        let opened = tokio::fs::File::open(file).await.map_err(unreadable)?;
+        let length = opened.metadata().await.map_err(unreadable)?.len();
+        self.api.put_file(&path, opened, length, Duration::from_secs(600)).await
     }
 
     /// Downloads `path` into `to`, checking its sha256 when one is given.

@@ -87,7 +87,7 @@ pub async fn run(ctx: Arc<AgentContext>, work: Work, stop: watch::Receiver<Optio
 }
 
 async fn run_inner(
-    ctx: &AgentContext,
+    ctx: &Arc<AgentContext>,
     work: &Work,
     mut stop: watch::Receiver<Option<StopRequest>>,
 ) -> Result<AssignmentState> {
@@ -157,7 +157,7 @@ async fn run_inner(
 
     let mut relay = Relay::new(ctx, work, out.clone(), placement_dir.clone());
     let ending = supervise(&mut child, &mut stop, &stop_file, &mut relay).await?;
-    relay.flush_metrics().await;
+    relay.finish().await;
     let ended = match ending {
         Ending::Stopped(why) => {
             tracing::info!(%why, "stopped");
@@ -218,38 +218,25 @@ async fn supervise(
     child: &mut Child,
     stop: &mut watch::Receiver<Option<StopRequest>>,
     stop_file: &Path,
-    relay: &mut Relay<'_>,
+    relay: &mut Relay,
 ) -> Result<Ending> {
     let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?).lines();
     let mut stderr = BufReader::new(child.stderr.take().context("no stderr")?).lines();
     let (mut stdout_open, mut stderr_open) = (true, true);
-    let mut tick = tokio::time::interval(TICK);
     // Set once the ranks were asked to checkpoint and stop: past it they are killed.
     let mut grace: Option<(tokio::time::Instant, String)> = None;
     let ending = loop {
         let deadline = grace.as_ref().map(|(at, _)| *at);
         tokio::select! {
+            // Never waits on the network: the relay's own task sends lines and checkpoints.
             line = stdout.next_line(), if stdout_open => match line {
-                Ok(Some(line)) => {
-                    relay.metric_line(&line);
-                    // After a quiet spell (the first line, say) a line goes out at once; a busy rank's lines
-                    // are batched by the tick.
-                    if relay.last_flush.elapsed() >= TICK {
-                        relay.flush_metrics().await;
-                    }
-                }
+                Ok(Some(line)) => relay.metric_line(&line),
                 _ => stdout_open = false,
             },
             line = stderr.next_line(), if stderr_open => match line {
                 Ok(Some(line)) => relay.stderr_line(line),
                 _ => stderr_open = false,
             },
-            _ = tick.tick() => {
-                relay.flush_metrics().await;
-                if relay.is_root {
-                    relay.upload_new_checkpoint(false).await;
-                }
-            }
             status = child.wait() => break Ending::Exited(status?),
             () = sleep_until_or_never(deadline) => {
                 let why = grace.take().map_or_else(String::new, |(_, why)| why);

@@ -1,12 +1,18 @@
 //! Relays one rank's output to the server: its metric lines in batches, its stderr (logged, and the last
-//! lines kept for a failure report), and (rank 0) each new checkpoint, packed as a tar archive.
+//! lines kept for a failure report), and (rank 0) each new checkpoint, packed as a tar archive and streamed
+//! from disk. The network work runs in a task of its own, so the rank's output is always drained.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ringtrain_protocol::Work;
 use serde_json::{Map, Value};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::client::CheckpointArchive;
 use crate::rank::{AgentContext, TICK};
@@ -34,44 +40,75 @@ fn batch_len(pending: &[Map<String, Value>]) -> usize {
     n.max(1).min(pending.len())
 }
 
-/// Relays one rank's output: metric lines in batches, its stderr's last lines, and (rank 0) each new
-/// checkpoint.
-pub(crate) struct Relay<'a> {
-    ctx: &'a AgentContext,
-    job: ringtrain_core::JobId,
-    attempt: i32,
-    pub is_root: bool,
-    out: PathBuf,
-    scratch: PathBuf,
-    pending: Vec<Map<String, Value>>,
+/// Relays one rank's output. The supervisor only hands lines over (never waiting on the network: a rank
+/// whose pipe is not drained blocks, and with it every rank in the all-reduce); a background task sends the
+/// metric batches every tick and (rank 0) uploads each new checkpoint, backing off after a failed upload.
+/// [`Relay::finish`] stops that task and sends what is left.
+pub(crate) struct Relay {
+    shared: Arc<Shared>,
     pub stderr_tail: VecDeque<String>,
-    uploaded: Option<String>,
-    pub last_flush: std::time::Instant,
+    /// Wakes the background task: the first line after a quiet spell goes out at once.
+    wake: Arc<Notify>,
+    last_line: std::time::Instant,
+    background: Option<JoinHandle<()>>,
 }
 
-impl<'a> Relay<'a> {
-    pub fn new(ctx: &'a AgentContext, work: &Work, out: PathBuf, scratch: PathBuf) -> Self {
-        Relay {
-            ctx,
+/// What the supervisor and the background task share.
+struct Shared {
+    ctx: Arc<AgentContext>,
+    job: ringtrain_core::JobId,
+    attempt: i32,
+    out: PathBuf,
+    scratch: PathBuf,
+    /// Metric lines not yet taken by the server, each with a sequence number: a batch in flight is removed
+    /// only after the server took it, by number, so lines dropped meanwhile (the buffer was full) cannot
+    /// shift what is removed.
+    pending: Mutex<Pending>,
+    /// The newest checkpoint uploaded.
+    uploaded: Mutex<Option<String>>,
+}
+
+#[derive(Default)]
+struct Pending {
+    lines: VecDeque<(u64, Map<String, Value>)>,
+    next: u64,
+}
+
+/// The longest wait between two tries of a failed checkpoint upload.
+const MAX_UPLOAD_BACKOFF: Duration = Duration::from_secs(60);
+
+impl Relay {
+    pub fn new(ctx: &Arc<AgentContext>, work: &Work, out: PathBuf, scratch: PathBuf) -> Self {
+        let is_root = work.assignment.rank == 0;
+        let shared = Arc::new(Shared {
+            ctx: ctx.clone(),
             job: work.assignment.job_id,
             attempt: work.assignment.attempt,
-            is_root: work.assignment.rank == 0,
             out,
             scratch,
-            pending: Vec::new(),
+            pending: Mutex::new(Pending::default()),
+            uploaded: Mutex::new(None),
+        });
+        let wake = Arc::new(Notify::new());
+        let background =
+            tokio::spawn(background(shared.clone(), wake.clone(), is_root).instrument(tracing::Span::current()));
+        Relay {
+            shared,
             stderr_tail: VecDeque::new(),
-            uploaded: None,
-            // Long ago: the first line goes out at once.
-            last_flush: std::time::Instant::now().checked_sub(TICK).unwrap_or_else(std::time::Instant::now),
+            wake,
+            // long ago: the first line goes out at once
+            last_line: std::time::Instant::now().checked_sub(TICK).unwrap_or_else(std::time::Instant::now),
+            background: Some(background),
         }
     }
 
     pub fn metric_line(&mut self, line: &str) {
         if let Ok(Value::Object(report)) = serde_json::from_str(line) {
-            if self.pending.len() >= MAX_BUFFERED {
-                self.pending.remove(0);
+            self.shared.push(report);
+            if self.last_line.elapsed() >= TICK {
+                self.wake.notify_one();
             }
-            self.pending.push(report);
+            self.last_line = std::time::Instant::now();
         }
     }
 
@@ -84,42 +121,112 @@ impl<'a> Relay<'a> {
         self.stderr_tail.push_back(line);
     }
 
-    pub async fn flush_metrics(&mut self) {
-        if self.pending.is_empty() {
-            return;
+    /// Stops the background task (what it had in flight is sent again below: the server keys metrics and
+    /// checkpoints, so a repeat replaces) and sends the metric lines left.
+    pub async fn finish(&mut self) {
+        if let Some(task) = self.background.take() {
+            task.abort();
+            let _ = task.await;
         }
-        self.last_flush = std::time::Instant::now();
-        while !self.pending.is_empty() {
-            let batch = batch_len(&self.pending);
-            match self.ctx.client.report_metrics(self.job, self.attempt, &self.pending[..batch]).await {
-                Ok(()) => {
-                    self.pending.drain(..batch);
-                }
-                Err(err) if err.is_final() => {
-                    tracing::warn!(error = %err, "metrics refused, dropped");
-                    self.pending.drain(..batch);
-                }
-                // Unreachable: keep them for the next tick.
-                Err(_) => return,
-            }
-        }
+        self.shared.flush_metrics().await;
     }
 
     /// Uploads the newest checkpoint if it was not uploaded yet (or, `is_final`, uploads it again as the
-    /// job's final weights).
-    pub async fn upload_new_checkpoint(&mut self, is_final: bool) {
+    /// job's final weights). Call after [`Relay::finish`].
+    pub async fn try_upload(&self, is_final: bool) -> Result<()> {
+        self.shared.try_upload(is_final).await
+    }
+
+    /// [`Relay::try_upload`], logging a failure.
+    pub async fn upload_new_checkpoint(&self, is_final: bool) {
         if let Err(err) = self.try_upload(is_final).await {
-            tracing::warn!(error = format!("{err:#}"), "checkpoint upload failed (will retry)");
+            tracing::warn!(error = format!("{err:#}"), "checkpoint upload failed");
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(task) = self.background.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Every tick (or when woken): sends the metric lines, and (rank 0) uploads a new checkpoint, waiting
+/// twice as long after each failed upload (up to a minute) instead of re-packing and re-sending it every
+/// tick.
+async fn background(shared: Arc<Shared>, wake: Arc<Notify>, is_root: bool) {
+    let mut backoff = TICK;
+    let mut next_upload = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(TICK) => {}
+            () = wake.notified() => {}
+        }
+        shared.flush_metrics().await;
+        if is_root && tokio::time::Instant::now() >= next_upload {
+            match shared.try_upload(false).await {
+                Ok(()) => backoff = TICK,
+                Err(err) => {
+                    backoff = (backoff * 2).min(MAX_UPLOAD_BACKOFF);
+                    tracing::warn!(
+                        error = format!("{err:#}"),
+                        retry_in_s = backoff.as_secs_f64(),
+                        "checkpoint upload failed"
+                    );
+                    next_upload = tokio::time::Instant::now() + backoff;
+                }
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn push(&self, report: Map<String, Value>) {
+        let mut pending = self.pending();
+        if pending.lines.len() >= MAX_BUFFERED {
+            pending.lines.pop_front();
+        }
+        let seq = pending.next;
+        pending.next += 1;
+        pending.lines.push_back((seq, report));
+    }
+
+    /// Sends the pending lines in batches; stops at the first batch the server could not take (kept for
+    /// the next tick). A batch the server refuses (4xx other than 429) is dropped.
+    async fn flush_metrics(&self) {
+        loop {
+            let (batch, last) = {
+                let mut pending = self.pending();
+                let lines = pending.lines.make_contiguous();
+                let reports: Vec<Map<String, Value>> = lines.iter().map(|(_, r)| r.clone()).collect();
+                let n = batch_len(&reports);
+                let Some(last) = lines.get(n.wrapping_sub(1)).map(|(seq, _)| *seq) else { return };
+                (reports.into_iter().take(n).collect::<Vec<_>>(), last)
+            };
+            match self.ctx.client.report_metrics(self.job, self.attempt, &batch).await {
+                Ok(()) => {}
+                Err(err) if err.is_final() => tracing::warn!(error = %err, "metrics refused, dropped"),
+                // Unreachable: keep them for the next tick.
+                Err(_) => return,
+            }
+            self.pending().lines.retain(|(seq, _)| *seq > last);
         }
     }
 
-    pub async fn try_upload(&mut self, is_final: bool) -> Result<()> {
+    async fn try_upload(&self, is_final: bool) -> Result<()> {
         let root = self.out.join("checkpoints");
         let Ok(name) = tokio::fs::read_to_string(root.join(ringtrain_protocol::rank::LATEST)).await else {
             return Ok(());
         };
         let name = name.trim().to_string();
-        if !is_final && self.uploaded.as_deref() == Some(name.as_str()) {
+        let uploaded = self.uploaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        if !is_final && uploaded.as_deref() == Some(name.as_str()) {
             return Ok(());
         }
         let dir = root.join(&name);
@@ -135,21 +242,16 @@ impl<'a> Relay<'a> {
             Ok(())
         })
         .await??;
-        let archive = CheckpointArchive {
-            name: name.clone(),
-            attempt: self.attempt,
-            epoch,
-            iteration,
-            is_final,
-            bytes: tokio::fs::read(&archive_path).await?.into(),
-        };
+        let archive = CheckpointArchive { name: name.clone(), attempt: self.attempt, epoch, iteration, is_final };
+        // streamed from the file, never read into memory
+        let sent = self.ctx.client.upload_checkpoint(self.job, &archive, &archive_path).await;
         let _ = tokio::fs::remove_file(&archive_path).await;
-        match self.ctx.client.upload_checkpoint(self.job, &archive).await {
+        match sent {
             Ok(()) => {}
             Err(err) if err.is_final() => bail!("the server refused checkpoint {name}: {err}"),
             Err(err) => return Err(err.into()),
         }
-        self.uploaded = Some(name);
+        *self.uploaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(name);
         Ok(())
     }
 }

@@ -162,12 +162,19 @@ impl ApiClient {
         self.send(request).await.map(drop)
     }
 
-    /// A PUT of raw bytes.
-    pub async fn put_bytes(&self, path: &str, bytes: bytes::Bytes, timeout: Duration) -> Result<(), CallError> {
+    /// PUTs a file's bytes as `application/octet-stream`, streamed from disk (`length` bytes).
+    pub async fn put_file(
+        &self,
+        path: &str,
+        file: tokio::fs::File,
+        length: u64,
+        timeout: Duration,
+    ) -> Result<(), CallError> {
         let request = self
             .request(Method::PUT, path)
             .header(CONTENT_TYPE, "application/octet-stream")
-            .body(bytes)
+            .header(reqwest::header::CONTENT_LENGTH, length)
+            .body(reqwest::Body::from(file))
             .timeout(timeout);
         self.send(request).await.map(drop)
     }
