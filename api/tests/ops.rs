@@ -198,7 +198,8 @@ async fn datasets_upload_check_and_isolate(app: TestApp) {
         .send(upload(&team.member, "tiny", safetensors_file(100, |i| (i % 3) as i64), "application/octet-stream"))
         .await;
     assert_eq!(reply.status, 201, "{}", reply.text);
-    assert_eq!(reply.body["train_samples"], 100);
+    // without x_test/y_test the worker holds out the last 10%: the schedule counts the 90 it trains on
+    assert_eq!(reply.body["train_samples"], 90);
     assert_eq!(reply.body["sample_shape"], json!([1, 2, 2]));
     assert_eq!(reply.body["num_classes"], 3);
     let id = reply.body["id"].as_str().unwrap().to_string();
@@ -210,8 +211,42 @@ async fn datasets_upload_check_and_isolate(app: TestApp) {
         .join(format!("{}.safetensors", reply.body["id"].as_str().unwrap()))
         .exists());
 
+    // a test split is checked like the training one: both tensors, the same sample shape, labels in range
+    let with_test = |test_labels: i64, shape: Vec<usize>, pair: bool| {
+        use safetensors::tensor::{Dtype, TensorView};
+        let x: Vec<u8> = (0..40 * 4).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let y: Vec<u8> = (0..40).flat_map(|i: i64| (i % 2).to_le_bytes()).collect();
+        let test_size: usize = shape.iter().product();
+        let xt: Vec<u8> = (0..test_size).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let yt: Vec<u8> = (0..shape[0]).flat_map(|_| test_labels.to_le_bytes()).collect();
+        let mut tensors = vec![
+            ("x", TensorView::new(Dtype::F32, vec![40, 1, 2, 2], &x).unwrap()),
+            ("y", TensorView::new(Dtype::I64, vec![40], &y).unwrap()),
+            ("x_test", TensorView::new(Dtype::F32, shape.clone(), &xt).unwrap()),
+        ];
+        if pair {
+            tensors.push(("y_test", TensorView::new(Dtype::I64, vec![shape[0]], &yt).unwrap()));
+        }
+        safetensors::serialize(tensors, &None).unwrap()
+    };
+    let octets = "application/octet-stream";
+    let good = app.send(upload(&team.member, "split", with_test(4, vec![8, 1, 2, 2], true), octets)).await;
+    assert_eq!(good.status, 201, "{}", good.text);
+    assert_eq!((good.body["train_samples"].as_i64(), good.body["num_classes"].as_i64()), (Some(40), Some(5)));
+    let huge = app.send(upload(&team.member, "huge", with_test(1_000_000_000_000, vec![8, 1, 2, 2], true), octets));
+    assert_eq!(huge.await.problem(422), vec!["y_test"]);
+    let shape = app.send(upload(&team.member, "shape", with_test(0, vec![8, 4], true), octets)).await;
+    assert_eq!(shape.problem(422), vec!["x_test"]);
+    let half = app.send(upload(&team.member, "half", with_test(0, vec![8, 1, 2, 2], false), octets)).await;
+    assert_eq!(half.problem(422), vec!["y_test"]);
+    let one = app.send(upload(&team.member, "one", safetensors_file(1, |_| 0), octets)).await;
+    assert_eq!(one.problem(422), vec!["x"]);
+
     let listed = app.get("/v1/datasets", &team.viewer).await;
-    assert_eq!(listed.body["datasets"][0]["id"], id.as_str());
+    let names: Vec<&str> =
+        listed.body["datasets"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(listed.body["datasets"].as_array().unwrap().iter().any(|d| d["id"] == id.as_str()));
     assert_eq!(app.get("/v1/datasets", &other.member).await.body["datasets"], json!([]));
 
     // A job on the uploaded dataset gets its size; another team cannot use it.
@@ -221,7 +256,8 @@ async fn datasets_upload_check_and_isolate(app: TestApp) {
     on_upload["per_worker_batch"] = json!(10);
     let job = app.post("/v1/jobs", &team.member, &on_upload).await;
     assert_eq!(job.status, 201, "{}", job.text);
-    assert_eq!(job.body["effective"]["iterations_per_epoch"], 10);
+    // the 90 samples the worker trains on, not the 100 uploaded
+    assert_eq!(job.body["effective"]["iterations_per_epoch"], 9);
     assert_eq!(app.post("/v1/jobs", &other.member, &on_upload).await.problem(422), vec!["dataset"]);
 
     // Bad uploads are refused with the tensor named, and leave no file behind.
@@ -235,7 +271,7 @@ async fn datasets_upload_check_and_isolate(app: TestApp) {
     let big = app.send(upload(&team.member, "big", vec![0u8; (1 << 20) + 10], "application/octet-stream")).await;
     big.problem(413);
     let files: Vec<_> = std::fs::read_dir(app.dir.path().join("datasets")).unwrap().collect();
-    assert_eq!(files.len(), 1, "only the accepted upload stays");
+    assert_eq!(files.len(), 2, "only the accepted uploads stay");
 }
 
 ringtrain_store::on_both_backends!(

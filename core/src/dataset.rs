@@ -23,6 +23,12 @@ pub const SYNTHETIC_DEFAULT_SIZE: u64 = 2048;
 pub const FASHION_MNIST_TRAIN_SIZE: u64 = 60_000;
 pub const FASHION_MNIST_TEST_SIZE: u64 = 10_000;
 
+/// Samples an uploaded dataset without `x_test`/`y_test` holds out of its `n` as the test split (the last
+/// 10%, at least one): the worker trains on the rest, and the API's schedule counts only those.
+pub fn held_out_test_samples(n: u64) -> u64 {
+    (n / 10).max(1)
+}
+
 impl DatasetRef {
     /// The number of training samples when it is known without reading any file.
     pub fn known_train_size(&self) -> Option<u64> {

@@ -40,27 +40,84 @@ pub struct Contents {
 }
 
 /// Checks a safetensors file: `x` float32 or uint8 with shape [N, ...] (1 to 3 sample dimensions), `y`
-/// integer labels with shape [N], every label in 0..MAX_CLASSES.
+/// integer labels with shape [N], every label in 0..MAX_CLASSES; and the same of `x_test`/`y_test` when
+/// given (both or neither; the test samples shaped like the training ones). Without them the worker holds
+/// out the last 10% as the test split, so the training samples counted are the rest.
 pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
     let tensors = SafeTensors::deserialize(bytes)
         .map_err(|e| vec![FieldError::new("", format!("not a safetensors file: {e}"))])?;
-    let x = tensors.tensor("x").map_err(|_| vec![FieldError::new("x", "missing: the samples tensor")])?;
-    let y = tensors.tensor("y").map_err(|_| vec![FieldError::new("y", "missing: the labels tensor")])?;
     let mut errors = Vec::new();
+    let train = check_split(&tensors, "x", "y", &mut errors);
+    let test = match (tensors.tensor("x_test").is_ok(), tensors.tensor("y_test").is_ok()) {
+        (false, false) => None,
+        (true, true) => check_split(&tensors, "x_test", "y_test", &mut errors),
+        (has_x, _) => {
+            let missing = if has_x { "y_test" } else { "x_test" };
+            errors.push(FieldError::new(missing, "missing: x_test and y_test come together"));
+            None
+        }
+    };
+    let (Some(train), true) = (train, errors.is_empty()) else { return Err(errors) };
+    if let Some(test) = &test {
+        if test.sample_shape != train.sample_shape {
+            errors.push(FieldError::new(
+                "x_test",
+                format!("samples of shape {:?} where x's are {:?}", test.sample_shape, train.sample_shape),
+            ));
+        }
+    }
+    let samples = match &test {
+        Some(_) => train.samples,
+        None => {
+            let held_out = ringtrain_core::dataset::held_out_test_samples(train.samples.max(0) as u64) as i64;
+            if train.samples <= held_out {
+                errors.push(FieldError::new(
+                    "x",
+                    "too few samples to hold out a test split (at least 2, or give x_test and y_test)",
+                ));
+            }
+            train.samples - held_out
+        }
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let max_label = test.as_ref().map_or(train.max_label, |t| t.max_label.max(train.max_label));
+    Ok(Contents { samples, sample_shape: train.sample_shape, num_classes: (max_label + 1) as i32 })
+}
+
+/// One checked split of an upload.
+struct SplitContents {
+    samples: i64,
+    sample_shape: Vec<i64>,
+    max_label: i64,
+}
+
+/// Checks the samples tensor `xn` and the labels tensor `yn`; every problem goes to `errors`.
+fn check_split(tensors: &SafeTensors, xn: &str, yn: &str, errors: &mut Vec<FieldError>) -> Option<SplitContents> {
+    let before = errors.len();
+    let Ok(x) = tensors.tensor(xn) else {
+        errors.push(FieldError::new(xn, "missing: the samples tensor"));
+        return None;
+    };
+    let Ok(y) = tensors.tensor(yn) else {
+        errors.push(FieldError::new(yn, "missing: the labels tensor"));
+        return None;
+    };
     if !matches!(x.dtype(), Dtype::F32 | Dtype::U8) {
-        errors.push(FieldError::new("x", format!("dtype must be F32 or U8 (got {:?})", x.dtype())));
+        errors.push(FieldError::new(xn, format!("dtype must be F32 or U8 (got {:?})", x.dtype())));
     }
     if !(2..=4).contains(&x.shape().len()) || x.shape()[0] == 0 {
         errors.push(FieldError::new(
-            "x",
+            xn,
             format!("shape must be [N, ...] with N >= 1 and 1 to 3 sample dimensions (got {:?})", x.shape()),
         ));
     }
     if y.shape().len() != 1 {
-        errors.push(FieldError::new("y", format!("shape must be [N] (got {:?})", y.shape())));
+        errors.push(FieldError::new(yn, format!("shape must be [N] (got {:?})", y.shape())));
     } else if x.shape().first() != y.shape().first() {
         errors.push(FieldError::new(
-            "y",
+            yn,
             format!("has {} labels for {} samples", y.shape()[0], x.shape().first().unwrap_or(&0)),
         ));
     }
@@ -73,24 +130,21 @@ pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
         ),
         Dtype::U8 => Some(y.data().iter().map(|&b| i64::from(b)).collect()),
         other => {
-            errors.push(FieldError::new("y", format!("dtype must be I64, I32 or U8 (got {other:?})")));
+            errors.push(FieldError::new(yn, format!("dtype must be I64, I32 or U8 (got {other:?})")));
             None
         }
     };
     let mut max_label = 0;
     if let Some(labels) = &labels {
         if let Some((i, bad)) = labels.iter().enumerate().find(|(_, l)| !(0..MAX_CLASSES).contains(*l)) {
-            errors.push(FieldError::new("y", format!("label {bad} at index {i} is outside 0..{MAX_CLASSES}")));
+            errors.push(FieldError::new(yn, format!("label {bad} at index {i} is outside 0..{MAX_CLASSES}")));
         }
         max_label = labels.iter().copied().max().unwrap_or(0);
     }
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-    Ok(Contents {
+    (errors.len() == before).then(|| SplitContents {
         samples: x.shape()[0] as i64,
         sample_shape: x.shape()[1..].iter().map(|&d| d as i64).collect(),
-        num_classes: (max_label + 1) as i32,
+        max_label,
     })
 }
 

@@ -147,7 +147,7 @@ impl Dataset {
             (Some(xt), Some(yt)) => (all, Split::new(xt, yt)?),
             _ => {
                 let n = all.len() as i64;
-                let held_out = (n / 10).max(1);
+                let held_out = ringtrain_core::dataset::held_out_test_samples(n as u64) as i64;
                 ensure!(n > held_out, "{} has too few samples ({n}) to hold out a test split", path.display());
                 let test =
                     Split { x: all.x.narrow(0, n - held_out, held_out), y: all.y.narrow(0, n - held_out, held_out) };
