@@ -46,16 +46,30 @@ pub fn parse_nvidia_smi(text: &str) -> Vec<RegisterDevice> {
         .collect()
 }
 
-/// `count` CPU slots, each one rank's worth of this machine.
+/// `count` CPU slots, each one rank's worth of this machine: its share of the memory too, which the
+/// server checks a job's memory estimate against.
 pub fn cpu_slots(count: u32) -> Vec<RegisterDevice> {
+    let share = memory_total().map(|total| total / u64::from(count.max(1)));
     (0..count)
         .map(|index| RegisterDevice {
             index,
             kind: DeviceKind::Cpu.to_string(),
             name: format!("cpu slot {index}"),
-            memory_bytes: None,
+            memory_bytes: share,
         })
         .collect()
+}
+
+/// This machine's memory (`MemTotal` of /proc/meminfo), in bytes.
+fn memory_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&info)
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 pub fn cores() -> u32 {
@@ -95,6 +109,11 @@ mod tests {
         assert_eq!(devices[1].index, 1);
         assert_eq!(devices[0].name, "NVIDIA H200");
         assert_eq!(devices[0].memory_bytes, Some(143_771 << 20));
+        assert_eq!(parse_mem_total("MemTotal:       24551264 kB\nMemFree: 1 kB\n"), Some(24_551_264 * 1024));
+        assert_eq!(parse_mem_total("nothing"), None);
+        let slots = cpu_slots(2);
+        assert_eq!(slots[0].memory_bytes, slots[1].memory_bytes);
+        assert!(slots[0].memory_bytes.unwrap() > 0);
     }
 
     #[test]

@@ -50,7 +50,12 @@ async fn default_team(store: &dyn Store) -> StoreResult<Team> {
     if let Some(team) = store.get_team_by_name(DEFAULT_TEAM).await? {
         return Ok(team);
     }
-    let new = NewTeam { name: DEFAULT_TEAM.into(), gpu_quota: DEFAULT_QUOTA, cpu_quota: DEFAULT_QUOTA };
+    let new = NewTeam {
+        name: DEFAULT_TEAM.into(),
+        gpu_quota: DEFAULT_QUOTA,
+        cpu_quota: DEFAULT_QUOTA,
+        storage_quota_bytes: None,
+    };
     match store.create_team(new).await {
         Ok(team) => Ok(team),
         // Another replica created it first.

@@ -67,13 +67,14 @@ pub fn too_large(what: &str, limit: u64) -> ApiError {
     ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", format!("{what} may be at most {limit} bytes"))
 }
 
-/// Answers 413 before reading anything when Content-Length already says the body is too large.
-pub fn check_declared_length(headers: &axum::http::HeaderMap, limit: u64, what: &str) -> ApiResult<()> {
+/// Answers 413 before reading anything when Content-Length already says the body is too large; else the
+/// declared length (0 when there is none).
+pub fn check_declared_length(headers: &axum::http::HeaderMap, limit: u64, what: &str) -> ApiResult<u64> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     match declared {
         Some(n) if n > limit => Err(too_large(what, limit)),
-        _ => Ok(()),
+        other => Ok(other.unwrap_or(0)),
     }
 }
 

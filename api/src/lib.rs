@@ -14,6 +14,7 @@ pub mod limits;
 pub mod metrics;
 pub mod routes;
 pub mod state;
+pub mod storage;
 
 use std::time::Duration;
 

@@ -42,6 +42,12 @@ pub struct ApiConfig {
     pub metric_rows_per_second: f64,
     /// Queued jobs one team may have; a submission beyond is 429.
     pub max_queued_per_team: i64,
+    /// Bytes of datasets and checkpoints a team may keep unless its own quota says otherwise.
+    pub team_storage_bytes: u64,
+    /// Free bytes uploads leave on the data directory's disk.
+    pub min_free_bytes: u64,
+    /// Checkpoints kept per job besides its final weights (the newest).
+    pub keep_checkpoints: i64,
 }
 
 impl ApiConfig {
@@ -59,6 +65,9 @@ impl ApiConfig {
             admission: AdmissionConfig::default(),
             metric_rows_per_second: 500.0,
             max_queued_per_team: 1_000,
+            team_storage_bytes: 100 << 30,
+            min_free_bytes: 1 << 30,
+            keep_checkpoints: 3,
         }
     }
 }

@@ -34,6 +34,10 @@ const RULES: &[(&str, &str, &str)] = &[
     ("post", "/v1/schedules/preview", "yyyyfyuu"),
     ("post", "/v1/datasets", "yyyffyuu"),
     ("get", "/v1/datasets", "yyyyfyuu"),
+    ("delete", "/v1/datasets/{id}", "nyyffnuu"),
+    ("delete", "/v1/jobs/{id}/checkpoints", "nyyffnuu"),
+    ("patch", "/v1/teams/{id}", "yfffffuu"),
+    ("get", "/v1/teams/{id}/storage", "yyyyfnuu"),
     ("post", "/v1/teams", "yfffffuu"),
     ("get", "/v1/teams", "yyfffyuu"),
     ("post", "/v1/teams/{id}/tokens", "yyfffnuu"),
@@ -66,6 +70,9 @@ struct Fixture {
     checkpoint: String,
     dataset: String,
     admin_a: String,
+    /// A queued job of team A: deleting its checkpoints is refused (409) to those allowed, so no call of
+    /// the matrix removes the checkpoint the download routes ask for.
+    queued_job: String,
 }
 
 async fn fixture(app: &TestApp) -> Fixture {
@@ -79,6 +86,7 @@ async fn fixture(app: &TestApp) -> Fixture {
     on_dataset["dataset"] = json!(dataset);
     on_dataset["workers"] = json!(1);
     let job = app.submit(&a.member, &on_dataset).await;
+    let queued_job = app.submit(&a.member, &spec("waits")).await;
     let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
     let node =
         app.post("/v1/agent/nodes", &agent, &json!({"name": "n0", "address": "127.0.0.1", "devices": devices})).await;
@@ -116,6 +124,7 @@ async fn fixture(app: &TestApp) -> Fixture {
         checkpoint,
         dataset,
         admin_a: a.admin,
+        queued_job,
     }
 }
 
@@ -131,7 +140,9 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         fx.node.to_string()
     } else if path.starts_with("/v1/agent/assignments/") {
         fx.assignment.clone()
-    } else if path.starts_with("/v1/agent/datasets/") {
+    } else if (method, path) == ("delete", "/v1/jobs/{id}/checkpoints") {
+        fx.queued_job.clone()
+    } else if path.starts_with("/v1/agent/datasets/") || path.starts_with("/v1/datasets/") {
         fx.dataset.clone()
     } else {
         fx.job.clone()
@@ -144,6 +155,7 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
             Some(json!({"name": format!("t{}", uuid::Uuid::new_v4().simple()), "gpu_quota": 0, "cpu_quota": 1}))
         }
         ("post", "/v1/teams/{id}/tokens") => Some(json!({"role": "viewer"})),
+        ("patch", "/v1/teams/{id}") => Some(json!({"cpu_quota": 8})),
         ("post", "/v1/agent-tokens") => Some(json!({})),
         ("post", "/v1/jobs/{id}/cancel") | ("post", "/v1/agent/nodes/{id}/heartbeat") => Some(json!({})),
         ("post", "/v1/agent/nodes") => Some(

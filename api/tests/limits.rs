@@ -58,7 +58,7 @@ async fn one_teams_queue_cannot_hide_another_teams_job(app: TestApp) {
 /// before, anything over the 1 MiB body limit was refused, and the agent's job was re-run until it failed.
 async fn a_long_jobs_large_result_is_taken(app: TestApp) {
     let team = app.team("alpha").await;
-    let (id, agent, attempt) = placed_job(&app, &team, 4, Duration::from_secs(60), true).await;
+    let (id, agent, attempt) = common::placed_job(&app, &team, 4, Duration::from_secs(60), true).await;
     let epochs: Vec<serde_json::Value> = (0..10_000)
         .map(|e| json!({"epoch": e, "train_loss": 0.123456789, "train_error": 0.0456, "test_error": 0.0789,
                          "test_loss": 0.3456789, "seconds": 12.345678, "lr_first": 0.1, "lr_last": 0.1, "samples_per_s": 12345.6}))
@@ -168,41 +168,11 @@ async fn event_streams_are_bounded_and_woken_by_changes(app: TestApp) {
     assert!(started.elapsed() < Duration::from_secs(1), "woken after {:?}", started.elapsed());
 }
 
-/// A one-rank job of `epochs` epochs (32 iterations each) placed on a fresh one-CPU node with `lease`, and
-/// reported running when `running`; its id, the agent's token and the attempt.
-async fn placed_job(
-    app: &TestApp,
-    team: &common::Team,
-    epochs: u32,
-    lease: Duration,
-    running: bool,
-) -> (String, String, i32) {
-    use ringtrain_core::{DeviceId, JobId, NodeId};
-    let agent = app.agent_token().await;
-    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
-    let node =
-        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
-    assert_eq!(node.status, 200, "{}", node.text);
-    let node_id: NodeId = node.body["id"].as_str().unwrap().parse().unwrap();
-    let device: DeviceId = node.body["devices"][0]["id"].as_str().unwrap().parse().unwrap();
-    let mut one = common::spec("one");
-    one["workers"] = json!(1);
-    one["epochs"] = json!(epochs);
-    let id = app.submit(&team.member, &one).await;
-    let ranks = [ringtrain_store::NewAssignment { node_id, device_id: device, rank: 0 }];
-    let (job, _) = app.store.start_job(JobId(id.parse().unwrap()), "s", lease, &ranks).await.unwrap().unwrap();
-    if running {
-        let running = app.post(&format!("/v1/agent/jobs/{id}/running"), &agent, &json!({"attempt": job.attempt})).await;
-        assert_eq!(running.status, 200, "{}", running.text);
-    }
-    (id, agent, job.attempt)
-}
-
 /// Metric reports are bounded: no iteration past the job's end, at most 32 plain names; and a flood of
 /// iteration reports is thinned evenly to the job's budget instead of written row by row.
 async fn metric_ingestion_is_bounded(app: TestApp) {
     let team = app.team("alpha").await;
-    let (job, agent, attempt) = placed_job(&app, &team, 1000, Duration::from_secs(60), true).await;
+    let (job, agent, attempt) = common::placed_job(&app, &team, 1000, Duration::from_secs(60), true).await;
     let uri = format!("/v1/agent/jobs/{job}/metrics");
     let batch = |reports: Vec<serde_json::Value>| json!({"attempt": attempt, "reports": reports});
     let report =
@@ -317,12 +287,44 @@ async fn an_unplaceable_job_says_why_and_fails_after_the_grace(app: TestApp) {
     assert!(error.contains("needs 1 gpu devices; no node that is up offers any"), "{error}");
 }
 
+/// A job whose estimated memory per rank exceeds every device of its kind is 422, naming the field most
+/// to blame and the numbers; one that fits, or one for a kind whose devices do not report memory, passes.
+async fn a_job_that_can_never_fit_is_refused_with_its_estimate(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0", "memory_bytes": 1u64 << 30},
+                         {"index": 1, "kind": "gpu", "name": "gpu 0"}]);
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(node.status, 200, "{}", node.text);
+
+    let mut wide = common::spec("wide");
+    wide["model"] = json!({"name": "mlp", "hidden": [65536, 65536, 65536]});
+    let refused = app.post("/v1/jobs", &team.member, &wide).await;
+    assert_eq!(refused.problem(422), vec!["model"]);
+    let reason = refused.body["errors"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("one rank needs about 96.") && reason.contains("GiB"), "{reason}");
+    assert!(reason.contains("the largest cpu device offers 1.0 GiB"), "{reason}");
+
+    let mut big_batch = common::spec("big batch");
+    big_batch["model"] = json!({"name": "resnet56"});
+    big_batch["per_worker_batch"] = json!(8192);
+    big_batch["dataset"] = json!("synthetic:100000");
+    assert_eq!(app.post("/v1/jobs", &team.member, &big_batch).await.problem(422), vec!["per_worker_batch"]);
+
+    // the same jobs on GPUs, which report no memory here: nothing to check against
+    wide["device"] = json!("gpu");
+    assert_eq!(app.post("/v1/jobs", &team.member, &wide).await.status, 201);
+    // an ordinary job fits
+    app.submit(&team.member, &common::spec("small")).await;
+}
+
 /// A server that starts again after an outage longer than the lease does not fail the placements whose
 /// agents kept running: leases expire only once the agents have had a node timeout to heartbeat.
 async fn leases_that_ran_out_in_an_outage_get_a_grace(app: TestApp) {
     let team = app.team("alpha").await;
     // a lease that has already run out, as after an outage
-    let (id, _, _) = placed_job(&app, &team, 4, Duration::ZERO, false).await;
+    let (id, _, _) = common::placed_job(&app, &team, 4, Duration::ZERO, false).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     let restarted = ringtrain_scheduler::LoopConfig {
         owner: "test".into(),
@@ -358,4 +360,5 @@ ringtrain_store::on_both_backends!(
     a_long_jobs_large_result_is_taken,
     an_unplaceable_job_says_why_and_fails_after_the_grace,
     leases_that_ran_out_in_an_outage_get_a_grace,
+    a_job_that_can_never_fit_is_refused_with_its_estimate,
 );

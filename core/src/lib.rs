@@ -8,6 +8,7 @@ pub mod error;
 pub mod hex;
 pub mod ids;
 pub mod job;
+pub mod memory;
 pub mod schedule;
 pub mod spec;
 pub mod validate;

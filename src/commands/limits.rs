@@ -32,6 +32,15 @@ pub struct LimitArgs {
     /// the reason, before it fails.
     #[arg(long, env = "RINGTRAIN_UNPLACEABLE_GRACE_SECONDS", default_value_t = 3600)]
     pub unplaceable_grace_seconds: u64,
+    /// Bytes of datasets and checkpoints a team may keep, unless the platform admin set its own quota.
+    #[arg(long, env = "RINGTRAIN_TEAM_STORAGE_BYTES", default_value_t = 100 << 30)]
+    pub team_storage_bytes: u64,
+    /// Free bytes uploads must leave on the data directory's disk (507 beyond).
+    #[arg(long, env = "RINGTRAIN_MIN_FREE_BYTES", default_value_t = 1 << 30)]
+    pub min_free_bytes: u64,
+    /// Checkpoints kept per job besides its final weights (the newest; older ones are deleted).
+    #[arg(long, env = "RINGTRAIN_KEEP_CHECKPOINTS", default_value_t = 3, value_parser = clap::value_parser!(i64).range(1..))]
+    pub keep_checkpoints: i64,
 }
 
 impl LimitArgs {
@@ -43,6 +52,9 @@ impl LimitArgs {
         config.admission.max_stream_lifetime = Duration::from_secs(self.max_stream_seconds.max(1));
         config.metric_rows_per_second = self.metric_rows_per_second;
         config.max_queued_per_team = self.max_queued_per_team;
+        config.team_storage_bytes = self.team_storage_bytes;
+        config.min_free_bytes = self.min_free_bytes;
+        config.keep_checkpoints = self.keep_checkpoints;
     }
 
     /// The scheduler loop's share of the limits.

@@ -14,9 +14,16 @@ pub trait ArtifactStore: Send + Sync {
     /// replaces an earlier one's, never the reverse (Conflict).
     async fn add_checkpoint(&self, checkpoint: NewCheckpoint) -> StoreResult<Checkpoint>;
     async fn list_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>>;
+    /// Forgets the job's checkpoints except the final weights and the newest `keep` others (by iteration);
+    /// returns those forgotten, whose files the caller removes.
+    async fn prune_checkpoints(&self, job: JobId, keep: i64) -> StoreResult<Vec<Checkpoint>>;
+    /// Forgets every checkpoint of the job; returns them.
+    async fn delete_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>>;
     async fn add_dataset(&self, dataset: NewDataset) -> StoreResult<Dataset>;
     async fn get_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>>;
     async fn list_datasets(&self, team_id: TeamId) -> StoreResult<Vec<Dataset>>;
+    /// Forgets a dataset; returns it (its file is the caller's to remove), None if there was none.
+    async fn delete_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>>;
 }
 
 macro_rules! impl_artifact_store {
@@ -72,6 +79,23 @@ macro_rules! impl_artifact_store {
                     Ok(rows.into_iter().map(Into::into).collect())
                 }
 
+                async fn prune_checkpoints(&self, job: JobId, keep: i64) -> StoreResult<Vec<Checkpoint>> {
+                    let sql = format!(
+                        "DELETE FROM checkpoints WHERE job_id = $1 AND NOT is_final AND id NOT IN \
+                         (SELECT id FROM checkpoints WHERE job_id = $1 AND NOT is_final ORDER BY iteration DESC LIMIT $2) \
+                         RETURNING {CHECKPOINT_COLUMNS}"
+                    );
+                    let rows: Vec<CheckpointRow> =
+                        sqlx::query_as(&sql).bind(job.0).bind(keep.max(1)).fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn delete_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>> {
+                    let sql = format!("DELETE FROM checkpoints WHERE job_id = $1 RETURNING {CHECKPOINT_COLUMNS}");
+                    let rows: Vec<CheckpointRow> = sqlx::query_as(&sql).bind(job.0).fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+
                 async fn add_dataset(&self, d: NewDataset) -> StoreResult<Dataset> {
                     let sql = format!(
                         "INSERT INTO datasets (id, team_id, name, path, size_bytes, sha256, train_samples, \
@@ -96,6 +120,12 @@ macro_rules! impl_artifact_store {
 
                 async fn get_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>> {
                     let sql = format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1");
+                    let row: Option<DatasetRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    Ok(row.map(Into::into))
+                }
+
+                async fn delete_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>> {
+                    let sql = format!("DELETE FROM datasets WHERE id = $1 RETURNING {DATASET_COLUMNS}");
                     let row: Option<DatasetRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
                     Ok(row.map(Into::into))
                 }

@@ -30,7 +30,31 @@ pub struct Team {
     pub gpu_quota: i32,
     /// CPU devices the team's running jobs may hold at once.
     pub cpu_quota: i32,
+    /// Bytes of datasets and checkpoints the team may keep; null: the server's default.
+    pub storage_quota_bytes: Option<i64>,
     pub created_at: DateTime<Utc>,
+}
+
+/// What a platform admin changes of a team; None leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct TeamChange {
+    pub gpu_quota: Option<i32>,
+    pub cpu_quota: Option<i32>,
+    /// Some(None) goes back to the server's default.
+    pub storage_quota_bytes: Option<Option<i64>>,
+}
+
+/// The bytes a team keeps on the server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, ToSchema)]
+pub struct StorageUse {
+    pub datasets_bytes: i64,
+    pub checkpoints_bytes: i64,
+}
+
+impl StorageUse {
+    pub fn total(&self) -> i64 {
+        self.datasets_bytes.saturating_add(self.checkpoints_bytes)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -38,6 +62,7 @@ pub struct NewTeam {
     pub name: String,
     pub gpu_quota: i32,
     pub cpu_quota: i32,
+    pub storage_quota_bytes: Option<i64>,
 }
 
 /// What a token may do. `Agent` tokens belong to node agents, not to a team.

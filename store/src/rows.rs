@@ -89,7 +89,7 @@ pub(crate) fn jobs(rows: Vec<JobRow>) -> Result<Vec<Job>, StoreError> {
     rows.into_iter().map(Job::try_from).collect()
 }
 
-pub(crate) const TEAM_COLUMNS: &str = "id, name, gpu_quota, cpu_quota, created_at";
+pub(crate) const TEAM_COLUMNS: &str = "id, name, gpu_quota, cpu_quota, storage_quota_bytes, created_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct TeamRow {
@@ -97,6 +97,7 @@ pub(crate) struct TeamRow {
     name: String,
     gpu_quota: i32,
     cpu_quota: i32,
+    storage_quota_bytes: Option<i64>,
     created_at: DateTime<Utc>,
 }
 
@@ -107,6 +108,7 @@ impl From<TeamRow> for Team {
             name: row.name,
             gpu_quota: row.gpu_quota,
             cpu_quota: row.cpu_quota,
+            storage_quota_bytes: row.storage_quota_bytes,
             created_at: row.created_at,
         }
     }

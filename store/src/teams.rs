@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use ringtrain_core::{TeamId, TokenId};
 
 use crate::error::StoreResult;
-use crate::model::{NewTeam, NewToken, Team, TokenInfo};
+use crate::model::{NewTeam, NewToken, StorageUse, Team, TeamChange, TokenInfo};
 
 #[async_trait]
 pub trait TeamStore: Send + Sync {
@@ -14,6 +14,10 @@ pub trait TeamStore: Send + Sync {
     async fn get_team(&self, id: TeamId) -> StoreResult<Option<Team>>;
     async fn get_team_by_name(&self, name: &str) -> StoreResult<Option<Team>>;
     async fn list_teams(&self) -> StoreResult<Vec<Team>>;
+    /// Changes a team's quotas; None when there is no such team.
+    async fn update_team(&self, id: TeamId, change: TeamChange) -> StoreResult<Option<Team>>;
+    /// The bytes of the team's datasets and of its jobs' checkpoints.
+    async fn storage_use(&self, id: TeamId) -> StoreResult<StorageUse>;
     async fn create_token(&self, token: NewToken) -> StoreResult<TokenInfo>;
     /// The token with this hash, unless revoked (expiry is the caller's to check: [`TokenInfo::is_live`]).
     async fn find_token(&self, token_hash: &str) -> StoreResult<Option<TokenInfo>>;
@@ -37,20 +41,21 @@ macro_rules! impl_team_store {
             use crate::backend::SqlBackend;
             use crate::rows::{TeamRow, TokenRow, TEAM_COLUMNS, TOKEN_COLUMNS};
             use crate::teams::TeamStore;
-            use crate::{now, NewTeam, NewToken, StoreResult, Team, TokenInfo};
+            use crate::{now, NewTeam, NewToken, StorageUse, StoreResult, Team, TeamChange, TokenInfo};
 
             #[async_trait::async_trait]
             impl TeamStore for $store {
                 async fn create_team(&self, team: NewTeam) -> StoreResult<Team> {
                     let sql = format!(
-                        "INSERT INTO teams (id, name, gpu_quota, cpu_quota, created_at) VALUES ($1, $2, $3, $4, $5) \
-                         RETURNING {TEAM_COLUMNS}"
+                        "INSERT INTO teams (id, name, gpu_quota, cpu_quota, storage_quota_bytes, created_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {TEAM_COLUMNS}"
                     );
                     let row: TeamRow = sqlx::query_as(&sql)
                         .bind(Uuid::new_v4())
                         .bind(&team.name)
                         .bind(team.gpu_quota)
                         .bind(team.cpu_quota)
+                        .bind(team.storage_quota_bytes)
                         .bind(now())
                         .fetch_one(self.pool())
                         .await?;
@@ -67,6 +72,46 @@ macro_rules! impl_team_store {
                     let sql = format!("SELECT {TEAM_COLUMNS} FROM teams WHERE name = $1");
                     let row: Option<TeamRow> = sqlx::query_as(&sql).bind(name).fetch_optional(self.pool()).await?;
                     Ok(row.map(Into::into))
+                }
+
+                async fn update_team(&self, id: TeamId, change: TeamChange) -> StoreResult<Option<Team>> {
+                    let (set_storage, storage) = match change.storage_quota_bytes {
+                        Some(quota) => (true, quota),
+                        None => (false, None),
+                    };
+                    let sql = format!(
+                        "UPDATE teams SET gpu_quota = COALESCE($2, gpu_quota), cpu_quota = COALESCE($3, cpu_quota), \
+                         storage_quota_bytes = CASE WHEN $4 THEN $5 ELSE storage_quota_bytes END \
+                         WHERE id = $1 RETURNING {TEAM_COLUMNS}"
+                    );
+                    let row: Option<TeamRow> = sqlx::query_as(&sql)
+                        .bind(id.0)
+                        .bind(change.gpu_quota)
+                        .bind(change.cpu_quota)
+                        .bind(set_storage)
+                        .bind(storage)
+                        .fetch_optional(self.pool())
+                        .await?;
+                    Ok(row.map(Into::into))
+                }
+
+                async fn storage_use(&self, id: TeamId) -> StoreResult<StorageUse> {
+                    let (datasets,): (Option<i64>,) =
+                        sqlx::query_as("SELECT CAST(SUM(size_bytes) AS BIGINT) FROM datasets WHERE team_id = $1")
+                            .bind(id.0)
+                            .fetch_one(self.pool())
+                            .await?;
+                    let (checkpoints,): (Option<i64>,) = sqlx::query_as(
+                        "SELECT CAST(SUM(checkpoints.size_bytes) AS BIGINT) FROM checkpoints \
+                         JOIN jobs ON jobs.id = checkpoints.job_id WHERE jobs.team_id = $1",
+                    )
+                    .bind(id.0)
+                    .fetch_one(self.pool())
+                    .await?;
+                    Ok(StorageUse {
+                        datasets_bytes: datasets.unwrap_or(0),
+                        checkpoints_bytes: checkpoints.unwrap_or(0),
+                    })
                 }
 
                 async fn list_teams(&self) -> StoreResult<Vec<Team>> {

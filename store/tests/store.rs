@@ -17,7 +17,10 @@ async fn store(store: Arc<dyn Store>) -> Arc<dyn Store> {
 }
 
 async fn team(store: &Arc<dyn Store>) -> Team {
-    store.create_team(NewTeam { name: "t".into(), gpu_quota: 1, cpu_quota: 4 }).await.unwrap()
+    store
+        .create_team(NewTeam { name: "t".into(), gpu_quota: 1, cpu_quota: 4, storage_quota_bytes: None })
+        .await
+        .unwrap()
 }
 
 fn new_job(team: &Team, name: &str, priority: i32) -> NewJob {
@@ -246,7 +249,7 @@ async fn tokens_teams_and_readiness(store: Arc<dyn Store>) {
     store.ready().await.unwrap();
     let team = team(&store).await;
     assert!(matches!(
-        store.create_team(NewTeam { name: "t".into(), gpu_quota: 0, cpu_quota: 0 }).await,
+        store.create_team(NewTeam { name: "t".into(), gpu_quota: 0, cpu_quota: 0, storage_quota_bytes: None }).await,
         Err(StoreError::Conflict(_))
     ));
     let token = generate_token();

@@ -129,6 +129,9 @@ fn serve_command(listen: &str, database_url: &str, dir: &Path, tls: Option<&Test
         .args(["serve", "--listen", listen, "--database-url", database_url, "--data-dir"])
         .arg(dir.join("server"))
         .env("RINGTRAIN_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
+        // these tests read a job's whole checkpoint history (the one taken at a preemption among them);
+        // retention is tested on its own in api/tests/storage.rs
+        .env("RINGTRAIN_KEEP_CHECKPOINTS", "1000")
         .env("RUST_LOG", "warn,ringtrain_api::scheduling=info");
     if let Some(tls) = tls {
         command.arg("--tls-cert").arg(&tls.server_cert).arg("--tls-key").arg(&tls.server_key);

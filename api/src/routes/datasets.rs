@@ -7,8 +7,8 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
-use ringtrain_core::FieldError;
-use ringtrain_store::{Dataset, NewDataset};
+use ringtrain_core::{DatasetRef, FieldError, JobSpec, JobState};
+use ringtrain_store::{Dataset, JobFilter, NewDataset};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -16,9 +16,10 @@ use uuid::Uuid;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::ApiQuery;
+use crate::extract::{ApiPath, ApiQuery};
 use crate::files::{self, PartialFile};
 use crate::state::AppState;
+use crate::storage;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -153,9 +154,10 @@ fn check_split(tensors: &SafeTensors, xn: &str, yn: &str, errors: &mut Vec<Field
     request_body(content = Vec<u8>, content_type = "application/octet-stream",
         description = "A safetensors file with x and y"),
     responses((status = 201, body = Dataset), (status = 403),
-        (status = 413),
+        (status = 413, description = "Larger than the upload limit, or past the team's storage quota (the numbers in the detail)"),
         (status = 415),
-        (status = 422)),
+        (status = 422),
+        (status = 507, description = "The server's disk would fall below its reserve of free space")),
     security(("bearer" = [])))]
 pub async fn upload_dataset(
     State(state): State<AppState>,
@@ -182,7 +184,8 @@ pub async fn upload_dataset(
         ));
     }
     let limit = state.config.max_dataset_bytes;
-    files::check_declared_length(&headers, limit, "datasets")?;
+    let declared = files::check_declared_length(&headers, limit, "datasets")?;
+    storage::check_room(&state, user.team_id, declared, "dataset").await?;
     let dir = state.config.data_dir.join("datasets");
     tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
     let id = Uuid::new_v4();
@@ -190,6 +193,7 @@ pub async fn upload_dataset(
     let partial = PartialFile::new(partial_path.clone());
     // Streamed to disk: the limit is enforced as bytes arrive, never by buffering the whole body.
     let written = files::stream_to_file(body, &partial_path, limit, "datasets").await?;
+    storage::check_quota(&state, user.team_id, written.bytes, "dataset").await?;
     let contents = check_file(&partial_path).await?;
     let final_path = dir.join(format!("{id}.safetensors"));
     tokio::fs::rename(&partial_path, &final_path).await.map_err(ApiError::internal)?;
@@ -240,4 +244,35 @@ pub struct DatasetList {
     security(("bearer" = [])))]
 pub async fn list_datasets(State(state): State<AppState>, user: User) -> ApiResult<Json<DatasetList>> {
     Ok(Json(DatasetList { datasets: state.store.list_datasets(user.team_id).await? }))
+}
+
+/// Delete an uploaded dataset (and its file). Refused (409) while a job of the team that is not finished
+/// trains on it.
+#[utoipa::path(delete, path = "/v1/datasets/{id}", tag = "datasets", params(("id" = Uuid, Path)),
+    responses((status = 204, description = "Deleted"),
+        (status = 403),
+        (status = 404),
+        (status = 409, description = "A queued or running job trains on it")),
+    security(("bearer" = [])))]
+pub async fn delete_dataset(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<StatusCode> {
+    user.require_write()?;
+    let not_found = || ApiError::not_found(format!("no dataset {id}"));
+    let dataset = state.store.get_dataset(id).await?.filter(|d| user.owns(d.team_id)).ok_or_else(not_found)?;
+    for job_state in [JobState::Queued, JobState::Scheduled, JobState::Running] {
+        let filter = JobFilter { state: Some(job_state), limit: i64::MAX, ..JobFilter::default() };
+        let users = state.store.list_jobs(user.team_id, &filter).await?;
+        let trains_on_it = |job: &&ringtrain_store::Job| {
+            JobSpec::parse(&job.spec.to_string()).is_ok_and(|spec| spec.dataset == DatasetRef::Uploaded(id))
+        };
+        if let Some(job) = users.iter().find(trains_on_it) {
+            return Err(ApiError::conflict(format!("job {} ({job_state}) trains on dataset {id}", job.id)));
+        }
+    }
+    state.store.delete_dataset(dataset.id).await?.ok_or_else(not_found)?;
+    storage::remove_files(&state.config.data_dir.join("datasets"), std::iter::once(dataset.path.as_str())).await;
+    Ok(StatusCode::NO_CONTENT)
 }

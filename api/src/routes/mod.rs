@@ -88,6 +88,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     // Uploads are streamed with their own (larger) limit; every other body is capped by the app's.
     let uploads = OpenApiRouter::new()
         .routes(routes!(datasets::upload_dataset, datasets::list_datasets))
+        .routes(routes!(datasets::delete_dataset))
         .routes(routes!(transfers::upload_checkpoint))
         .layer(DefaultBodyLimit::disable());
     // A result carries every epoch's record: a long job's is megabytes, and refusing it would re-run a
@@ -102,9 +103,11 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::progress::job_events))
         .routes(routes!(jobs::progress::job_metrics))
         .routes(routes!(jobs::progress::job_schedule))
-        .routes(routes!(jobs::progress::job_checkpoints))
+        .routes(routes!(jobs::progress::job_checkpoints, jobs::progress::delete_job_checkpoints))
         .routes(routes!(schedules::preview_schedule))
         .routes(routes!(teams::create_team, teams::list_teams))
+        .routes(routes!(teams::update_team))
+        .routes(routes!(teams::team_storage))
         .routes(routes!(tokens::create_team_token, tokens::list_team_tokens))
         .routes(routes!(tokens::create_agent_token, tokens::list_agent_tokens))
         .routes(routes!(tokens::revoke_token))

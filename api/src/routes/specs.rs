@@ -1,6 +1,7 @@
 //! Turning a submitted spec into a validated [`JobSpec`] and its effective hyperparameters, shared by job
 //! submission and the schedule preview.
 
+use ringtrain_core::memory::{self, human_bytes, SampleShape};
 use ringtrain_core::{DatasetRef, Effective, FieldError, JobSpec};
 use serde_json::Value;
 
@@ -42,4 +43,47 @@ pub fn effective(spec: &JobSpec, dataset_size: Option<u64>) -> ApiResult<Option<
         Some(size) => Effective::new(spec, size).map(Some).map_err(ApiError::validation),
         None => Ok(None),
     }
+}
+
+/// Refuses (422) a job whose estimated memory per rank (`ringtrain_core::memory`) exceeds every device of
+/// its kind that reports its memory, naming the field most to blame and every part of the estimate. Passes
+/// when it cannot tell: no device of the kind says how much memory it has, or the data's shape is known
+/// only to the worker (`idx:`).
+pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<()> {
+    let data = match &spec.dataset {
+        DatasetRef::Uploaded(id) => match state.store.get_dataset(*id).await? {
+            Some(dataset) if user.owns(dataset.team_id) => Some((
+                SampleShape {
+                    dims: dataset.sample_shape.iter().map(|&d| d.max(0) as u64).collect(),
+                    classes: dataset.num_classes.max(1) as u64,
+                },
+                dataset.size_bytes.max(0) as u64,
+            )),
+            _ => None,
+        },
+        other => memory::builtin_data(other),
+    };
+    let Some((shape, data_bytes)) = data else { return Ok(()) };
+    let batch = u64::from(spec.per_worker_batch);
+    let Some(need) = memory::estimate(&spec.model, &shape, batch, data_bytes) else { return Ok(()) };
+    let nodes = state.store.list_nodes().await?;
+    let devices = nodes.iter().flat_map(|node| &node.devices).filter(|device| device.kind == spec.device);
+    let Some(largest) = devices.filter_map(|device| device.memory_bytes).max() else { return Ok(()) };
+    let largest = largest.max(0) as u64;
+    if need.total <= largest {
+        return Ok(());
+    }
+    let reason = format!(
+        "one rank needs about {} (parameters {}, gradients {}, momentum {}, activations {} at a batch of {batch}, \
+         data {}); the largest {} device offers {}",
+        human_bytes(need.total),
+        human_bytes(need.parameters),
+        human_bytes(need.gradients),
+        human_bytes(need.momentum),
+        human_bytes(need.activations),
+        human_bytes(need.data),
+        spec.device.as_str(),
+        human_bytes(largest),
+    );
+    Err(ApiError::validation(vec![FieldError::new(need.largest_part(), reason)]))
 }

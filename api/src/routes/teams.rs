@@ -3,14 +3,14 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ringtrain_core::FieldError;
-use ringtrain_store::{NewTeam, Node, Team};
+use ringtrain_core::{FieldError, TeamId};
+use ringtrain_store::{NewTeam, Node, Team, TeamChange};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::JsonBody;
+use crate::extract::{ApiPath, JsonBody};
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -22,6 +22,10 @@ pub struct CreateTeam {
     pub gpu_quota: u32,
     /// CPU devices the team's jobs may hold at once.
     pub cpu_quota: u32,
+    /// Bytes of datasets and checkpoints the team may keep (default: the server's `--team-storage-bytes`).
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub storage_quota_bytes: Option<u64>,
 }
 
 const MAX_QUOTA: u32 = 1_000_000;
@@ -61,13 +65,108 @@ pub async fn create_team(
     let name = body.name.clone();
     let team = state
         .store
-        .create_team(NewTeam { name: body.name, gpu_quota: body.gpu_quota as i32, cpu_quota: body.cpu_quota as i32 })
+        .create_team(NewTeam {
+            name: body.name,
+            gpu_quota: body.gpu_quota as i32,
+            cpu_quota: body.cpu_quota as i32,
+            storage_quota_bytes: body.storage_quota_bytes.map(storage_bytes),
+        })
         .await
         .map_err(|e| match e {
             ringtrain_store::StoreError::Conflict(_) => ApiError::conflict(format!("a team named {name:?} exists")),
             other => other.into(),
         })?;
     Ok((StatusCode::CREATED, Json(team)))
+}
+
+/// A byte count as stored (at most i64::MAX).
+fn storage_bytes(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateTeam {
+    /// GPUs the team's jobs may hold at once.
+    pub gpu_quota: Option<u32>,
+    /// CPU devices the team's jobs may hold at once.
+    pub cpu_quota: Option<u32>,
+    /// Bytes of datasets and checkpoints the team may keep; null: back to the server's default.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0)]
+    pub storage_quota_bytes: Option<Option<u64>>,
+}
+
+/// A field that is present (even as null) is `Some`; an absent one stays `None` (`#[serde(default)]`).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Option<u64>>, D::Error> {
+    Option::<u64>::deserialize(deserializer).map(Some)
+}
+
+/// Change a team's quotas (platform admin): devices at once, and storage.
+#[utoipa::path(patch, path = "/v1/teams/{id}", tag = "teams", params(("id" = TeamId, Path)), request_body = UpdateTeam,
+    responses((status = 200, body = Team), (status = 403), (status = 404), (status = 422)),
+    security(("bearer" = [])))]
+pub async fn update_team(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<TeamId>,
+    JsonBody(body): JsonBody<UpdateTeam>,
+) -> ApiResult<Json<Team>> {
+    user.require_platform_admin()?;
+    let mut errors = Vec::new();
+    for (path, quota) in [("gpu_quota", body.gpu_quota), ("cpu_quota", body.cpu_quota)] {
+        if quota.is_some_and(|q| q > MAX_QUOTA) {
+            errors.push(FieldError::new(path, format!("must be at most {MAX_QUOTA}")));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::validation(errors));
+    }
+    let change = TeamChange {
+        gpu_quota: body.gpu_quota.map(|q| q as i32),
+        cpu_quota: body.cpu_quota.map(|q| q as i32),
+        storage_quota_bytes: body.storage_quota_bytes.map(|quota| quota.map(storage_bytes)),
+    };
+    let team =
+        state.store.update_team(id, change).await?.ok_or_else(|| ApiError::not_found(format!("no team {id}")))?;
+    // quotas changed: the scheduler's next pass sees them
+    state.changed().await;
+    Ok(Json(team))
+}
+
+/// What a team keeps on the server against its storage quota.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TeamStorage {
+    pub quota_bytes: u64,
+    pub used_bytes: i64,
+    pub datasets_bytes: i64,
+    pub checkpoints_bytes: i64,
+    /// Checkpoints kept per job besides its final weights.
+    pub checkpoints_kept_per_job: i64,
+}
+
+/// The team's storage: its quota and what its datasets and checkpoints take (the team's own tokens, or a
+/// platform admin).
+#[utoipa::path(get, path = "/v1/teams/{id}/storage", tag = "teams", params(("id" = TeamId, Path)),
+    responses((status = 200, body = TeamStorage), (status = 404)),
+    security(("bearer" = [])))]
+pub async fn team_storage(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<TeamId>,
+) -> ApiResult<Json<TeamStorage>> {
+    let visible = user.owns(id) || user.is_platform_admin();
+    if !visible || state.store.get_team(id).await?.is_none() {
+        return Err(ApiError::not_found(format!("no team {id}")));
+    }
+    let used = state.store.storage_use(id).await?;
+    Ok(Json(TeamStorage {
+        quota_bytes: crate::storage::quota(&state, id).await?,
+        used_bytes: used.total(),
+        datasets_bytes: used.datasets_bytes,
+        checkpoints_bytes: used.checkpoints_bytes,
+        checkpoints_kept_per_job: state.config.keep_checkpoints,
+    }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -19,6 +19,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::files::{self, PartialFile};
 use crate::state::AppState;
+use crate::storage;
 
 /// The trainer's checkpoint directory names: `epoch-0007` after an epoch, `epoch-0007-iter-0000000450` for
 /// one taken mid-epoch when a preempted job stopped.
@@ -57,10 +58,12 @@ mod tests {
 #[utoipa::path(put, path = "/v1/agent/jobs/{id}/checkpoints/{name}", tag = "agent",
     params(("id" = Uuid, Path), ("name" = String, Path, description = "epoch-NNNN"), ArchiveParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A tar archive"),
-    responses((status = 201, body = Checkpoint),
+    responses((status = 201, body = Checkpoint, description = "Registered; the job's checkpoints beyond the newest few (3 by default) besides its final weights are forgotten"),
         (status = 404),
-        (status = 413),
-        (status = 422)),
+        (status = 409, description = "The attempt is over"),
+        (status = 413, description = "Larger than the checkpoint limit, or past the team's storage quota"),
+        (status = 422),
+        (status = 507, description = "The server's disk would fall below its reserve of free space")),
     security(("bearer" = [])))]
 pub async fn upload_checkpoint(
     State(state): State<AppState>,
@@ -87,7 +90,8 @@ pub async fn upload_checkpoint(
         )]));
     }
     let limit = state.config.max_checkpoint_bytes;
-    files::check_declared_length(&headers, limit, "checkpoints")?;
+    let declared = files::check_declared_length(&headers, limit, "checkpoints")?;
+    storage::check_room(&state, job.team_id, declared, "checkpoint").await?;
     let dir = state.config.data_dir.join("checkpoints").join(job.id.to_string());
     tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
     // One file per placement: a late upload of an older placement never overwrites the newer one's file.
@@ -96,6 +100,7 @@ pub async fn upload_checkpoint(
     let partial_path = dir.join(format!("{file_name}.{}.part", Uuid::new_v4()));
     let partial = PartialFile::new(partial_path.clone());
     let written = files::stream_to_file(body, &partial_path, limit, "checkpoints").await?;
+    storage::check_quota(&state, job.team_id, written.bytes, "checkpoint").await?;
     let path = dir.join(&file_name);
     tokio::fs::rename(&partial_path, &path).await.map_err(ApiError::internal)?;
     partial.keep();
@@ -119,6 +124,7 @@ pub async fn upload_checkpoint(
             return Err(err.into());
         }
     };
+    storage::apply_retention(&state, job.id).await?;
     Ok((StatusCode::CREATED, Json(checkpoint)))
 }
 

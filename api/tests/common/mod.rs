@@ -166,6 +166,36 @@ impl TestApp {
     }
 }
 
+/// A one-rank job of `epochs` epochs (32 iterations each) placed on a fresh one-CPU node with `lease`, and
+/// reported running when `running`; its id, the agent's token and the attempt.
+pub async fn placed_job(
+    app: &TestApp,
+    team: &Team,
+    epochs: u32,
+    lease: std::time::Duration,
+    running: bool,
+) -> (String, String, i32) {
+    use ringtrain_core::{DeviceId, JobId, NodeId};
+    let agent = app.agent_token().await;
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(node.status, 200, "{}", node.text);
+    let node_id: NodeId = node.body["id"].as_str().unwrap().parse().unwrap();
+    let device: DeviceId = node.body["devices"][0]["id"].as_str().unwrap().parse().unwrap();
+    let mut one = spec("one");
+    one["workers"] = json!(1);
+    one["epochs"] = json!(epochs);
+    let id = app.submit(&team.member, &one).await;
+    let ranks = [ringtrain_store::NewAssignment { node_id, device_id: device, rank: 0 }];
+    let (job, _) = app.store.start_job(JobId(id.parse().unwrap()), "s", lease, &ranks).await.unwrap().unwrap();
+    if running {
+        let running = app.post(&format!("/v1/agent/jobs/{id}/running"), &agent, &json!({"attempt": job.attempt})).await;
+        assert_eq!(running.status, 200, "{}", running.text);
+    }
+    (id, agent, job.attempt)
+}
+
 /// A small valid spec: 512 synthetic samples, k = 2, n = 16 (16 iterations per epoch), 4 epochs.
 pub fn spec(name: &str) -> Value {
     json!({

@@ -144,6 +144,29 @@ mod tests {
         }
     }
 
+    /// The API's memory estimate counts parameters from the spec alone: it must be the built model's count.
+    #[test]
+    fn the_memory_estimate_counts_exactly_the_built_parameters() {
+        use ringtrain_core::memory::{count, SampleShape};
+        let mlp = ModelSpec { name: ModelName::Mlp, hidden: Some(vec![64, 32, 16]) };
+        for (spec, shape, classes) in [
+            (ModelSpec::new(ModelName::Mlp), vec![1, 16, 16], 10),
+            (mlp, vec![100], 7),
+            (ModelSpec::new(ModelName::Lenet5), vec![1, 28, 28], 10),
+            (ModelSpec::new(ModelName::Lenet5), vec![3, 33, 20], 4),
+            (ModelSpec::new(ModelName::Resnet20), vec![1, 28, 28], 10),
+            (ModelSpec::new(ModelName::Resnet56), vec![3, 32, 32], 100),
+            (ModelSpec::new(ModelName::Resnet50), vec![3, 64, 64], 1000),
+        ] {
+            let vs = nn::VarStore::new(Device::Cpu);
+            build(&spec, &vs.root(), &shape, classes, true).unwrap();
+            let built: i64 = vs.trainable_variables().iter().map(Tensor::numel).map(|n| n as i64).sum();
+            let dims = shape.iter().map(|&d| d as u64).collect();
+            let estimated = count(&spec, &SampleShape { dims, classes: classes as u64 }).unwrap().parameters;
+            assert_eq!(estimated, built as u64, "{:?} on {shape:?}", spec.name);
+        }
+    }
+
     #[test]
     fn image_models_reject_flat_inputs() {
         let vs = nn::VarStore::new(Device::Cpu);

@@ -168,6 +168,7 @@ pub async fn submit_job(
     }
     let dataset_size = specs::dataset_size(&state, &user, &spec).await?;
     let effective = specs::effective(&spec, dataset_size)?;
+    specs::check_memory(&state, &user, &spec).await?;
     let new = NewJob {
         id: JobId::new(),
         team_id: user.team_id,

@@ -285,3 +285,34 @@ pub async fn job_checkpoints(
     let job = team_job(&state, &user, id).await?;
     Ok(Json(CheckpointList { checkpoints: state.store.list_checkpoints(job.id).await? }))
 }
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeletedCheckpoints {
+    pub deleted: usize,
+    pub freed_bytes: i64,
+}
+
+/// Delete a finished job's checkpoints (its final weights too), freeing the team's storage. Refused (409)
+/// while the job may still resume from them.
+#[utoipa::path(delete, path = "/v1/jobs/{id}/checkpoints", tag = "jobs", params(("id" = Uuid, Path)),
+    responses((status = 200, body = DeletedCheckpoints),
+        (status = 403),
+        (status = 404),
+        (status = 409, description = "The job has not finished")),
+    security(("bearer" = [])))]
+pub async fn delete_job_checkpoints(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<DeletedCheckpoints>> {
+    user.require_write()?;
+    let job = team_job(&state, &user, id).await?;
+    if !job.state.is_terminal() {
+        return Err(ApiError::conflict(format!("job {id} is {}: it may still resume from its checkpoints", job.state)));
+    }
+    let deleted = state.store.delete_checkpoints(job.id).await?;
+    let folder = state.config.data_dir.join("checkpoints").join(job.id.to_string());
+    crate::storage::remove_files(&folder, deleted.iter().map(|c| c.path.as_str())).await;
+    let freed_bytes = deleted.iter().map(|c| c.size_bytes).sum();
+    Ok(Json(DeletedCheckpoints { deleted: deleted.len(), freed_bytes }))
+}

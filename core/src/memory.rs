@@ -1,0 +1,295 @@
+//! What one rank of a job needs in memory, estimated from the spec before anything runs: the model's
+//! parameters, their gradients and momentum buffers (float32 each), the activations a training step keeps
+//! for the backward pass at the per-worker batch, and the data set each rank holds. The API refuses (422) a
+//! job whose estimate exceeds every device of its kind, instead of letting each rank run out of memory.
+//!
+//! The parameter count mirrors the worker's layer definitions exactly (the worker's tests compare it with
+//! the built model); activations count each layer's output tensors that autograd keeps (a convolution,
+//! its BatchNorm and its ReLU: three per convolution), which is what an eager-mode step holds at its peak
+//! to within the allocator's slack. The estimate is meant to refuse only what can never fit, not to pack
+//! devices tightly.
+
+use serde::Serialize;
+
+use crate::dataset::{DatasetRef, FASHION_MNIST_TEST_SIZE, FASHION_MNIST_TRAIN_SIZE};
+use crate::spec::{ModelName, ModelSpec};
+
+/// The shape of one sample and the number of classes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleShape {
+    /// `[C, H, W]` for images, `[D]` (or any other shape) for flat samples.
+    pub dims: Vec<u64>,
+    pub classes: u64,
+}
+
+/// One rank's memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemoryEstimate {
+    pub parameters: u64,
+    pub gradients: u64,
+    pub momentum: u64,
+    /// What the forward pass keeps for the backward pass, at the per-worker batch.
+    pub activations: u64,
+    /// The data set as each rank holds it.
+    pub data: u64,
+    pub total: u64,
+}
+
+impl MemoryEstimate {
+    /// The spec field most to blame when the total is too large: `model` (parameters and their state),
+    /// `per_worker_batch` (activations) or `dataset` (data).
+    pub fn largest_part(&self) -> &'static str {
+        let state = self.parameters + self.gradients + self.momentum;
+        if state >= self.activations && state >= self.data {
+            "model"
+        } else if self.activations >= self.data {
+            "per_worker_batch"
+        } else {
+            "dataset"
+        }
+    }
+}
+
+const FLOAT: u64 = 4;
+
+/// The sample shape and the bytes each rank holds of a built-in data set (None for `idx:` and uploads,
+/// whose shape the caller knows from elsewhere or not at all).
+pub fn builtin_data(dataset: &DatasetRef) -> Option<(SampleShape, u64)> {
+    match dataset {
+        // kept as bytes: 70,000 images of 28×28
+        DatasetRef::FashionMnist => Some((
+            SampleShape { dims: vec![1, 28, 28], classes: 10 },
+            (FASHION_MNIST_TRAIN_SIZE + FASHION_MNIST_TEST_SIZE) * 28 * 28,
+        )),
+        // 1×16×16 float32, made in a vector and copied into a tensor (both alive at once)
+        DatasetRef::Synthetic { train_size } => {
+            let test = (train_size / 4).clamp(64, FASHION_MNIST_TEST_SIZE);
+            let bytes = train_size.saturating_add(test).saturating_mul(16 * 16 * FLOAT * 2);
+            Some((SampleShape { dims: vec![1, 16, 16], classes: 10 }, bytes))
+        }
+        DatasetRef::Idx { .. } | DatasetRef::Uploaded(_) => None,
+    }
+}
+
+/// Bytes for people: `1.5 GiB`, `320 MiB`, `12 KiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 || value >= 100.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// The estimate for `model` on samples of `shape` at `batch` samples per step, with `data_bytes` of data
+/// held per rank. None when the model cannot take these samples (the worker refuses it with the reason).
+pub fn estimate(model: &ModelSpec, shape: &SampleShape, batch: u64, data_bytes: u64) -> Option<MemoryEstimate> {
+    let counts = count(model, shape)?;
+    let parameters = counts.parameters.saturating_mul(FLOAT);
+    let input: u64 = shape.dims.iter().product();
+    let activations = counts.activations.saturating_add(input).saturating_mul(batch).saturating_mul(FLOAT);
+    let total = parameters.saturating_mul(3).saturating_add(activations).saturating_add(data_bytes);
+    Some(MemoryEstimate {
+        parameters,
+        gradients: parameters,
+        momentum: parameters,
+        activations,
+        data: data_bytes,
+        total,
+    })
+}
+
+/// Parameters (scalars) and kept activations (scalars per sample) of a model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub parameters: u64,
+    pub activations: u64,
+}
+
+impl Counts {
+    fn add(&mut self, other: Counts) {
+        self.parameters = self.parameters.saturating_add(other.parameters);
+        self.activations = self.activations.saturating_add(other.activations);
+    }
+}
+
+/// Parameters and kept activations of `model` on samples of `shape`; None when it cannot take them.
+pub fn count(model: &ModelSpec, shape: &SampleShape) -> Option<Counts> {
+    let classes = shape.classes;
+    let image = || match shape.dims.as_slice() {
+        [c, h, w] => Some((*c, *h, *w)),
+        _ => None,
+    };
+    Some(match model.name {
+        ModelName::Mlp => {
+            let mut widths: Vec<u64> = vec![shape.dims.iter().product()];
+            widths.extend(model.hidden_widths().into_iter().map(u64::from));
+            widths.push(classes);
+            let mut counts = Counts::default();
+            for pair in widths.windows(2) {
+                counts.parameters = counts.parameters.saturating_add(linear(pair[0], pair[1]));
+                // the layer's output and its ReLU
+                counts.activations = counts.activations.saturating_add(2 * pair[1]);
+            }
+            counts
+        }
+        ModelName::Lenet5 => {
+            let (c, h, w) = image()?;
+            if h < 12 || w < 12 {
+                return None;
+            }
+            // conv 5×5 padded → ReLU → pool 2 → conv 5×5 → ReLU → pool 2 → 120 → 84 → classes
+            let (h2, w2) = ((h / 2 - 4) / 2, (w / 2 - 4) / 2);
+            let parameters = conv_weights(c, 6, 5)
+                + 6
+                + conv_weights(6, 16, 5)
+                + 16
+                + linear(16 * h2 * w2, 120)
+                + linear(120, 84)
+                + linear(84, classes);
+            let activations = 6 * h * w * 2
+                + 6 * (h / 2) * (w / 2)
+                + 16 * (h / 2 - 4) * (w / 2 - 4) * 2
+                + 16 * h2 * w2
+                + 2 * (120 + 84)
+                + classes;
+            Counts { parameters, activations }
+        }
+        ModelName::Resnet20 => cifar_resnet(image()?, 3, classes),
+        ModelName::Resnet56 => cifar_resnet(image()?, 9, classes),
+        ModelName::Resnet50 => resnet50(image()?, classes),
+    })
+}
+
+fn linear(inputs: u64, outputs: u64) -> u64 {
+    inputs.saturating_mul(outputs).saturating_add(outputs)
+}
+
+/// A convolution without bias (ResNets put BatchNorm after every one).
+fn conv_weights(c_in: u64, c_out: u64, kernel: u64) -> u64 {
+    c_in.saturating_mul(c_out).saturating_mul(kernel * kernel)
+}
+
+/// A bias-free convolution followed by BatchNorm (weight and bias) and, when `relu`, a ReLU: its
+/// parameters, and its kept outputs on a `side_h`×`side_w` output.
+fn conv_bn(c_in: u64, c_out: u64, kernel: u64, (h, w): (u64, u64), relu: bool) -> Counts {
+    let outputs = c_out.saturating_mul(h).saturating_mul(w);
+    Counts {
+        parameters: conv_weights(c_in, c_out, kernel) + 2 * c_out,
+        activations: outputs.saturating_mul(if relu { 3 } else { 2 }),
+    }
+}
+
+/// Output side of a convolution or pooling with "same" padding and this stride.
+fn down(side: u64, stride: u64) -> u64 {
+    side.div_ceil(stride)
+}
+
+/// ResNet-(6n+2): conv3×3 16, then stages of n basic blocks at widths 16, 32 and 64 (strides 1, 2, 2),
+/// a projection shortcut where the shape changes, global pooling and the classifier.
+fn cifar_resnet((c, h, w): (u64, u64, u64), blocks: u64, classes: u64) -> Counts {
+    let mut counts = conv_bn(c, 16, 3, (h, w), true);
+    let (mut c_in, mut side) = (16, (h, w));
+    for (width, stride) in [(16, 1), (32, 2), (64, 2)] {
+        for b in 0..blocks {
+            let s = if b == 0 { stride } else { 1 };
+            let out = (down(side.0, s), down(side.1, s));
+            counts.add(conv_bn(c_in, width, 3, out, true));
+            counts.add(conv_bn(width, width, 3, out, false));
+            if s != 1 || c_in != width {
+                counts.add(conv_bn(c_in, width, 1, out, false));
+            }
+            // the sum and its ReLU
+            counts.activations = counts.activations.saturating_add(2 * width * out.0 * out.1);
+            (c_in, side) = (width, out);
+        }
+    }
+    counts.add(Counts { parameters: linear(64, classes), activations: 64 + classes });
+    counts
+}
+
+/// ResNet-50: conv7×7/2 64 and a 3×3/2 max-pool, then bottleneck stages of 3, 4, 6 and 3 blocks (the
+/// stride on the 3×3 convolution), global pooling and the classifier.
+fn resnet50((c, h, w): (u64, u64, u64), classes: u64) -> Counts {
+    let stem = (down(h, 2), down(w, 2));
+    let mut counts = conv_bn(c, 64, 7, stem, true);
+    let mut side = (down(stem.0, 2), down(stem.1, 2));
+    counts.activations = counts.activations.saturating_add(64 * side.0 * side.1);
+    let mut c_in = 64;
+    for (blocks, width, stride) in [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)] {
+        for b in 0..blocks {
+            let s = if b == 0 { stride } else { 1 };
+            let out = (down(side.0, s), down(side.1, s));
+            let c_out = width * 4;
+            counts.add(conv_bn(c_in, width, 1, side, true));
+            counts.add(conv_bn(width, width, 3, out, true));
+            counts.add(conv_bn(width, c_out, 1, out, false));
+            if s != 1 || c_in != c_out {
+                counts.add(conv_bn(c_in, c_out, 1, out, false));
+            }
+            counts.activations = counts.activations.saturating_add(2 * c_out * out.0 * out.1);
+            (c_in, side) = (c_out, out);
+        }
+    }
+    counts.add(Counts { parameters: linear(c_in, classes), activations: c_in + classes });
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(c: u64, h: u64, w: u64) -> SampleShape {
+        SampleShape { dims: vec![c, h, w], classes: 10 }
+    }
+
+    #[test]
+    fn bytes_read_like_a_person_would_write_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(320 << 20), "320 MiB");
+        assert_eq!(human_bytes(3 << 40), "3.0 TiB");
+    }
+
+    #[test]
+    fn known_parameter_counts() {
+        // He et al.: ResNet-20 0.27M, ResNet-56 0.85M (with projection shortcuts a little more);
+        // ResNet-50 25.6M with 1000 classes.
+        let resnet20 = count(&ModelSpec::new(ModelName::Resnet20), &image(3, 32, 32)).unwrap().parameters;
+        assert!((270_000..300_000).contains(&resnet20), "{resnet20}");
+        let resnet56 = count(&ModelSpec::new(ModelName::Resnet56), &image(3, 32, 32)).unwrap().parameters;
+        assert!((850_000..900_000).contains(&resnet56), "{resnet56}");
+        let imagenet = SampleShape { dims: vec![3, 224, 224], classes: 1000 };
+        let resnet50 = count(&ModelSpec::new(ModelName::Resnet50), &imagenet).unwrap().parameters;
+        assert_eq!(resnet50, 25_557_032);
+        // LeNet-5 on 28×28 Fashion-MNIST: 61,706 parameters
+        assert_eq!(count(&ModelSpec::new(ModelName::Lenet5), &image(1, 28, 28)).unwrap().parameters, 61_706);
+    }
+
+    #[test]
+    fn a_huge_mlp_needs_terabytes_and_blames_the_model() {
+        let model = ModelSpec { name: ModelName::Mlp, hidden: Some(vec![65_536; 32]) };
+        let estimate = estimate(&model, &image(1, 16, 16), 32, 10 << 20).unwrap();
+        assert!(estimate.total > 1 << 40, "{estimate:?}");
+        assert_eq!(estimate.largest_part(), "model");
+    }
+
+    #[test]
+    fn activations_grow_with_the_batch_and_images_need_image_models() {
+        let model = ModelSpec::new(ModelName::Resnet50);
+        let small = estimate(&model, &image(3, 224, 224), 1, 0).unwrap();
+        let large = estimate(&model, &image(3, 224, 224), 256, 0).unwrap();
+        assert_eq!(large.activations, small.activations * 256);
+        assert_eq!(large.largest_part(), "per_worker_batch");
+        // about 100 MB of kept activations per 224×224 image in float32, as usually measured
+        assert!((60 << 20..200 << 20).contains(&small.activations), "{}", small.activations);
+        let flat = SampleShape { dims: vec![784], classes: 10 };
+        assert!(count(&model, &flat).is_none());
+    }
+}
