@@ -13,10 +13,18 @@ for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-schedul
     say "error: $crate depends on libtorch (torch-sys); only ringtrain-worker may"; exit 1
   fi
 done
+# The API document against a running server: Schemathesis, every check (a failure fails the run, after
+# the tests below have run too).
+schemathesis=0
+"$ROOT/scripts/schemathesis/run.sh" || schemathesis=1
 if cargo nextest --version >/dev/null 2>&1; then
   # doc tests first (nextest does not run them), so the run ends with nextest's summary of every test
   cargo test --workspace --doc --quiet
   cargo nextest run --workspace --no-fail-fast "$@"
 else
   cargo test --workspace --no-fail-fast "$@"
+fi
+if [ "$schemathesis" -ne 0 ]; then
+  say "error: schemathesis failed (its report is above the tests')"
+  exit 1
 fi

@@ -46,18 +46,53 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
 
 /// Deserializes JSON: a syntax error is 400 (not JSON at all), a type error 422 naming the field's path.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
-    let value: Result<T, _> = serde_path_to_error::deserialize(deserializer);
-    value.map_err(|err| {
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        if inner.is_data() {
-            let path = if path == "." { String::new() } else { path };
-            ApiError::validation(vec![FieldError::new(path, strip_position(&inner.to_string()))])
-        } else {
-            ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", format!("the body is not valid JSON: {inner}"))
-        }
+    from_value(parse_value(bytes)?)
+}
+
+/// The body as a JSON value (400 when it is not JSON).
+pub fn parse_value(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
+    serde_json::from_slice(bytes).map_err(|err| {
+        ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", format!("the body is not valid JSON: {err}"))
     })
+}
+
+/// A JSON value as `T`; 422 naming the path of what is wrong. A value `T` refuses only because a whole
+/// number is written with a fraction (`3.0` for an integer field) is taken with it as the integer; numbers
+/// `T` keeps as JSON (metric values, results) are kept exactly as sent.
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    let first: Result<T, _> = serde_path_to_error::deserialize(&value);
+    let err = match first {
+        Ok(typed) => return Ok(typed),
+        Err(err) => err,
+    };
+    let mut whole = value;
+    if whole_numbers_as_integers(&mut whole) {
+        if let Ok(typed) = serde_path_to_error::deserialize::<_, T>(&whole) {
+            return Ok(typed);
+        }
+    }
+    let path = err.path().to_string();
+    let path = if path == "." { String::new() } else { path };
+    Err(ApiError::validation(vec![FieldError::new(path, strip_position(&err.into_inner().to_string()))]))
+}
+
+/// JSON has one number type and JSON Schema's `integer` includes `2.0`: rewrites whole numbers written
+/// with a fraction as integers; says whether there was any.
+fn whole_numbers_as_integers(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            let whole = f.fract() == 0.0 && f.abs() < 9.0e15;
+            if whole {
+                *value = Value::from(f as i64);
+            }
+            whole
+        }
+        Value::Array(items) => items.iter_mut().map(whole_numbers_as_integers).fold(false, |a, b| a | b),
+        Value::Object(fields) => fields.values_mut().map(whole_numbers_as_integers).fold(false, |a, b| a | b),
+        _ => false,
+    }
 }
 
 /// serde_json appends " at line L column C" to type errors; the path already says where.
@@ -77,7 +112,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let JsonBytes(bytes) = JsonBytes::from_request(req, state).await?;
-        Ok(JsonBody(parse_json(&bytes)?))
+        let value = parse_value(&bytes)?;
+        require_object(&value)?;
+        Ok(JsonBody(from_value(value)?))
+    }
+}
+
+/// Every body the API reads is a JSON object: serde would otherwise take a struct from an array of its
+/// fields' values (`[null, null]`), which no client means.
+pub fn require_object(value: &serde_json::Value) -> Result<(), ApiError> {
+    if value.is_object() {
+        Ok(())
+    } else {
+        Err(ApiError::validation(vec![FieldError::new("", "the body must be a JSON object")]))
     }
 }
 

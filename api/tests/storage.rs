@@ -84,6 +84,15 @@ async fn a_teams_storage_is_bounded_by_its_quota(app: TestApp) {
     assert_eq!((changed.body["storage_quota_bytes"].is_null(), changed.body["cpu_quota"].as_i64()), (true, Some(2)));
     let storage = app.get(&format!("/v1/teams/{team}/storage"), &viewer).await;
     assert_eq!(storage.body["quota_bytes"], 100u64 << 30);
+    // JSON Schema's integers include 3.0; a body is an object, never an array of field values
+    let whole =
+        app.call(Method::PATCH, &format!("/v1/teams/{team}"), Some(ADMIN), Some(&json!({"gpu_quota": 3.0}))).await;
+    assert_eq!(whole.body["gpu_quota"], 3, "{}", whole.text);
+    let array = app.call(Method::PATCH, &format!("/v1/teams/{team}"), Some(ADMIN), Some(&json!([1, 2, null]))).await;
+    assert_eq!(array.problem(422), vec![""]);
+    let too_big = json!({"storage_quota_bytes": 9_223_372_036_854_775_808u64});
+    let too_big = app.call(Method::PATCH, &format!("/v1/teams/{team}"), Some(ADMIN), Some(&too_big)).await;
+    assert_eq!(too_big.problem(422), vec!["storage_quota_bytes"]);
     assert_eq!(app.send_bytes(Method::POST, &upload_uri("third"), &member, file).await.status, 201);
 }
 

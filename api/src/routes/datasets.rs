@@ -25,7 +25,8 @@ use crate::storage;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UploadParams {
-    /// A label for the dataset (1 to 200 characters).
+    /// A label for the dataset (1 to 200 characters, not only spaces).
+    #[param(min_length = 1, max_length = 200, pattern = "\\S")]
     pub name: String,
 }
 

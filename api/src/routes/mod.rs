@@ -47,12 +47,40 @@ impl Modify for BearerAuth {
 
 /// Every error response (4xx, 5xx) a route declares without a body is an RFC 7807 problem: the routes say
 /// only which statuses they answer (and why, where it is not obvious), and this fills in the body once.
+/// It also declares what every route of a kind can answer, whatever its handler does: 429 and 503 on
+/// every route (the admission limits, the request timeout), 401 and 403 where a token is needed, 400
+/// where there are path or query parameters, and 400, 413, 415 and 422 where a JSON body is read.
 #[derive(Debug)]
 pub struct ProblemResponses;
 
+/// The statuses every route of a kind can answer, and why.
+fn common_responses(operation: &utoipa::openapi::path::Operation) -> Vec<(&'static str, &'static str)> {
+    use utoipa::openapi::path::ParameterIn;
+    let mut common = vec![
+        ("429", "A limit was reached (requests at once, this token's rate, its event streams); see Retry-After"),
+        ("503", "The request took longer than the server's timeout, or the database cannot be reached"),
+    ];
+    if operation.security.as_ref().is_some_and(|s| !s.is_empty()) {
+        common.push(("401", "No token, or an unknown, revoked or expired one"));
+        common.push(("403", "A token of the other kind (agent or user), or a role that may not do this"));
+    }
+    let parameters = operation.parameters.as_deref().unwrap_or_default();
+    if parameters.iter().any(|p| matches!(p.parameter_in, ParameterIn::Path | ParameterIn::Query)) {
+        common.push(("400", "A path or query parameter is malformed (the problem names it)"));
+    }
+    let json_body = operation.request_body.as_ref().is_some_and(|body| body.content.contains_key("application/json"));
+    if json_body {
+        common.push(("400", "The body is not JSON"));
+        common.push(("413", "The body is larger than 1 MiB"));
+        common.push(("415", "The body is not sent as application/json"));
+        common.push(("422", "A field of the body is wrong (each listed with its JSON path)"));
+    }
+    common
+}
+
 impl Modify for ProblemResponses {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::{Content, Ref, RefOr};
+        use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
         for item in openapi.paths.paths.values_mut() {
             let operations = [
                 &mut item.get,
@@ -65,6 +93,13 @@ impl Modify for ProblemResponses {
                 &mut item.trace,
             ];
             for operation in operations.into_iter().flatten() {
+                for (status, description) in common_responses(operation) {
+                    operation
+                        .responses
+                        .responses
+                        .entry(status.to_string())
+                        .or_insert_with(|| ResponseBuilder::new().description(description).build().into());
+                }
                 for (status, response) in operation.responses.responses.iter_mut() {
                     let RefOr::T(response) = response else { continue };
                     let is_error = status.starts_with('4') || status.starts_with('5');

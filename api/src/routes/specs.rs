@@ -12,7 +12,8 @@ use crate::state::AppState;
 /// Parses a JSON body as a spec: malformed JSON is 400; wrong types, unknown fields and every range
 /// problem are 422 with their paths.
 pub fn parse_spec(bytes: &[u8]) -> ApiResult<(JobSpec, Value)> {
-    let value: Value = crate::extract::parse_json(bytes)?;
+    let value = crate::extract::parse_value(bytes)?;
+    crate::extract::require_object(&value)?;
     let text = std::str::from_utf8(bytes).map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
     let spec = JobSpec::parse(text).map_err(|e| ApiError::validation(vec![e]))?;
     Ok((spec, value))

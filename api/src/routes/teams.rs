@@ -17,14 +17,17 @@ use crate::state::AppState;
 #[serde(deny_unknown_fields)]
 pub struct CreateTeam {
     /// 1 to 64 characters: lowercase letters, digits, `-` and `_`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[a-z0-9_-]+$")]
     pub name: String,
     /// GPUs the team's jobs may hold at once.
+    #[schema(maximum = 1_000_000)]
     pub gpu_quota: u32,
     /// CPU devices the team's jobs may hold at once.
+    #[schema(maximum = 1_000_000)]
     pub cpu_quota: u32,
     /// Bytes of datasets and checkpoints the team may keep (default: the server's `--team-storage-bytes`).
     #[serde(default)]
-    #[schema(minimum = 0)]
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_u64)]
     pub storage_quota_bytes: Option<u64>,
 }
 
@@ -62,6 +65,7 @@ pub async fn create_team(
 ) -> ApiResult<(StatusCode, Json<Team>)> {
     user.require_platform_admin()?;
     validate_team(&body).map_err(ApiError::validation)?;
+    check_storage_quota(body.storage_quota_bytes)?;
     let name = body.name.clone();
     let team = state
         .store
@@ -79,21 +83,34 @@ pub async fn create_team(
     Ok((StatusCode::CREATED, Json(team)))
 }
 
-/// A byte count as stored (at most i64::MAX).
+/// A byte count as stored (checked to be at most i64::MAX).
 fn storage_bytes(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+/// A storage quota is stored as a signed 64-bit count.
+fn check_storage_quota(quota: Option<u64>) -> ApiResult<()> {
+    match quota {
+        Some(bytes) if i64::try_from(bytes).is_err() => Err(ApiError::validation(vec![FieldError::new(
+            "storage_quota_bytes",
+            format!("must be at most {}", i64::MAX),
+        )])),
+        _ => Ok(()),
+    }
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateTeam {
     /// GPUs the team's jobs may hold at once.
+    #[schema(maximum = 1_000_000)]
     pub gpu_quota: Option<u32>,
     /// CPU devices the team's jobs may hold at once.
+    #[schema(maximum = 1_000_000)]
     pub cpu_quota: Option<u32>,
     /// Bytes of datasets and checkpoints the team may keep; null: back to the server's default.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u64>, minimum = 0)]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 9_223_372_036_854_775_807_u64)]
     pub storage_quota_bytes: Option<Option<u64>>,
 }
 
@@ -122,6 +139,7 @@ pub async fn update_team(
     if !errors.is_empty() {
         return Err(ApiError::validation(errors));
     }
+    check_storage_quota(body.storage_quota_bytes.flatten())?;
     let change = TeamChange {
         gpu_quota: body.gpu_quota.map(|q| q as i32),
         cpu_quota: body.cpu_quota.map(|q| q as i32),

@@ -20,9 +20,11 @@ use crate::state::AppState;
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
     /// admin | member | viewer
-    #[schema(value_type = String)]
+    #[schema(value_type = String, pattern = "^(admin|member|viewer)$")]
     pub role: Role,
-    /// Who or what the token is for; shown in events ("cancelled by ...").
+    /// Who or what the token is for; shown in events ("cancelled by ..."). At most 200 characters, no
+    /// control characters.
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     pub label: Option<String>,
     /// When the token stops working (RFC 3339, in the future); never when absent.
     pub expires_at: Option<DateTime<Utc>>,
@@ -127,6 +129,7 @@ pub async fn list_team_tokens(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAgentToken {
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     pub label: Option<String>,
     /// When the token stops working (RFC 3339, in the future); never when absent.
     pub expires_at: Option<DateTime<Utc>>,

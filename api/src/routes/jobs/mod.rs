@@ -119,7 +119,8 @@ const MAX_IDEMPOTENCY_KEY: usize = 255;
 /// another body is 409.
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs",
     request_body(content = Object, content_type = "application/json", description = "A job spec"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: 1 to 255 visible ASCII characters",
+        pattern = "^[!-~]([ -~]{0,253}[!-~])?$")),
     responses(
         (status = 201, description = "Stored as queued", body = JobView),
         (status = 200, description = "Replayed: this key made this job before", body = JobView),
@@ -200,7 +201,7 @@ pub async fn submit_job(
 #[serde(deny_unknown_fields)]
 pub struct ListJobsQuery {
     /// queued | scheduled | running | succeeded | failed | cancelled
-    #[param(value_type = Option<String>)]
+    #[param(value_type = Option<String>, pattern = "^(queued|scheduled|running|succeeded|failed|cancelled)$")]
     pub state: Option<JobState>,
     /// Only jobs whose name starts with this (case-sensitive).
     pub name_prefix: Option<String>,
@@ -209,8 +210,10 @@ pub struct ListJobsQuery {
     /// RFC 3339; exclusive.
     pub created_before: Option<DateTime<Utc>>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^-?[0-9]{1,18}$")]
     pub cursor: Option<String>,
     /// 1 to 500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
 }
 

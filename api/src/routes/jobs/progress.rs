@@ -141,10 +141,13 @@ pub struct MetricsParams {
     pub rank: Option<i32>,
     pub from_iteration: Option<i64>,
     /// Downsample to about this many points per series (every k-th point), for plots.
+    #[param(minimum = 1)]
     pub points: Option<u32>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^.*:-?[0-9]{1,18}:-?[0-9]{1,9}$")]
     pub cursor: Option<String>,
     /// 1 to 10000 (default 1000).
+    #[param(minimum = 1, maximum = 10000)]
     pub limit: Option<u32>,
 }
 
