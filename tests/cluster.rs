@@ -216,6 +216,29 @@ async fn a_server_restart_loses_nothing_and_running_jobs_go_on() {
     assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
 }
 
+/// Ctrl-C stops `ringtrain up` within seconds, its running job checkpointed where it was; the next start
+/// resumes the job from exactly there (a preemption, not a failed attempt) and it finishes with every
+/// iteration reported once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ringtrain_up_checkpoints_its_jobs_on_ctrl_c_and_the_next_start_resumes_them() {
+    let mut cluster = Cluster::up("up-stop", 2).await;
+    let id = cluster.api.submit(&fashion_mnist("e2e-up-stop", 2, 4000, 10)).await;
+    cluster.api.wait_first_checkpoint(&id, LONG).await;
+    let stopped = cluster.interrupt_up(Duration::from_secs(60));
+    assert!(stopped.success(), "ringtrain up exited with {stopped}");
+    cluster.up_again(2).await;
+    let api = &cluster.api;
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    assert!(job["preemptions"].as_i64().unwrap() >= 1, "{job}");
+    assert_eq!(job["attempt"], 1, "a stop is not a failed attempt: {job}");
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    assert!(events.to_string().contains("ringtrain up stopped"), "{events}");
+    let total = job["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
+    let checkpoints = api.get(&format!("/v1/jobs/{id}/checkpoints")).await;
+    assert!(checkpoints.to_string().contains("-iter-"), "a checkpoint where it stopped: {checkpoints}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     let cluster = Cluster::up("up", 2).await;

@@ -184,6 +184,11 @@ impl Agent {
         })
     }
 
+    /// The node this agent registered.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
     pub async fn run(mut self) -> Result<()> {
         let heard = Arc::new(Mutex::new(Heard { ok: Instant::now(), refused: false }));
         tokio::spawn(heartbeats(self.ctx.client.clone(), self.node, self.heartbeat, heard.clone()));

@@ -67,6 +67,8 @@ pub struct Server {
     tls: Option<axum_server::tls_rustls::RustlsConfig>,
     /// The scheduler loop's settings besides its timing.
     limits: super::limits::LimitArgs,
+    /// Pauses the scheduler loop (see [`LoopConfig::paused`]).
+    pub scheduler_paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
@@ -112,6 +114,7 @@ impl Server {
             listener,
             tls,
             limits: args.limits.clone(),
+            scheduler_paused: Default::default(),
         })
     }
 
@@ -137,6 +140,7 @@ impl Server {
         };
         let mut loop_config = LoopConfig::starting_now(self.state.config.lease);
         self.limits.apply_to_loop(&mut loop_config);
+        loop_config.paused = self.scheduler_paused.clone();
         let scheduler = self.state.scheduler(loop_config);
         let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));

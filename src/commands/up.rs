@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use ringtrain_store::{generate_token, hash_token, NewToken, Role};
@@ -81,7 +82,12 @@ async fn up(args: Args) -> anyhow::Result<()> {
             })
             .await?;
     }
-    let serving = tokio::spawn(server.run(serve::shutdown_signal()));
+    let state = server.state.clone();
+    let scheduler_paused = server.scheduler_paused.clone();
+    let (stop_server, server_stops) = tokio::sync::oneshot::channel::<()>();
+    let mut serving = tokio::spawn(server.run(async move {
+        let _ = server_stops.await;
+    }));
     let agent = Agent::register(&ringtrain_agent::Args {
         server: url.clone(),
         token: Some(agent_token),
@@ -99,11 +105,66 @@ async fn up(args: Args) -> anyhow::Result<()> {
         transport: ringtrain_client::Transport::default(),
     })
     .await?;
+    let node = agent.node();
+    let mut agent_task = tokio::spawn(agent.run());
     print_welcome(&url, &token, &token_file, args.bootstrap_token.is_some());
     tokio::select! {
-        served = serving => served.context("the server task failed")?,
-        ran = agent.run() => ran,
+        served = &mut serving => {
+            agent_task.abort();
+            served.context("the server task failed")?
+        }
+        ran = &mut agent_task => ran.context("the agent task failed")?,
+        () = serve::shutdown_signal() => {
+            eprintln!("stopping: checkpointing the running jobs so that the next start resumes them \
+                       (Ctrl-C again to stop at once)");
+            // no pass may place the jobs again on the devices they are leaving
+            scheduler_paused.store(true, std::sync::atomic::Ordering::SeqCst);
+            tokio::select! {
+                drained = checkpoint_running_jobs(&state, node, DRAIN) => match drained {
+                    Ok(0) => {}
+                    Ok(n) => eprintln!("{n} job(s) checkpointed; they resume on the next start"),
+                    Err(err) => eprintln!("up: checkpointing the running jobs failed: {err:#}"),
+                },
+                () = serve::shutdown_signal() => eprintln!("stopping at once"),
+            }
+            let _ = stop_server.send(());
+            agent_task.abort();
+            serving.await.context("the server task failed")?
+        }
     }
+}
+
+/// The longest `up` waits for its node's ranks to checkpoint and stop after Ctrl-C.
+const DRAIN: Duration = Duration::from_secs(90);
+
+/// Preempts every placement with a rank on `node`: its ranks stop after the same iteration with a
+/// checkpoint of it, the job goes back to the queue without using a restart, and the next start resumes it
+/// from exactly there. Waits, up to `within`, until no rank is left on the node; returns the placements
+/// preempted.
+async fn checkpoint_running_jobs(
+    state: &ringtrain_api::AppState,
+    node: ringtrain_core::NodeId,
+    within: Duration,
+) -> anyhow::Result<usize> {
+    use ringtrain_core::AssignmentState;
+    let store = &state.store;
+    let live = store.node_assignments(node, &AssignmentState::LIVE).await?;
+    let placements: std::collections::BTreeSet<_> = live.iter().map(|a| (a.job_id, a.attempt)).collect();
+    let mut preempted = 0;
+    for (job, attempt) in placements {
+        let reason = "ringtrain up stopped; the job resumes from this checkpoint on the next start";
+        preempted += usize::from(store.preempt_job(job, attempt, reason).await?.is_some());
+    }
+    // wakes the agent's poll, which tells the ranks to checkpoint and stop
+    state.changed().await;
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if store.node_assignments(node, &AssignmentState::LIVE).await?.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(preempted)
 }
 
 /// A token kept in the data directory (readable by this user only), made on the first start.

@@ -123,6 +123,20 @@ impl TestCa {
     }
 }
 
+/// Starts `ringtrain up` on `dir/data`; the process and the address it serves.
+fn start_up(dir: &Path, cpus: u32) -> (Process, String) {
+    let mut command = ringtrain();
+    command
+        .args(["up", "--listen", "127.0.0.1:0", "--gpus", "none", "--cpus", &cpus.to_string(), "--data-dir"])
+        .arg(dir.join("data"))
+        .env("RINGTRAIN_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
+        .env("RINGTRAIN_KEEP_CHECKPOINTS", "1000")
+        .env("RUST_LOG", "warn");
+    let (server, rest) = start_until(command, "ringtrain is up at ");
+    let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();
+    (server, address)
+}
+
 fn serve_command(listen: &str, database_url: &str, dir: &Path, tls: Option<&TestCa>) -> Command {
     let mut command = ringtrain();
     command
@@ -172,18 +186,34 @@ impl Cluster {
     /// `ringtrain up` (SQLite, one local agent with `cpus` slots).
     pub async fn up(name: &str, cpus: u32) -> Cluster {
         let dir = scratch(name);
-        let mut command = ringtrain();
-        command
-            .args(["up", "--listen", "127.0.0.1:0", "--gpus", "none", "--cpus", &cpus.to_string(), "--data-dir"])
-            .arg(dir.join("data"))
-            .env("RINGTRAIN_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
-            .env("RUST_LOG", "warn");
-        let (server, rest) = start_until(command, "ringtrain is up at ");
-        let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();
+        let (server, address) = start_up(&dir, cpus);
         let api = Api::new(&address, ADMIN_TOKEN);
         let cluster = Cluster { url: address, dir, api, server, server_command: None, agents: Vec::new(), tls: None };
         cluster.wait_for_nodes(1).await;
         cluster
+    }
+
+    /// Ctrl-C to `ringtrain up`: waits up to `within` for it to exit, and returns how it exited.
+    pub fn interrupt_up(&mut self, within: Duration) -> std::process::ExitStatus {
+        let pid = self.server.0.id().to_string();
+        assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.server.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "ringtrain up did not stop within {within:?} of Ctrl-C");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `ringtrain up` again on the same data directory (it listens on a new port).
+    pub async fn up_again(&mut self, cpus: u32) {
+        let (server, address) = start_up(&self.dir, cpus);
+        self.server = server;
+        self.api = Api::new(&address, ADMIN_TOKEN);
+        self.url = address;
+        self.wait_for_nodes(1).await;
     }
 
     /// Kills the server (SIGKILL: no graceful anything) and starts it again on the same address and database.

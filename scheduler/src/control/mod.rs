@@ -18,6 +18,7 @@ mod sweep;
 mod unplaceable;
 mod view;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,9 @@ pub struct LoopConfig {
     pub no_lost_nodes_before: Option<Instant>,
     /// A queued job the pool as it exists cannot place fails after this long.
     pub unplaceable_grace: Duration,
+    /// While set, passes do nothing: a server that is stopping (`ringtrain up` checkpointing its node's
+    /// jobs) must not place them again on the devices they are leaving.
+    pub paused: Arc<AtomicBool>,
 }
 
 impl LoopConfig {
@@ -75,6 +79,7 @@ impl Default for LoopConfig {
             owner: format!("scheduler-{}", std::process::id()),
             no_lost_nodes_before: None,
             unplaceable_grace: Duration::from_secs(3600),
+            paused: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -147,6 +152,9 @@ impl Scheduler {
     /// One pass: rescue, read the cluster, sweep, plan, apply.
     #[tracing::instrument(level = "debug", skip(self), fields(owner = %self.config.owner))]
     pub async fn pass(&self) -> StoreResult<PassReport> {
+        if self.config.paused.load(Ordering::SeqCst) {
+            return Ok(PassReport::default());
+        }
         let store = self.store.as_ref();
         let mut report = PassReport { leader: store.try_lead().await?, ..Default::default() };
         if !report.leader {
