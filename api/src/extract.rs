@@ -78,7 +78,7 @@ pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Ap
 
 /// JSON has one number type and JSON Schema's `integer` includes `2.0`: rewrites whole numbers written
 /// with a fraction as integers; says whether there was any.
-fn whole_numbers_as_integers(value: &mut serde_json::Value) -> bool {
+pub fn whole_numbers_as_integers(value: &mut serde_json::Value) -> bool {
     use serde_json::Value;
     match value {
         Value::Number(n) if n.is_f64() => {

@@ -60,6 +60,7 @@ pub fn app(state: AppState) -> Router {
 /// The OpenAPI 3.1 document of every route.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::router().split_for_parts().1;
+    utoipa::Modify::modify(&routes::spec_schema::JobSpecSchema, &mut doc);
     utoipa::Modify::modify(&routes::ProblemResponses, &mut doc);
     doc
 }

@@ -37,7 +37,7 @@ pub async fn check_quota(state: &AppState, team: TeamId, incoming: u64, what: &s
             format!(
                 "this {what} of {} does not fit in the team's storage quota: it keeps {} ({} of datasets, {} of \
                  checkpoints) of {}; delete datasets (DELETE /v1/datasets/{{id}}) or finished jobs' checkpoints \
-                 (DELETE /v1/jobs/{{id}}/checkpoints)",
+                 (DELETE /v1/jobs/{{id}}/artifacts)",
                 human_bytes(incoming),
                 human_bytes(total),
                 human_bytes(used.datasets_bytes.max(0) as u64),

@@ -35,7 +35,7 @@ const RULES: &[(&str, &str, &str)] = &[
     ("post", "/v1/datasets", "yyyffyuu"),
     ("get", "/v1/datasets", "yyyyfyuu"),
     ("delete", "/v1/datasets/{id}", "nyyffnuu"),
-    ("delete", "/v1/jobs/{id}/checkpoints", "nyyffnuu"),
+    ("delete", "/v1/jobs/{id}/artifacts", "nyyffnuu"),
     ("patch", "/v1/teams/{id}", "yfffffuu"),
     ("get", "/v1/teams/{id}/storage", "yyyyfnuu"),
     ("post", "/v1/teams", "yfffffuu"),
@@ -140,7 +140,7 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         fx.node.to_string()
     } else if path.starts_with("/v1/agent/assignments/") {
         fx.assignment.clone()
-    } else if (method, path) == ("delete", "/v1/jobs/{id}/checkpoints") {
+    } else if (method, path) == ("delete", "/v1/jobs/{id}/artifacts") {
         fx.queued_job.clone()
     } else if path.starts_with("/v1/agent/datasets/") || path.starts_with("/v1/datasets/") {
         fx.dataset.clone()

@@ -42,7 +42,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/agent/jobs/{id}/metrics"),
     ("post", "/v1/agent/jobs/{id}/result"),
     ("delete", "/v1/datasets/{id}"),
-    ("delete", "/v1/jobs/{id}/checkpoints"),
+    ("delete", "/v1/jobs/{id}/artifacts"),
     ("patch", "/v1/teams/{id}"),
     ("get", "/v1/teams/{id}/storage"),
     ("get", "/healthz"),

@@ -148,7 +148,7 @@ async fn checkpoints_are_kept_to_the_newest_few(app: TestApp) {
     let storage = app.get(&format!("/v1/teams/{}/storage", team.id), &team.viewer).await;
     assert_eq!(storage.body["checkpoints_bytes"], 3000);
 
-    let delete = format!("/v1/jobs/{job}/checkpoints");
+    let delete = format!("/v1/jobs/{job}/artifacts");
     app.call(Method::DELETE, &delete, Some(&team.member), None).await.problem(409);
     let result = json!({"attempt": attempt, "outcome": "succeeded", "result": {}});
     assert_eq!(app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &result).await.status, 200);

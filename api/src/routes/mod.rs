@@ -6,6 +6,7 @@ pub mod datasets;
 pub mod health;
 pub mod jobs;
 pub mod schedules;
+pub mod spec_schema;
 pub mod specs;
 pub mod teams;
 pub mod tokens;
@@ -138,7 +139,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::progress::job_events))
         .routes(routes!(jobs::progress::job_metrics))
         .routes(routes!(jobs::progress::job_schedule))
-        .routes(routes!(jobs::progress::job_checkpoints, jobs::progress::delete_job_checkpoints))
+        .routes(routes!(jobs::progress::job_checkpoints))
+        .routes(routes!(jobs::progress::delete_job_artifacts))
         .routes(routes!(schedules::preview_schedule))
         .routes(routes!(teams::create_team, teams::list_teams))
         .routes(routes!(teams::update_team))

@@ -22,7 +22,9 @@ use crate::state::AppState;
 pub struct PreviewParams {
     /// Training samples, for `idx:` datasets (overrides a built-in size).
     pub dataset_size: Option<u64>,
-    /// Comma-separated world sizes, e.g. `8,16,32`: one schedule each, side by side.
+    /// Comma-separated world sizes, e.g. `8,16,32` (at most 16, each from 1 to 999,999,999): one schedule
+    /// each, side by side.
+    #[param(pattern = "^ *0*[1-9][0-9]{0,8} *(, *0*[1-9][0-9]{0,8} *){0,15}$")]
     pub workers: Option<String>,
     /// Also list the lr of every iteration.
     pub per_iteration: Option<bool>,
@@ -47,8 +49,8 @@ const MAX_WORLD_SIZES: usize = 16;
 /// PreviewComparison.
 #[utoipa::path(post, path = "/v1/schedules/preview", tag = "schedules", params(PreviewParams),
     request_body(content = Object, content_type = "application/json", description = "A job spec"),
-    responses((status = 200, description = "A ScheduleView, or a PreviewComparison when `workers` is given",
-            body = PreviewComparison),
+    responses((status = 200, description = "A ScheduleView (effective, epochs, change_points), or with `workers` a PreviewComparison ({schedules: [{workers, schedule}]})",
+            body = Object),
         (status = 400),
         (status = 422)),
     security(("bearer" = [])))]
@@ -105,15 +107,16 @@ pub async fn preview_schedule(
 
 fn parse_world_sizes(text: &str) -> ApiResult<Vec<u32>> {
     let bad = |reason: String| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", "workers", reason);
+    // digits only (spaces around them allowed), as the parameter's pattern in the API document says
+    let size = |part: &str| {
+        let digits = part.trim_matches(' ');
+        let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+        let value = digits.trim_start_matches('0');
+        (plain && value.len() <= 9).then(|| value.parse::<u32>().ok()).flatten().filter(|k| *k >= 1)
+    };
     let sizes = text
         .split(',')
-        .map(|part| {
-            part.trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|k| *k >= 1)
-                .ok_or_else(|| bad(format!("{part:?} is not a world size >= 1")))
-        })
+        .map(|part| size(part).ok_or_else(|| bad(format!("{part:?} is not a world size from 1 to 999999999"))))
         .collect::<ApiResult<Vec<u32>>>()?;
     if sizes.len() > MAX_WORLD_SIZES {
         return Err(bad(format!("at most {MAX_WORLD_SIZES} world sizes at once")));

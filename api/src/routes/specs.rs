@@ -15,8 +15,19 @@ pub fn parse_spec(bytes: &[u8]) -> ApiResult<(JobSpec, Value)> {
     let value = crate::extract::parse_value(bytes)?;
     crate::extract::require_object(&value)?;
     let text = std::str::from_utf8(bytes).map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
-    let spec = JobSpec::parse(text).map_err(|e| ApiError::validation(vec![e]))?;
-    Ok((spec, value))
+    let error = match JobSpec::parse(text) {
+        Ok(spec) => return Ok((spec, value)),
+        Err(error) => error,
+    };
+    // `"workers": 2.0` is an integer to JSON Schema: read the spec again with whole numbers as such (and
+    // store it so, for the worker that parses it again)
+    let mut whole = value;
+    if crate::extract::whole_numbers_as_integers(&mut whole) {
+        if let Ok(spec) = JobSpec::parse(&whole.to_string()) {
+            return Ok((spec, whole));
+        }
+    }
+    Err(ApiError::validation(vec![error]))
 }
 
 /// The number of training samples of the spec's dataset: built in, or an uploaded dataset of the caller's

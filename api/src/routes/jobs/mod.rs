@@ -112,6 +112,15 @@ impl From<&Job> for JobView {
 
 const MAX_IDEMPOTENCY_KEY: usize = 255;
 
+/// 1 to 255 printable ASCII characters (spaces inside only): the header's pattern in the API document.
+fn is_idempotency_key(key: &str) -> bool {
+    let visible = |c: char| c.is_ascii_graphic();
+    (1..=MAX_IDEMPOTENCY_KEY).contains(&key.len())
+        && key.chars().all(|c| visible(c) || c == ' ')
+        && key.starts_with(visible)
+        && key.ends_with(visible)
+}
+
 /// Submit a job.
 ///
 /// Validates the spec (every field error at once), derives the effective hyperparameters and stores the job
@@ -144,13 +153,13 @@ pub async fn submit_job(
     let key = match headers.get("idempotency-key") {
         None => None,
         Some(value) => {
-            let key = value.to_str().ok().map(str::trim).filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY);
+            let key = std::str::from_utf8(value.as_bytes()).ok().filter(|key| is_idempotency_key(key));
             let key = key.ok_or_else(|| {
                 ApiError::field(
                     StatusCode::BAD_REQUEST,
                     "bad-header",
                     "Idempotency-Key",
-                    format!("must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"),
+                    format!("must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters (spaces only inside)"),
                 )
             })?;
             let request_hash = crate::hex(&Sha256::digest(&body));

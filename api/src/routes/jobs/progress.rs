@@ -140,8 +140,8 @@ pub struct MetricsParams {
     pub name: Option<String>,
     pub rank: Option<i32>,
     pub from_iteration: Option<i64>,
-    /// Downsample to about this many points per series (every k-th point), for plots.
-    #[param(minimum = 1)]
+    /// Downsample to about this many points per series (every k-th point), for plots: 1 to 100,000.
+    #[param(minimum = 1, maximum = 100_000)]
     pub points: Option<u32>,
     /// `next_cursor` of the previous page.
     #[param(pattern = "^.*:-?[0-9]{1,18}:-?[0-9]{1,9}$")]
@@ -160,6 +160,8 @@ pub struct MetricsPage {
 }
 
 const MAX_METRICS_PAGE: u32 = 10_000;
+/// The most points per series a downsampled read asks for.
+const MAX_POINTS: u32 = 100_000;
 
 /// Per-iteration and per-epoch metrics (loss, lr, throughput, allreduce time, test error).
 #[utoipa::path(get, path = "/v1/jobs/{id}/metrics", tag = "jobs", params(("id" = Uuid, Path), MetricsParams),
@@ -179,8 +181,8 @@ pub async fn job_metrics(
     if !(1..=MAX_METRICS_PAGE).contains(&limit) {
         return Err(bad("limit", "must be 1 to 10000"));
     }
-    if params.points == Some(0) {
-        return Err(bad("points", "must be at least 1"));
+    if params.points.is_some_and(|points| !(1..=MAX_POINTS).contains(&points)) {
+        return Err(bad("points", "must be 1 to 100000"));
     }
     let after = match &params.cursor {
         None => None,
@@ -240,7 +242,8 @@ pub const MAX_PER_ITERATION: u64 = 2_000_000;
 #[utoipa::path(get, path = "/v1/jobs/{id}/schedule", tag = "jobs", params(("id" = Uuid, Path), ScheduleParams),
     responses((status = 200, description = "ScheduleView", body = Object),
         (status = 404),
-        (status = 409, description = "The dataset's size is not known yet")),
+        (status = 409, description = "The dataset's size is not known yet"),
+        (status = 422, description = "per_iteration for a job of more than 2,000,000 iterations")),
     security(("bearer" = [])))]
 pub async fn job_schedule(
     State(state): State<AppState>,
@@ -295,15 +298,15 @@ pub struct DeletedCheckpoints {
     pub freed_bytes: i64,
 }
 
-/// Delete a finished job's checkpoints (its final weights too), freeing the team's storage. Refused (409)
-/// while the job may still resume from them.
-#[utoipa::path(delete, path = "/v1/jobs/{id}/checkpoints", tag = "jobs", params(("id" = Uuid, Path)),
+/// Delete a finished job's artifacts: its checkpoints, final weights too, freeing the team's storage (its
+/// record, events and metrics stay). Refused (409) while the job may still resume from them.
+#[utoipa::path(delete, path = "/v1/jobs/{id}/artifacts", tag = "jobs", params(("id" = Uuid, Path)),
     responses((status = 200, body = DeletedCheckpoints),
         (status = 403),
         (status = 404),
         (status = 409, description = "The job has not finished")),
     security(("bearer" = [])))]
-pub async fn delete_job_checkpoints(
+pub async fn delete_job_artifacts(
     State(state): State<AppState>,
     user: User,
     ApiPath(id): ApiPath<Uuid>,

@@ -1,0 +1,162 @@
+//! The job spec's JSON Schema in the API document: every field with its type, default, range and enum, as
+//! `ringtrain_core::spec` parses and `ringtrain_core::validate` checks them. Rules across fields
+//! (milestones within the epochs and after the warmup, the global batch within the dataset, checkpoints at
+//! most every `epochs`) cannot be stated here; the server answers them with 422 and the field's path.
+//!
+//! Written out rather than derived: the core crate's types are serde's, and the bounds live in
+//! `validate::limits`, which this uses, so a changed limit changes the document too. Nothing here is
+//! stricter than the server (a request this schema refuses, the server refuses).
+
+use ringtrain_core::validate::limits::*;
+use serde_json::{json, Value};
+use utoipa::openapi::{Content, OpenApi, Ref, RefOr, Schema};
+use utoipa::Modify;
+
+/// The name of the component.
+pub const JOB_SPEC: &str = "JobSpec";
+
+/// Operations whose JSON body is a job spec.
+const SPEC_BODIES: [&str; 2] = ["/v1/jobs", "/v1/schedules/preview"];
+
+/// Adds the `JobSpec` component and makes it the body of the routes that take a spec.
+#[derive(Debug)]
+pub struct JobSpecSchema;
+
+impl Modify for JobSpecSchema {
+    fn modify(&self, openapi: &mut OpenApi) {
+        let schema: RefOr<Schema> = match serde_json::from_value(job_spec()) {
+            Ok(schema) => schema,
+            // A broken literal above: the tests that read the document fail on the missing component.
+            Err(err) => {
+                tracing::error!(error = %err, "the job spec's schema does not parse");
+                return;
+            }
+        };
+        openapi.components.get_or_insert_with(Default::default).schemas.insert(JOB_SPEC.to_string(), schema);
+        for path in SPEC_BODIES {
+            let Some(item) = openapi.paths.paths.get_mut(path) else { continue };
+            let Some(body) = item.post.as_mut().and_then(|op| op.request_body.as_mut()) else { continue };
+            body.content.insert("application/json".to_string(), Content::new(Some(Ref::from_schema_name(JOB_SPEC))));
+        }
+    }
+}
+
+/// `integer` within a range, with a default.
+fn integer(min: i128, max: i128, default: Option<i64>, description: &str) -> Value {
+    let mut schema = json!({"type": "integer", "minimum": min, "maximum": max, "description": description});
+    if let Some(default) = default {
+        schema["default"] = json!(default);
+    }
+    schema
+}
+
+fn one_of(values: &[&str], default: &str, description: &str) -> Value {
+    json!({"type": "string", "enum": values, "default": default, "description": description})
+}
+
+/// No control characters (what `char::is_control` refuses).
+const NO_CONTROL: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
+
+/// `fashion-mnist`, `synthetic[:N]`, `idx:PATH`, or an uploaded dataset's id (any form a UUID is read in).
+const DATASET: &str = "^(fashion-mnist|synthetic(:[0-9]+)?|idx:.+|(urn:uuid:)?\\{?[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}\\}?)$";
+
+const U32: i128 = u32::MAX as i128;
+const U64: i128 = u64::MAX as i128;
+
+fn job_spec() -> Value {
+    let lr_value = json!({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_LR});
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["model", "dataset"],
+        "description": "A training job: what to train, on what, with which recipe (Goyal et al. 2017 defaults).",
+        "properties": {
+            "name": {"type": ["string", "null"], "maxLength": MAX_NAME_CHARS, "pattern": NO_CONTROL,
+                     "description": "Free-form label shown in the run history (not blank)."},
+            "model": {
+                "type": "object", "additionalProperties": false, "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "enum": ["mlp", "lenet5", "resnet20", "resnet56", "resnet50"]},
+                    "hidden": {"type": ["array", "null"], "maxItems": MAX_MLP_LAYERS,
+                               "items": {"type": "integer", "minimum": 1, "maximum": MAX_MLP_WIDTH},
+                               "description": "mlp only: the hidden layer widths (default [256, 128])."}
+                }
+            },
+            "dataset": {"type": "string", "pattern": DATASET,
+                        "description": "fashion-mnist, synthetic[:N] (N from 1 to 10,000,000), idx:PATH, or the id of an uploaded dataset."},
+            "train_samples": {"type": ["integer", "null"], "minimum": 1, "maximum": U64,
+                              "description": "Use only the first N training samples."},
+            "test_samples": {"type": ["integer", "null"], "minimum": 1, "maximum": U64,
+                             "description": "Evaluate on only the first N test samples."},
+            "workers": integer(1, i128::from(MAX_WORKERS), Some(1), "k: ranks (devices) trained on in data parallel."),
+            "per_worker_batch": integer(1, i128::from(MAX_PER_WORKER_BATCH), Some(32),
+                "n: samples per rank per iteration; k·n must not exceed the training samples."),
+            "epochs": integer(1, i128::from(MAX_EPOCHS), Some(90),
+                "At most 10^9 iterations in all (iterations per epoch × epochs)."),
+            "lr": {
+                "type": "object", "additionalProperties": false,
+                "properties": {
+                    "base": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_LR, "default": 0.1,
+                             "description": "The lr at reference_batch."},
+                    "reference_batch": integer(1, U32, Some(256), "The batch `base` is for."),
+                    "scaling": one_of(&["linear", "sqrt", "none"], "linear", "How the lr grows with k·n."),
+                    "max": {"anyOf": [lr_value, {"type": "null"}], "description": "A cap on the scaled lr."},
+                    "warmup": {
+                        "type": "object", "additionalProperties": false,
+                        "properties": {
+                            "kind": one_of(&["none", "constant", "gradual"], "gradual", "Goyal's gradual warmup by default."),
+                            "epochs": {"type": ["number", "null"], "minimum": 0,
+                                       "description": "Fewer than `epochs` (default 5; 0 or absent with kind none)."}
+                        }
+                    },
+                    "decay": {
+                        "type": "object", "additionalProperties": false,
+                        "properties": {
+                            "kind": one_of(&["step", "cosine", "none"], "step", "Step decay at the milestones by default."),
+                            "milestones": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0, "maximum": U32},
+                                           "description": "step only: strictly increasing epochs, after the warmup, before `epochs`."},
+                            "factor": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.1}
+                        }
+                    }
+                }
+            },
+            "optimizer": {
+                "type": "object", "additionalProperties": false,
+                "properties": {
+                    "momentum": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "default": 0.9},
+                    "nesterov": {"type": "boolean", "default": true, "description": "Needs momentum > 0."},
+                    "momentum_form": one_of(&["pytorch", "goyal"], "goyal", "Goyal's form applies momentum correction."),
+                    "weight_decay": {"type": "number", "minimum": 0, "exclusiveMaximum": 1, "default": 0.0001},
+                    "bn_weight_decay": {"type": "boolean", "default": false},
+                    "bias_weight_decay": {"type": "boolean", "default": true}
+                }
+            },
+            "bn_zero_init_last": {"type": "boolean", "default": true},
+            "seed": integer(0, U64, Some(0), "Seeds weights and the per-epoch shuffle."),
+            "checkpoint_every_epochs": integer(0, i128::from(MAX_EPOCHS), Some(1),
+                "Every this many epochs, at most `epochs` (0: only the final one)."),
+            "log_every_iterations": integer(1, 1_000_000, Some(20), "A metrics line every this many iterations."),
+            "max_restarts": integer(0, i128::from(MAX_RESTARTS), Some(3), "Retries of a failed attempt."),
+            "priority": integer(-i128::from(MAX_PRIORITY), i128::from(MAX_PRIORITY), Some(0), "Higher first, within a team's queue."),
+            "device": one_of(&["cpu", "gpu"], "cpu", "The kind of device every rank gets."),
+            "precision": one_of(&["fp32", "bf16"], "fp32", "bf16: autocast with float32 master weights.")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_is_an_openapi_schema_and_names_every_field_of_the_spec() {
+        let schema: RefOr<Schema> = serde_json::from_value(job_spec()).expect("an OpenAPI schema");
+        let text = serde_json::to_string(&schema).unwrap();
+        // every field the parser knows, so the document cannot fall behind a new one
+        let full = ringtrain_core::JobSpec::parse(r#"{"model": {"name": "mlp"}, "dataset": "synthetic"}"#).unwrap();
+        let fields = serde_json::to_value(&full).unwrap();
+        for field in fields.as_object().unwrap().keys() {
+            assert!(text.contains(&format!("\"{field}\"")), "{field} is not in the schema");
+        }
+    }
+}
