@@ -94,9 +94,14 @@ impl AppState {
         }
     }
 
-    /// Jobs or assignments changed: wake this server's scheduler loop and long polls, and tell the other
-    /// servers on the same database. Best effort: a lost notification only delays the next periodic pass.
+    /// Jobs or assignments changed: move the database's change version on (what agents' long polls
+    /// compare), wake this server's scheduler loop and long polls, and tell the other servers on the same
+    /// database. Best effort: a lost notification only delays the next periodic pass or poll answer.
     pub async fn changed(&self) {
+        // before the wake-up, so that a woken poll reads the new version
+        if let Err(err) = self.store.bump_change_version().await {
+            tracing::warn!(error = %err, "cannot move the change version on");
+        }
         self.changes.bump();
         if let Err(err) = self.store.notify_changes().await {
             tracing::warn!(error = %err, "cannot notify other servers of a change");

@@ -319,6 +319,46 @@ async fn a_job_that_can_never_fit_is_refused_with_its_estimate(app: TestApp) {
     app.submit(&team.member, &common::spec("small")).await;
 }
 
+/// The long poll's version is the database's: a poll that reaches another server on the same database (a
+/// replica, or this one restarted, whose own change counter starts again at 0) with the version it had still
+/// waits when nothing changed, and answers at once when something did.
+async fn long_poll_versions_hold_across_servers(app: TestApp) {
+    use tower::ServiceExt;
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
+    let uri = format!("/v1/agent/nodes/{}/assignments", node.body["id"].as_str().unwrap());
+    let version = app.get(&uri, &agent).await.body["version"].as_u64().unwrap();
+    let replica = ringtrain_api::app(ringtrain_api::AppState::new(
+        app.store.clone(),
+        ringtrain_api::ApiConfig::new(app.dir.path()),
+    ));
+    let poll = |since: u64, wait_s: u64| {
+        let replica = replica.clone();
+        let request = axum::http::Request::builder()
+            .uri(format!("{uri}?since={since}&wait_s={wait_s}"))
+            .header("authorization", format!("Bearer {agent}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        async move {
+            let response = replica.oneshot(request).await.unwrap();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        }
+    };
+    let started = std::time::Instant::now();
+    let quiet = poll(version, 1).await;
+    assert!(started.elapsed() >= Duration::from_millis(900), "answered after {:?}", started.elapsed());
+    assert_eq!(quiet["version"].as_u64(), Some(version));
+    app.submit(&team.member, &common::spec("a change")).await;
+    let started = std::time::Instant::now();
+    let moved = poll(version, 10).await;
+    assert!(started.elapsed() < Duration::from_secs(2), "answered after {:?}", started.elapsed());
+    assert!(moved["version"].as_u64().unwrap() > version, "{moved}");
+}
+
 /// A server that starts again after an outage longer than the lease does not fail the placements whose
 /// agents kept running: leases expire only once the agents have had a node timeout to heartbeat.
 async fn leases_that_ran_out_in_an_outage_get_a_grace(app: TestApp) {
@@ -361,4 +401,5 @@ ringtrain_store::on_both_backends!(
     an_unplaceable_job_says_why_and_fails_after_the_grace,
     leases_that_ran_out_in_an_outage_get_a_grace,
     a_job_that_can_never_fit_is_refused_with_its_estimate,
+    long_poll_versions_hold_across_servers,
 );

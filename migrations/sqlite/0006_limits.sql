@@ -10,3 +10,8 @@ ALTER TABLE devices ADD COLUMN retired BOOLEAN NOT NULL DEFAULT FALSE;
 
 -- A team's storage quota in bytes, datasets and checkpoints together; NULL: the server's default.
 ALTER TABLE teams ADD COLUMN storage_quota_bytes BIGINT;
+
+-- The version agents' long polls carry (issue 12): one counter in the database, moved on every change of
+-- jobs or assignments, so it survives a server restart and is the same through every replica.
+CREATE TABLE change_version (id INTEGER PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL);
+INSERT INTO change_version (id, seq) VALUES (1, 0);

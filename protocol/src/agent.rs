@@ -51,7 +51,8 @@ pub struct PollQuery {
 /// What a node should run and stop.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Poll {
-    /// Pass it back as `since`: the poll then waits until something changed after this answer.
+    /// Pass it back as `since`: the poll then waits until something changed after this answer. The
+    /// database's change version: valid on every server of the pool and across their restarts.
     pub version: u64,
     /// Ranks to run (pending ones are marked delivered by this poll; delivered and running ones are repeated,
     /// so a restarted agent finds them again).

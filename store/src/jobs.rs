@@ -27,6 +27,10 @@ pub trait JobStore: Send + Sync {
     async fn count_jobs_by_state(&self) -> StoreResult<Vec<(JobState, i64)>>;
     /// The team's queued jobs.
     async fn count_queued(&self, team: TeamId) -> StoreResult<i64>;
+    /// Moves the change version on (every change of jobs or assignments does); returns the new one.
+    async fn bump_change_version(&self) -> StoreResult<i64>;
+    /// The change version agents' long polls compare: the same through every server, across restarts.
+    async fn change_version(&self) -> StoreResult<i64>;
     /// Marks a queued job as not placeable on the pool as it exists, with `reason` (keeping the first
     /// `since` while it stays so), or clears the mark (`None`). Nothing happens to a job no longer queued.
     async fn mark_unplaceable(&self, job: JobId, reason: Option<&str>) -> StoreResult<()>;
@@ -217,6 +221,21 @@ macro_rules! impl_job_store {
                             .fetch_one(self.pool())
                             .await?;
                     Ok(n)
+                }
+
+                async fn bump_change_version(&self) -> StoreResult<i64> {
+                    let (seq,): (i64,) =
+                        sqlx::query_as("UPDATE change_version SET seq = seq + 1 WHERE id = 1 RETURNING seq")
+                            .fetch_one(self.pool())
+                            .await?;
+                    Ok(seq)
+                }
+
+                async fn change_version(&self) -> StoreResult<i64> {
+                    let (seq,): (i64,) = sqlx::query_as("SELECT seq FROM change_version WHERE id = 1")
+                        .fetch_one(self.pool())
+                        .await?;
+                    Ok(seq)
                 }
 
                 async fn mark_unplaceable(&self, job: JobId, reason: Option<&str>) -> StoreResult<()> {

@@ -18,7 +18,8 @@ use crate::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::state::AppState;
 
 /// What this node should run and stop. With `since`, a long poll: it answers as soon as jobs or assignments
-/// change, or after `wait_s`.
+/// change, or after `wait_s`. `version` is the database's change version: the same through every server
+/// and across restarts, so a poll that reaches another replica, or a restarted server, still waits.
 #[utoipa::path(get, path = "/v1/agent/nodes/{id}/assignments", tag = "agent", params(("id" = Uuid, Path), PollQuery),
     responses((status = 200, body = Poll), (status = 404)),
     security(("bearer" = [])))]
@@ -31,9 +32,21 @@ pub async fn poll_assignments(
     let node = own_node(&state, &agent, id).await?;
     if let Some(since) = query.since {
         let wait = Duration::from_secs(query.wait_s.unwrap_or(u64::MAX)).min(state.config.max_poll_wait);
-        state.changes.wait_past(since, wait).await;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // this server's counter first: a change after the read below wakes the wait
+            let seen = state.changes.version();
+            if state.store.change_version().await?.max(0) as u64 != since {
+                break;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            state.changes.wait_past(seen, deadline - now).await;
+        }
     }
-    let version = state.changes.version();
+    let version = state.store.change_version().await?.max(0) as u64;
     let live = state.store.node_assignments(id, &AssignmentState::LIVE).await?;
     let mut poll = Poll { version, work: Vec::new(), stop: Vec::new(), preempt: Vec::new() };
     for mut assignment in live {
