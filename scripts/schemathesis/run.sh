@@ -26,8 +26,10 @@ fi
 data=$(mktemp -d)
 admin="rt_schemathesis_$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 log="$data/server.log"
-# no per-token rate limit: the run sends hundreds of requests a second with one token
-RINGTRAIN_RATE_LIMIT=0 "$binary" serve --listen 127.0.0.1:0 --data-dir "$data/server" --bootstrap-token "$admin" >"$log" 2>&1 &
+# SQLite in the fresh data directory, never the DATABASE_URL the tests get (serve reads it from the
+# environment); no per-token rate limit: the run sends hundreds of requests a second with one token
+env -u DATABASE_URL RINGTRAIN_RATE_LIMIT=0 \
+  "$binary" serve --listen 127.0.0.1:0 --data-dir "$data/server" --bootstrap-token "$admin" >"$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$data"' EXIT
 url=""
