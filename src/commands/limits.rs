@@ -5,41 +5,46 @@ use std::time::Duration;
 
 use ringtrain_api::ApiConfig;
 
+/// The API's own defaults: the flags' defaults are read from them, so the two cannot drift apart.
+fn defaults() -> ApiConfig {
+    ApiConfig::new("")
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct LimitArgs {
     /// Requests handled at once, over all callers; beyond it 429 with Retry-After.
-    #[arg(long, env = "RINGTRAIN_MAX_IN_FLIGHT", default_value_t = 512)]
+    #[arg(long, env = "RINGTRAIN_MAX_IN_FLIGHT", default_value_t = defaults().admission.max_in_flight)]
     pub max_in_flight: usize,
     /// Sustained requests per second one token may make (0: no limit); beyond it 429 with Retry-After.
-    #[arg(long, env = "RINGTRAIN_RATE_LIMIT", default_value_t = 50.0)]
+    #[arg(long, env = "RINGTRAIN_RATE_LIMIT", default_value_t = defaults().admission.rate_per_second)]
     pub rate_limit: f64,
     /// Requests one token may make in a burst after being idle.
-    #[arg(long, env = "RINGTRAIN_RATE_BURST", default_value_t = 200.0)]
+    #[arg(long, env = "RINGTRAIN_RATE_BURST", default_value_t = defaults().admission.rate_burst)]
     pub rate_burst: f64,
     /// Event streams one token may follow at once.
-    #[arg(long, env = "RINGTRAIN_MAX_STREAMS_PER_TOKEN", default_value_t = 8)]
+    #[arg(long, env = "RINGTRAIN_MAX_STREAMS_PER_TOKEN", default_value_t = defaults().admission.max_streams_per_token)]
     pub max_streams_per_token: usize,
     /// Seconds an event stream lives before the server ends it (clients reconnect with Last-Event-ID).
-    #[arg(long, env = "RINGTRAIN_MAX_STREAM_SECONDS", default_value_t = 3600)]
+    #[arg(long, env = "RINGTRAIN_MAX_STREAM_SECONDS", default_value_t = defaults().admission.max_stream_lifetime.as_secs())]
     pub max_stream_seconds: u64,
     /// Iteration reports one job may store per second; beyond it an evenly spaced subset is kept (0: all).
-    #[arg(long, env = "RINGTRAIN_METRIC_ROWS_PER_SECOND", default_value_t = 500.0)]
+    #[arg(long, env = "RINGTRAIN_METRIC_ROWS_PER_SECOND", default_value_t = defaults().metric_rows_per_second)]
     pub metric_rows_per_second: f64,
     /// Queued jobs one team may have; a submission beyond is 429.
-    #[arg(long, env = "RINGTRAIN_MAX_QUEUED_PER_TEAM", default_value_t = 1_000)]
+    #[arg(long, env = "RINGTRAIN_MAX_QUEUED_PER_TEAM", default_value_t = defaults().max_queued_per_team)]
     pub max_queued_per_team: i64,
     /// Seconds a queued job the pool cannot place (too many devices, or none of its kind) waits, marked with
     /// the reason, before it fails.
-    #[arg(long, env = "RINGTRAIN_UNPLACEABLE_GRACE_SECONDS", default_value_t = 3600)]
+    #[arg(long, env = "RINGTRAIN_UNPLACEABLE_GRACE_SECONDS", default_value_t = ringtrain_scheduler::LoopConfig::default().unplaceable_grace.as_secs())]
     pub unplaceable_grace_seconds: u64,
     /// Bytes of datasets and checkpoints a team may keep, unless the platform admin set its own quota.
-    #[arg(long, env = "RINGTRAIN_TEAM_STORAGE_BYTES", default_value_t = 100 << 30)]
+    #[arg(long, env = "RINGTRAIN_TEAM_STORAGE_BYTES", default_value_t = defaults().team_storage_bytes)]
     pub team_storage_bytes: u64,
     /// Free bytes uploads must leave on the data directory's disk (507 beyond).
-    #[arg(long, env = "RINGTRAIN_MIN_FREE_BYTES", default_value_t = 1 << 30)]
+    #[arg(long, env = "RINGTRAIN_MIN_FREE_BYTES", default_value_t = defaults().min_free_bytes)]
     pub min_free_bytes: u64,
     /// Checkpoints kept per job besides its final weights (the newest; older ones are deleted).
-    #[arg(long, env = "RINGTRAIN_KEEP_CHECKPOINTS", default_value_t = 3, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, env = "RINGTRAIN_KEEP_CHECKPOINTS", default_value_t = defaults().keep_checkpoints, value_parser = clap::value_parser!(i64).range(1..))]
     pub keep_checkpoints: i64,
 }
 
