@@ -377,3 +377,34 @@ fn a_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint() {
     assert!(!out.join("result.json").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A rank started for a parent that is already gone (an agent killed while the rank was still loading)
+/// exits at once instead of training on as an orphan whose reports reach no one; with its real parent
+/// named it trains.
+#[test]
+fn a_rank_whose_named_parent_is_gone_exits_at_once() {
+    let dir = scratch("orphan");
+    let spec = write_spec(&dir, &mlp_spec(1, 8, "goyal"));
+    let rank = |parent: u32| {
+        ringtrain()
+            .arg("train")
+            .arg("--spec")
+            .arg(&spec)
+            .args(["--rank", "0", "--world", "1", "--rendezvous", "127.0.0.1:0", "--out"])
+            .arg(dir.join(format!("out-{parent}")))
+            .args(["--exit-with-parent", "--parent-pid", &parent.to_string()])
+            .output()
+            .unwrap()
+    };
+    // pid 1 is never this test's process: the rank's named parent is "gone"
+    let orphan = rank(1);
+    // killed by itself at once (SIGKILL), not left to exit() while libtorch is torn down under it
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&orphan.status), Some(9), "{:?}", orphan.status);
+    let stderr = String::from_utf8_lossy(&orphan.stderr);
+    assert!(stderr.contains("(pid 1) is gone"), "{stderr}");
+    assert!(metrics(&orphan.stdout).is_empty(), "it trained anyway");
+    let adopted = rank(std::process::id());
+    assert!(adopted.status.success(), "{}", String::from_utf8_lossy(&adopted.stderr));
+    assert!(!metrics(&adopted.stdout).is_empty());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::client::Client;
 use crate::files::{dataset_file, fetch_checkpoint};
 use crate::relay::Relay;
-use crate::report::{end_assignment, report_failure, OUTCOME_TRIES};
+use crate::report::{end_assignment, report_failure, report_outcome, OUTCOME_TRIES};
 
 /// What every rank of this agent shares.
 #[derive(Debug)]
@@ -108,6 +108,8 @@ async fn run_inner(
     let stop_file = rank_dir.join("stop");
     let _ = tokio::fs::remove_file(&stop_file).await;
     command.arg("train").arg("--spec").arg(&spec_path).arg("--out").arg(&out).arg("--exit-with-parent");
+    // Named, so a rank whose agent died while it was still loading exits instead of training on unseen.
+    command.args(["--parent-pid", &std::process::id().to_string()]);
     command.arg("--stop-file").arg(&stop_file);
     if let Some(file) = dataset_file(ctx, work).await? {
         command.arg("--dataset-file").arg(file);
@@ -167,26 +169,24 @@ async fn run_inner(
             // Preempted: every rank stopped at the same iteration and rank 0 wrote a checkpoint of it, which
             // the job's next placement resumes from.
             if a.rank == 0 {
-                // The next placement resumes from this checkpoint: worth a few tries.
-                for _ in 0..10 {
-                    if relay.try_upload(false).await.is_ok() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
+                // The next placement resumes from this checkpoint: worth riding out a server restart.
+                relay.upload_retrying(false, OUTCOME_TRIES).await;
             }
             tracing::info!("stopped after a checkpoint (preempted)");
             AssignmentState::Cancelled
         }
         Ending::Exited(status) if status.success() => {
             if a.rank == 0 {
-                relay.upload_new_checkpoint(false).await;
-                relay.upload_new_checkpoint(true).await;
+                // The whole run was for these: retried through a server outage (a result lost here would
+                // make the server run the job again).
+                relay.upload_retrying(false, OUTCOME_TRIES).await;
+                relay.upload_retrying(true, OUTCOME_TRIES).await;
                 let result: Value = match tokio::fs::read(out.join("result.json")).await {
                     Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
                     Err(_) => Value::Null,
                 };
-                match ctx.client.report_result(a.job_id, &ResultReport::succeeded(a.attempt, Some(result))).await {
+                let report = ResultReport::succeeded(a.attempt, Some(result));
+                match report_outcome(ctx, a.job_id, &report).await {
                     Ok(_) => tracing::info!("succeeded"),
                     Err(err) => tracing::warn!(error = %err, "the result was not taken"),
                 }

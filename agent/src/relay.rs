@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use ringtrain_client::CallError;
 use ringtrain_protocol::Work;
 use serde_json::{Map, Value};
 use tokio::sync::Notify;
@@ -16,6 +17,7 @@ use tracing::Instrument;
 
 use crate::client::CheckpointArchive;
 use crate::rank::{AgentContext, TICK};
+use crate::report::OUTCOME_TRIES;
 
 /// Lines of a rank's stderr kept for its failure report.
 const STDERR_TAIL: usize = 30;
@@ -122,13 +124,21 @@ impl Relay {
     }
 
     /// Stops the background task (what it had in flight is sent again below: the server keys metrics and
-    /// checkpoints, so a repeat replaces) and sends the metric lines left.
+    /// checkpoints, so a repeat replaces) and sends the metric lines left, through a server outage (every
+    /// 2 s, as long as an outcome report would wait): the lines live only in this relay, and the rank's
+    /// outcome is reported after them, so a job is never seen ended with its curves still on the way.
     pub async fn finish(&mut self) {
         if let Some(task) = self.background.take() {
             task.abort();
             let _ = task.await;
         }
-        self.shared.flush_metrics().await;
+        for _ in 0..OUTCOME_TRIES {
+            if self.shared.flush_metrics().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        tracing::warn!(lines = self.shared.pending().lines.len(), "the server took no metrics for 2 minutes: dropped");
     }
 
     /// Uploads the newest checkpoint if it was not uploaded yet (or, `is_final`, uploads it again as the
@@ -141,6 +151,25 @@ impl Relay {
     pub async fn upload_new_checkpoint(&self, is_final: bool) {
         if let Err(err) = self.try_upload(is_final).await {
             tracing::warn!(error = format!("{err:#}"), "checkpoint upload failed");
+        }
+    }
+
+    /// [`Relay::try_upload`] through a server outage: up to `tries` times, 2 s apart, unless the server
+    /// refuses it (a 4xx, e.g. the team's storage quota). For what must not be lost: the checkpoint the
+    /// next placement resumes from, and the job's final weights.
+    pub async fn upload_retrying(&self, is_final: bool, tries: u32) {
+        for attempt in 1..=tries.max(1) {
+            match self.try_upload(is_final).await {
+                Ok(()) => return,
+                Err(err) => {
+                    let refused = err.downcast_ref::<CallError>().is_some_and(CallError::is_final);
+                    if refused || attempt >= tries {
+                        tracing::warn!(error = format!("{err:#}"), attempt, "checkpoint upload failed");
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         }
     }
 }
@@ -198,22 +227,22 @@ impl Shared {
     }
 
     /// Sends the pending lines in batches; stops at the first batch the server could not take (kept for
-    /// the next tick). A batch the server refuses (4xx other than 429) is dropped.
-    async fn flush_metrics(&self) {
+    /// the next tick). A batch the server refuses (4xx other than 429) is dropped. True when none is left.
+    async fn flush_metrics(&self) -> bool {
         loop {
             let (batch, last) = {
                 let mut pending = self.pending();
                 let lines = pending.lines.make_contiguous();
                 let reports: Vec<Map<String, Value>> = lines.iter().map(|(_, r)| r.clone()).collect();
                 let n = batch_len(&reports);
-                let Some(last) = lines.get(n.wrapping_sub(1)).map(|(seq, _)| *seq) else { return };
+                let Some(last) = lines.get(n.wrapping_sub(1)).map(|(seq, _)| *seq) else { return true };
                 (reports.into_iter().take(n).collect::<Vec<_>>(), last)
             };
             match self.ctx.client.report_metrics(self.job, self.attempt, &batch).await {
                 Ok(()) => {}
                 Err(err) if err.is_final() => tracing::warn!(error = %err, "metrics refused, dropped"),
                 // Unreachable: keep them for the next tick.
-                Err(_) => return,
+                Err(_) => return false,
             }
             self.pending().lines.retain(|(seq, _)| *seq > last);
         }
@@ -248,7 +277,10 @@ impl Shared {
         let _ = tokio::fs::remove_file(&archive_path).await;
         match sent {
             Ok(()) => {}
-            Err(err) if err.is_final() => bail!("the server refused checkpoint {name}: {err}"),
+            // kept as the CallError under the context: `upload_retrying` gives up on a refusal
+            Err(err) if err.is_final() => {
+                return Err(anyhow::Error::new(err).context(format!("the server refused checkpoint {name}")))
+            }
             Err(err) => return Err(err.into()),
         }
         *self.uploaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(name);

@@ -142,10 +142,12 @@ async fn agent_runs_a_job_to_success(app: TestApp) {
     assert_eq!(listed.body["checkpoints"][0]["iteration"], 32);
     assert_eq!(listed.body["checkpoints"][0]["size_bytes"], 1234);
 
-    // A stale attempt is refused; the real one finishes the job.
+    // A stale attempt is refused; the real one finishes the job once rank 1's agent ended its rank `done`
+    // (it does after sending the rank's last metric lines).
     app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &json!({"attempt": attempt + 1, "outcome": "succeeded"}))
         .await
         .problem(404);
+    app.end_other_ranks(&job, attempt, ringtrain_core::AssignmentState::Done).await;
     let done = app
         .post(
             &format!("/v1/agent/jobs/{job}/result"),
@@ -161,11 +163,11 @@ async fn agent_runs_a_job_to_success(app: TestApp) {
     app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &json!({"attempt": attempt, "outcome": "failed"}))
         .await
         .problem(409);
-    // Nothing left to run; the agent is told the attempt is over and reports its ranks done.
+    // Nothing left to run; the agent is told the attempt is over and reports rank 0 done (rank 1 was).
     let poll = app.get(&format!("/v1/agent/nodes/{node}/assignments"), &agent).await;
     assert_eq!(poll.body["work"], json!([]));
     let stop = poll.body["stop"].as_array().unwrap().clone();
-    assert_eq!(stop.len(), 2);
+    assert_eq!(stop.len(), 1);
     for id in &stop {
         let uri = format!("/v1/agent/assignments/{}/state", id.as_str().unwrap());
         assert_eq!(app.post(&uri, &agent, &json!({"from": "running", "to": "done"})).await.status, 200);
@@ -188,6 +190,22 @@ async fn stop_all(app: &TestApp, agent: &str, stop: &Value) -> usize {
         assert_eq!(reply.status, 200, "{}", reply.text);
     }
     stop.len()
+}
+
+/// A success is not taken while another rank of the attempt ended otherwise than `done` (its agent died
+/// with its last metric lines, or it was stopped): the attempt cannot have succeeded with every report.
+async fn a_success_is_refused_when_another_rank_did_not_end_done(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let job = app.submit(&team.member, &spec("gate")).await;
+    let (_, attempt) = place(&app, &agent, &job).await;
+    app.post(&format!("/v1/agent/jobs/{job}/running"), &agent, &json!({"attempt": attempt})).await;
+    app.end_other_ranks(&job, attempt, ringtrain_core::AssignmentState::Failed).await;
+    let success = json!({"attempt": attempt, "outcome": "succeeded", "result": {}});
+    let refused = app.post(&format!("/v1/agent/jobs/{job}/result"), &agent, &success).await;
+    assert_eq!(refused.status, 409, "{}", refused.text);
+    assert!(refused.text.contains("rank 1"), "{}", refused.text);
+    assert_eq!(app.get(&format!("/v1/jobs/{job}"), &team.viewer).await.body["state"], "running");
 }
 
 async fn retryable_failure_requeues_and_cancel_stops_ranks(app: TestApp) {
@@ -265,4 +283,4 @@ async fn agents_are_isolated(app: TestApp) {
     assert_eq!(paths, vec!["devices[1].index", "devices[1].kind"]);
 }
 
-ringtrain_store::on_both_backends!(setup = crate::common::TestApp::new; agent_runs_a_job_to_success, retryable_failure_requeues_and_cancel_stops_ranks, agents_are_isolated);
+ringtrain_store::on_both_backends!(setup = crate::common::TestApp::new; agent_runs_a_job_to_success, a_success_is_refused_when_another_rank_did_not_end_done, retryable_failure_requeues_and_cancel_stops_ranks, agents_are_isolated);

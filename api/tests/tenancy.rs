@@ -99,6 +99,7 @@ async fn agents_are_trusted_only_for_their_own_work(app: TestApp) {
     let success = json!({"attempt": attempt, "outcome": "succeeded", "result": {}});
     app.post(&format!("/v1/agent/jobs/{job}/result"), &rank1, &success).await.problem(404);
     app.post(&format!("/v1/agent/jobs/{job}/result"), &stranger, &success).await.problem(404);
+    app.end_other_ranks(&job, attempt, ringtrain_core::AssignmentState::Done).await;
     let done = app.post(&format!("/v1/agent/jobs/{job}/result"), &rank0, &success).await;
     assert_eq!(done.status, 200, "{}", done.text);
     // a stale attempt cannot upload any more

@@ -60,6 +60,11 @@ pub struct Args {
     /// ranks behind).
     #[arg(long)]
     exit_with_parent: bool,
+    /// The process that started this one (agents pass their pid): with `--exit-with-parent`, a parent that
+    /// died before this rank started watching is noticed too (the rank would otherwise see its new parent,
+    /// the reaper, as the one to watch, and train on as an orphan whose reports reach no one).
+    #[arg(long, requires = "exit_with_parent")]
+    parent_pid: Option<u32>,
     /// When this file appears, every rank stops after the current iteration, with a checkpoint of it
     /// (exit status 4). Agents use it to preempt a job without losing work.
     #[arg(long)]
@@ -109,7 +114,7 @@ fn load_spec(path: &PathBuf) -> Result<JobSpec> {
 
 fn run_rank(args: &Args, rank: usize) -> Result<()> {
     if args.exit_with_parent {
-        exit_with_parent();
+        exit_with_parent(args.parent_pid);
     }
     exit_on_out_of_memory(rank);
     let spec = load_spec(&args.spec)?;
@@ -200,16 +205,31 @@ pub fn is_out_of_memory(message: &str) -> bool {
         .any(|m| message.contains(m))
 }
 
-/// Watches the parent process from a thread: when it dies this process is re-parented, and exits. (No
-/// `prctl(PR_SET_PDEATHSIG)`: that needs unsafe code, and a one-second poll is cheap.)
-fn exit_with_parent() {
-    let parent = std::os::unix::process::parent_id();
-    std::thread::spawn(move || loop {
-        std::thread::sleep(Duration::from_secs(1));
+/// Watches the parent process from a thread: when it dies this process is re-parented, and dies too. The
+/// parent is `expected` when given (checked at once: it may have died while this process was loading),
+/// else whoever the parent is now. (No `prctl(PR_SET_PDEATHSIG)`: that needs unsafe code, has the same
+/// race, and a getppid every 100 ms is cheap.)
+///
+/// It dies by SIGKILL to itself, not `exit`: `exit` from this thread runs libtorch's static destructors
+/// while the main thread goes on training, for seconds (an orphaned rank kept its all-reduce partner
+/// training to the end, its metrics reaching no one), and then panics in a torn-down context.
+fn exit_with_parent(expected: Option<u32>) {
+    let parent = expected.unwrap_or_else(std::os::unix::process::parent_id);
+    let gone = move || {
         if std::os::unix::process::parent_id() != parent {
-            eprintln!("the process that started this rank is gone: exiting");
-            std::process::exit(1);
+            // Not eprintln!: stderr is a pipe to the dead parent, and eprintln! panics on a broken pipe,
+            // which would end only this thread and leave the rank training on.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "the process that started this rank (pid {parent}) is gone: exiting");
+            let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+            std::process::abort();
         }
+    };
+    gone();
+    // a tenth of a second: an orphan's lines reach no one, so it should take as few steps as possible
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(100));
+        gone();
     });
 }
 

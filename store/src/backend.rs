@@ -33,6 +33,10 @@ pub(crate) trait SqlBackend: Send + Sync {
     /// The migrations of this build for this dialect.
     fn migrator(&self) -> &'static Migrator;
 
+    /// What orders writes where the database has one writer at a time (SQLite): heartbeats and lease
+    /// renewals go before metric batches. None where rows are locked one by one (Postgres).
+    fn write_gate(&self) -> Option<&crate::write_gate::WriteGate>;
+
     /// Holds, or takes now, the scheduler leadership (a Postgres advisory lock; always on SQLite).
     fn try_lead(&self) -> impl Future<Output = StoreResult<bool>> + Send;
 

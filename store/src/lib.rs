@@ -27,6 +27,7 @@ mod error;
 mod model;
 mod rows;
 mod token;
+mod write_gate;
 
 pub mod test_support;
 
@@ -49,7 +50,7 @@ pub use assignments::AssignmentStore;
 pub use error::{StoreError, StoreResult};
 pub use jobs::JobStore;
 pub use lifecycle::{Cancellation, LifecycleStore};
-pub use metrics::MetricStore;
+pub use metrics::{MetricStore, RankProgress};
 pub use model::*;
 pub use nodes::NodeStore;
 pub use postgres::PgStore;

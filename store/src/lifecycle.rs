@@ -377,6 +377,7 @@ macro_rules! impl_lifecycle_store {
                 }
 
                 async fn renew_node_leases(&self, node_id: NodeId, lease: Duration) -> StoreResult<u64> {
+                    let _urgent = self.write_gate().map(|gate| gate.urgent());
                     let done = sqlx::query(
                         "UPDATE jobs SET lease_expires = $2 WHERE state IN ('scheduled', 'running') \
                          AND lease_owner IS NOT NULL AND id IN (SELECT job_id FROM assignments WHERE node_id = $1 \

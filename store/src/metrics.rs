@@ -14,6 +14,18 @@ pub trait MetricStore: Send + Sync {
     async fn query_metrics(&self, job: JobId, query: &MetricsQuery) -> StoreResult<Vec<MetricPoint>>;
     /// Points matching the query's kind, rank and from_iteration (for choosing a downsampling stride).
     async fn count_metrics(&self, job: JobId, query: &MetricsQuery) -> StoreResult<i64>;
+    /// How far each rank's reports reached, by rank (ranks that reported nothing are absent).
+    async fn reported_progress(&self, job: JobId) -> StoreResult<Vec<RankProgress>>;
+}
+
+/// How far one rank's reports reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankProgress {
+    pub rank: i32,
+    /// The newest iteration of its iteration reports (None: none yet).
+    pub newest_iteration: Option<i64>,
+    /// How many epoch reports it has.
+    pub epochs: i64,
 }
 
 /// Most metric points written per INSERT: 8 parameters each stays far under both databases' limits.
@@ -65,6 +77,11 @@ macro_rules! impl_metric_store {
                     let points = dedup_points(points);
                     let now = now();
                     let mut written = 0;
+                    // Behind any heartbeat waiting for SQLite's one writer (see write_gate).
+                    let _turn = match self.write_gate() {
+                        Some(gate) => Some(gate.bulk().await),
+                        None => None,
+                    };
                     let mut tx = self.pool().begin().await?;
                     for chunk in points.chunks(METRICS_CHUNK) {
                         let mut q = Builder::new(
@@ -120,6 +137,24 @@ macro_rules! impl_metric_store {
                     q.push(" ORDER BY kind, iteration, rank LIMIT ").push_bind(query.limit);
                     let rows: Vec<MetricRow> = q.build_query_as().fetch_all(self.pool()).await?;
                     Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn reported_progress(&self, job: JobId) -> StoreResult<Vec<crate::metrics::RankProgress>> {
+                    let rows: Vec<(i32, Option<i64>, Option<i64>)> = sqlx::query_as(
+                        "SELECT rank, MAX(CASE WHEN kind = 'iteration' THEN iteration END), \
+                         SUM(CASE WHEN kind = 'epoch' THEN 1 ELSE 0 END) FROM metrics WHERE job_id = $1 GROUP BY rank",
+                    )
+                    .bind(job.0)
+                    .fetch_all(self.pool())
+                    .await?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|(rank, newest_iteration, epochs)| crate::metrics::RankProgress {
+                            rank,
+                            newest_iteration,
+                            epochs: epochs.unwrap_or(0),
+                        })
+                        .collect())
                 }
 
                 async fn count_metrics(&self, job: JobId, query: &MetricsQuery) -> StoreResult<i64> {

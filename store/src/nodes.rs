@@ -100,6 +100,7 @@ macro_rules! impl_node_store {
                 }
 
                 async fn heartbeat(&self, node_id: NodeId, agent_token: TokenId) -> StoreResult<bool> {
+                    let _urgent = self.write_gate().map(|gate| gate.urgent());
                     let done = sqlx::query(
                         "UPDATE nodes SET last_heartbeat = $3, state = 'up' WHERE id = $1 AND agent_token_id = $2",
                     )

@@ -59,6 +59,11 @@ impl SqlBackend for PgStore {
         &MIGRATOR
     }
 
+    /// Postgres locks rows: a heartbeat never waits behind a metric insert.
+    fn write_gate(&self) -> Option<&crate::write_gate::WriteGate> {
+        None
+    }
+
     async fn try_lead(&self) -> StoreResult<bool> {
         let mut leader = self.leader.lock().await;
         if let Some(connection) = leader.as_mut() {

@@ -1,6 +1,7 @@
 //! The embedded SQLite store: the single-machine default (`ringtrain up`), one file under the data directory.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
@@ -9,6 +10,7 @@ use sqlx::Sqlite;
 use crate::backend::SqlBackend;
 use crate::error::{StoreError, StoreResult};
 use crate::model::Backend;
+use crate::write_gate::WriteGate;
 
 /// The migrations of this build, embedded at compile time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -16,6 +18,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sql
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    gate: Arc<WriteGate>,
 }
 
 impl SqliteStore {
@@ -44,7 +47,7 @@ impl SqliteStore {
             .await
             .map_err(StoreError::Database)?;
         MIGRATOR.run(&pool).await?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, gate: Arc::default() })
     }
 }
 
@@ -60,6 +63,10 @@ impl SqlBackend for SqliteStore {
 
     fn migrator(&self) -> &'static sqlx::migrate::Migrator {
         &MIGRATOR
+    }
+
+    fn write_gate(&self) -> Option<&WriteGate> {
+        Some(&self.gate)
     }
 
     /// One server owns a SQLite file, so it always leads.

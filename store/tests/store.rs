@@ -208,6 +208,17 @@ async fn metrics_deduplicate_across_attempts(store: Arc<dyn Store>) {
     // Large batches are chunked.
     let many: Vec<MetricPoint> = (0..2000).map(|i| point("iteration", 1, i, 1, 0.5)).collect();
     assert_eq!(store.record_metrics(job.id, &many).await.unwrap(), 2000);
+    // How far each rank's reports reached (what a resumed placement's checkpoint is chosen by).
+    let mut progress = store.reported_progress(job.id).await.unwrap();
+    progress.sort_by_key(|p| p.rank);
+    assert_eq!(
+        progress,
+        [
+            RankProgress { rank: 0, newest_iteration: Some(39), epochs: 1 },
+            RankProgress { rank: 1, newest_iteration: Some(1999), epochs: 0 },
+        ]
+    );
+    assert!(store.reported_progress(JobId::new()).await.unwrap().is_empty());
     let downsampled = MetricsQuery { rank: Some(1), stride: 100, limit: 1000, ..Default::default() };
     let points = store.query_metrics(job.id, &downsampled).await.unwrap();
     assert_eq!(points.iter().map(|p| p.iteration).collect::<Vec<_>>(), (0..2000).step_by(100).collect::<Vec<_>>());

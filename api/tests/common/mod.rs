@@ -158,6 +158,23 @@ impl TestApp {
         reply.body["token"].as_str().unwrap().to_string()
     }
 
+    /// Ends every rank of the attempt but rank 0 `to`, as their agents do once their ranks exited and their
+    /// metric lines were sent (a success is taken only after the others ended `done`).
+    pub async fn end_other_ranks(&self, job: &str, attempt: i32, to: ringtrain_core::AssignmentState) {
+        use ringtrain_core::AssignmentState::{Delivered, Pending, Running};
+        let id = ringtrain_core::JobId(job.parse().unwrap());
+        for a in self.store.job_assignments(id, attempt).await.unwrap() {
+            if a.rank == 0 {
+                continue;
+            }
+            let mut ended = false;
+            for from in [Pending, Delivered, Running] {
+                ended = ended || self.store.set_assignment_state(a.id, from, to).await.unwrap();
+            }
+            assert!(ended, "rank {} was {}", a.rank, a.state);
+        }
+    }
+
     /// Submits `spec` and returns the job's id.
     pub async fn submit(&self, token: &str, spec: &Value) -> String {
         let reply = self.post("/v1/jobs", token, spec).await;

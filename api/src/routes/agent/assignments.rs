@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
-use ringtrain_core::{AssignmentId, AssignmentState, FieldError, JobId, JobState, NodeId};
+use ringtrain_core::{AssignmentId, AssignmentState, FieldError, JobState, NodeId};
 use ringtrain_protocol::{AssignmentUpdate, EndpointReport, Poll, PollQuery, Work};
-use ringtrain_store::{Assignment, Checkpoint};
+use ringtrain_store::{Assignment, Checkpoint, Job};
 use uuid::Uuid;
 
 use crate::access::{own_assignment, own_node};
 use crate::auth::Agent;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBody};
+use crate::resume::{resume_point, ReportShape};
 use crate::state::AppState;
 
 /// What this node should run and stop. With `since`, a long poll: it answers as soon as jobs or assignments
@@ -75,7 +76,12 @@ pub async fn poll_assignments(
             let ranks = state.store.job_assignments(job.id, job.attempt).await?;
             ranks.into_iter().find(|a| a.rank == 0).and_then(|a| a.endpoint)
         };
-        let resume = if assignment.rank == 0 { latest_checkpoint(&state, job.id).await? } else { None };
+        // Only a rank 0 that is still to start needs it (a running one ignores its work item).
+        let resume = if assignment.rank == 0 && assignment.state != AssignmentState::Running {
+            resume_checkpoint(&state, job).await?
+        } else {
+            None
+        };
         let device_index = node.devices.iter().find(|d| d.id == assignment.device_id).map_or(0, |d| d.index);
         let dataset_sha256 = match job.spec["dataset"].as_str().and_then(|d| d.parse::<Uuid>().ok()) {
             Some(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
@@ -97,11 +103,21 @@ pub async fn poll_assignments(
     Ok(Json(poll))
 }
 
-/// The newest checkpoint a resumed placement starts from. (Final checkpoints are the same files as the
-/// last epoch's, registered again as the job's weights.)
-async fn latest_checkpoint(state: &AppState, job: JobId) -> ApiResult<Option<Checkpoint>> {
-    let checkpoints = state.store.list_checkpoints(job).await?;
-    Ok(checkpoints.into_iter().filter(|c| !c.is_final).max_by_key(|c| c.iteration))
+/// The checkpoint a resumed placement starts from: the newest every rank's reports reached
+/// ([`crate::resume`]). (Final checkpoints are the same files as the last epoch's, registered again as the
+/// job's weights.)
+async fn resume_checkpoint(state: &AppState, job: &Job) -> ApiResult<Option<Checkpoint>> {
+    let checkpoints = state.store.list_checkpoints(job.id).await?;
+    if checkpoints.is_empty() {
+        return Ok(None);
+    }
+    let progress = state.store.reported_progress(job.id).await?;
+    let shape = ReportShape {
+        workers: job.workers,
+        log_every: job.spec["log_every_iterations"].as_i64().unwrap_or(1),
+        iterations_per_epoch: job.effective.as_ref().and_then(|e| e["iterations_per_epoch"].as_i64()).unwrap_or(1),
+    };
+    Ok(resume_point(checkpoints, &progress, shape))
 }
 
 /// Checks HOST:PORT: a port from 1 to 65535 and a host of letters, digits, `.`, `-`, `:` or brackets.

@@ -3,12 +3,14 @@
 //! (Checkpoints are uploaded as files, `PUT .../checkpoints/{name}` in `transfers`; there is no route that
 //! records a path an agent names, which would let it make the server serve any file.)
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use ringtrain_core::{FieldError, JobState};
+use ringtrain_core::{AssignmentState, FieldError, JobId, JobState};
 use ringtrain_protocol::{AttemptBody, MetricsAck, MetricsBatch, Outcome, ResultAck, ResultReport};
-use ringtrain_store::{MetricPoint, Transition};
+use ringtrain_store::{Assignment, MetricPoint, Transition};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -142,13 +144,54 @@ pub async fn report_metrics(
     Ok(Json(MetricsAck { accepted: thinned.kept.len(), downsampled: thinned.dropped, stride: thinned.stride }))
 }
 
+/// How long a success report waits here for the attempt's other ranks to end before the agent is told to
+/// try again.
+const OTHER_RANKS_WAIT: Duration = Duration::from_secs(10);
+
+/// A success is taken only once every other rank of the attempt ended `done`. An agent ends its rank's
+/// assignment after it sent the rank's last metric lines, so a job never succeeds with a rank's lines
+/// still on the way, nor with lines that died with a killed agent: that rank's assignment never ends
+/// `done`, the restarted agent reports it lost, the attempt fails and resumes from a checkpoint every
+/// rank's reports reached ([`crate::resume`]). Waits here a few seconds (the other agents are usually
+/// a tick behind), then answers 503 with `Retry-After` (the agent retries) or 409 when one of them ended
+/// otherwise.
+async fn other_ranks_done(state: &AppState, job: JobId, attempt: i32) -> ApiResult<()> {
+    let deadline = tokio::time::Instant::now() + OTHER_RANKS_WAIT;
+    loop {
+        let ranks = state.store.job_assignments(job, attempt).await?;
+        let others: Vec<&Assignment> = ranks.iter().filter(|a| a.rank != 0).collect();
+        if let Some(ended) =
+            others.iter().find(|a| matches!(a.state, AssignmentState::Failed | AssignmentState::Cancelled))
+        {
+            return Err(ApiError::conflict(format!(
+                "rank {} of job {job} attempt {attempt} ended {}: the attempt cannot succeed",
+                ended.rank, ended.state
+            )));
+        }
+        let waiting: Vec<i32> = others.iter().filter(|a| a.state != AssignmentState::Done).map(|a| a.rank).collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ranks-still-running",
+                format!("rank(s) {waiting:?} of job {job} attempt {attempt} have not ended yet: report again"),
+            )
+            .retry_after(2));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The attempt ended. A retryable failure with restarts left requeues the job (it resumes from its last
 /// checkpoint); otherwise the job ends succeeded or failed.
 #[utoipa::path(post, path = "/v1/agent/jobs/{id}/result", tag = "agent", params(("id" = Uuid, Path)),
     request_body = ResultReport,
     responses((status = 200, body = ResultAck),
         (status = 404),
-        (status = 409, description = "Stale attempt, or the job already ended")),
+        (status = 409, description = "Stale attempt, the job already ended, or another rank of the attempt ended failed"),
+        (status = 503, description = "Another rank of the attempt has not ended yet: report again (Retry-After)")),
     security(("bearer" = [])))]
 pub async fn report_result(
     State(state): State<AppState>,
@@ -164,6 +207,9 @@ pub async fn report_result(
         Outcome::Succeeded => rank_zero_job(&state, &agent, id, body.attempt).await?,
         Outcome::Failed => assigned_job(&state, &agent, id, body.attempt).await?,
     };
+    if body.outcome == Outcome::Succeeded {
+        other_ranks_done(&state, job.id, body.attempt).await?;
+    }
     let ended = match body.outcome {
         Outcome::Succeeded => state.store.succeed_job(job.id, body.attempt, body.result).await?,
         Outcome::Failed => {
