@@ -7,9 +7,12 @@
 //!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh).
 //! - `scheduler`, `api`: the placement policy's pass time and the REST API under load.
 //! - `submit` (in `latency`): submit -> first iteration through the platform, next to the ranks alone.
+//! - `soak`: the platform under injected faults (kill -9 of ranks, agents and the server; the database
+//!   taken away), checked for lost or doubled work, with its restarts, lost iterations and API latency.
 
 mod allreduce;
 mod services;
+mod soak;
 mod train;
 
 use std::net::TcpListener;
@@ -21,6 +24,7 @@ use ringtrain_worker::{Collective, RendezvousConfig, RingCollective};
 
 pub use allreduce::AllreduceArgs;
 pub use services::{ApiArgs, SchedulerArgs};
+pub use soak::SoakArgs;
 pub use train::TrainArgs;
 
 #[derive(Debug, clap::Subcommand)]
@@ -37,6 +41,9 @@ pub enum Bench {
     /// REST API load: job submissions per second with p50/p99 latency, and `GET /v1/jobs` page latency with a
     /// large run history, against a running `ringtrain serve` (use Postgres for the figures that matter).
     Api(ApiArgs),
+    /// Fault-injection soak: a server and agents on this machine, jobs of several teams, random kill -9 of
+    /// ranks, agents and the server, and the database taken away; checks nothing was lost or done twice.
+    Soak(SoakArgs),
 }
 
 pub fn run(bench: Bench) -> ExitCode {
@@ -46,6 +53,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Scheduler(args) => services::scheduler(&args),
         Bench::Api(args) => services::api(&args),
         Bench::Submit(args) => super::latency::run(&args),
+        Bench::Soak(args) => soak::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

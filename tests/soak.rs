@@ -1,0 +1,50 @@
+//! The fault-injection soak, shortened for CI: `ringtrain bench soak` with 3 agents, 3 teams and 12 jobs on
+//! each database, every kind of fault injected (rank and agent kill -9, server kill -9 and restart, the
+//! database taken away). The soak itself checks that every job succeeded exactly once with every metric
+//! once and results bit-for-bit those of undisturbed runs, and that no slot was booked twice; this test
+//! runs it and checks its report. `ringtrain bench soak` (30 jobs, more faults) is the full version.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn soak(database: &str) {
+    let dir = std::env::temp_dir().join(format!("ringtrain-e2e-{}-soak-{database}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(["bench", "soak", "--json", "--databases", database, "--jobs", "12", "--train-samples", "6000"])
+        .args(["--rank-kills", "3", "--agent-kills", "1", "--server-restarts", "1", "--database-drops", "1"])
+        .args(["--fault-every-s", "2", "--seed", "7", "--timeout-s", "900", "--work-dir"])
+        .arg(&dir)
+        .output()
+        .expect("run ringtrain bench soak");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stderr}");
+    assert!(output.status.success(), "the soak failed: {stdout}");
+    let report: Value = serde_json::from_str(stdout.trim()).expect("one JSON report");
+    assert_eq!(report["database"], database);
+    assert_eq!(report["violations"], serde_json::json!([]), "{report}");
+    assert_eq!(report["succeeded"], 12, "{report}");
+    let faults = report["fault_log"].as_array().unwrap();
+    assert_eq!(faults.len(), 6, "every planned fault was injected: {report}");
+    for kind in ["rank_kill", "agent_kill", "server_restart", "database_drop"] {
+        assert!(faults.iter().any(|f| f["kind"] == kind), "no {kind} in {report}");
+    }
+    // A killed rank costs its job a restart from its last checkpoint.
+    assert!(report["job_restarts"].as_i64().unwrap() >= 1, "{report}");
+    assert!(report["api_p99_ms"].as_f64().unwrap() > 0.0, "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_soak_loses_nothing_on_sqlite() {
+    soak("sqlite");
+}
+
+/// Postgres from DATABASE_URL (scripts/test.sh sets it; missing is a failure, not a skip).
+#[test]
+fn the_soak_loses_nothing_on_postgres() {
+    assert!(std::env::var("DATABASE_URL").is_ok(), "DATABASE_URL must name a Postgres server");
+    soak("postgres");
+}
