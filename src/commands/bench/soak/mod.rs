@@ -42,10 +42,13 @@ pub struct SoakArgs {
     /// A Postgres server (any database on it): the soak creates its own database there.
     #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
     postgres_url: String,
+    /// Jobs submitted, the three specs in turn, the teams in turn.
     #[arg(long, default_value_t = 30)]
     jobs: usize,
+    /// Teams, each with an equal share of the slots as its CPU guarantee (at least 2).
     #[arg(long, default_value_t = 3)]
     teams: usize,
+    /// `ringtrain agent` processes (nodes).
     #[arg(long, default_value_t = 3)]
     agents: usize,
     /// CPU slots per agent.
@@ -54,12 +57,16 @@ pub struct SoakArgs {
     /// Iterations per epoch of each job are train-samples / (workers x 16).
     #[arg(long, default_value_t = 6000)]
     train_samples: u32,
+    /// `kill -9` of a random live rank process.
     #[arg(long, default_value_t = 8)]
     rank_kills: usize,
+    /// `kill -9` of a random agent, started again 1-4 s later.
     #[arg(long, default_value_t = 2)]
     agent_kills: usize,
+    /// `kill -9` of the server, started again on the same address after 2-6 s.
     #[arg(long, default_value_t = 1)]
     server_restarts: usize,
+    /// The database taken away: Postgres connections terminated, or SQLite's write lock held 5 s.
     #[arg(long, default_value_t = 2)]
     database_drops: usize,
     /// Mean seconds between two faults (each wait is drawn from 0.5x to 1.5x of it).
