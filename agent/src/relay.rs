@@ -169,7 +169,7 @@ impl Relay {
                     }
                 }
             }
-            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
 }

@@ -381,7 +381,7 @@ fn next_wait(mean_s: f64, rng: &mut Rng) -> Duration {
 }
 
 fn is_final_state(state: &Value) -> bool {
-    matches!(state.as_str(), Some("succeeded" | "failed" | "cancelled"))
+    state.as_str().and_then(|s| s.parse::<ringtrain_core::JobState>().ok()).is_some_and(|s| s.is_terminal())
 }
 
 /// Whether every job (each read with its owner's client) has ended; false while the server does not answer,
