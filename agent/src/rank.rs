@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::AssignmentState;
 use ringtrain_protocol::rank::{EXIT_JOB_ERROR, EXIT_STOPPED};
-use ringtrain_protocol::{ResultReport, Work};
+use ringtrain_protocol::{Assignment, ResultReport, Work};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::client::Client;
 use crate::files::{dataset_file, fetch_checkpoint};
 use crate::relay::Relay;
-use crate::report::{end_assignment, report_failure, report_outcome, OUTCOME_TRIES};
+use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
 
 /// What every rank of this agent shares.
 #[derive(Debug)]
@@ -125,7 +125,8 @@ async fn run_inner(
         // A port free now on this node; rank 0 listens on it moments later.
         let port = std::net::TcpListener::bind((ctx.address, 0))?.local_addr()?.port();
         let endpoint = std::net::SocketAddr::new(ctx.address, port).to_string();
-        ctx.client.report_endpoint(a.id, &endpoint).await?;
+        // through a server restart: a placement must not fail because the server was down at its start
+        through_outage(|| ctx.client.report_endpoint(a.id, &endpoint)).await?;
         endpoint
     } else {
         work.rendezvous.clone().context("rank 0's address is not known yet")?
@@ -144,21 +145,16 @@ async fn run_inner(
     }
     let mut child = command.spawn().with_context(|| format!("cannot start {}", ctx.exe.display()))?;
     tracing::info!(pid = child.id().unwrap_or(0), "started");
-    ctx.client.set_assignment_state(a.id, AssignmentState::Delivered, AssignmentState::Running).await?;
-    if a.rank == 0 {
-        let mut tries = 0;
-        while let Err(err) = ctx.client.job_running(a.job_id, a.attempt).await {
-            tries += 1;
-            if err.is_final() || tries >= OUTCOME_TRIES {
-                tracing::warn!(error = %err, "cannot mark the job running");
-                break;
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-    }
+    // Said in the background, through a server outage: the supervisor must drain the rank's output from
+    // the start (a rank blocked on a full pipe blocks every rank in the all-reduce), and a server that is
+    // down while a rank starts must not fail the placement. (Ending the assignment later works from either
+    // state.)
+    let started = tokio::spawn(report_started(ctx.clone(), a.clone()));
 
     let mut relay = Relay::new(ctx, work, out.clone(), placement_dir.clone());
-    let ending = supervise(&mut child, &mut stop, &stop_file, &mut relay).await?;
+    let ending = supervise(&mut child, &mut stop, &stop_file, &mut relay).await;
+    started.abort();
+    let ending = ending?;
     relay.finish().await;
     let ended = match ending {
         Ending::Stopped(why) => {
@@ -211,6 +207,19 @@ async fn run_inner(
     };
     end_assignment(ctx, a.id, ended).await;
     Ok(ended)
+}
+
+/// Tells the server the rank runs (and, for rank 0, that the job does), through a server outage.
+async fn report_started(ctx: Arc<AgentContext>, a: Assignment) {
+    let running = || ctx.client.set_assignment_state(a.id, AssignmentState::Delivered, AssignmentState::Running);
+    if let Err(err) = through_outage(running).await {
+        tracing::warn!(error = %err, "cannot mark the rank running");
+    }
+    if a.rank == 0 {
+        if let Err(err) = through_outage(|| ctx.client.job_running(a.job_id, a.attempt)).await {
+            tracing::warn!(error = %err, "cannot mark the job running");
+        }
+    }
 }
 
 /// Waits for the process to exit or to be stopped, relaying its output meanwhile.

@@ -27,9 +27,19 @@ pub async fn end_assignment(ctx: &AgentContext, assignment: AssignmentId, to: As
 /// Reports an attempt's outcome, retrying for a while when the server cannot be reached (or answers 5xx):
 /// the assignment is reported ended only afterwards, so a lost report must not be given up early.
 pub async fn report_outcome(ctx: &AgentContext, job: JobId, report: &ResultReport) -> Result<ResultAck, CallError> {
+    through_outage(|| ctx.client.report_result(job, report)).await
+}
+
+/// Calls `call` until it is answered, refused (4xx other than 429/408), or [`OUTCOME_TRIES`] tries 2 s
+/// apart have failed: rides out a server restart.
+pub async fn through_outage<T, F, Fut>(mut call: F) -> Result<T, CallError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CallError>>,
+{
     let mut tries = 0;
     loop {
-        match ctx.client.report_result(job, report).await {
+        match call().await {
             Err(err) if !err.is_final() && tries < OUTCOME_TRIES => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_secs(2)).await;
