@@ -12,6 +12,7 @@ pub mod files;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;
+pub mod queue;
 pub mod resume;
 pub mod routes;
 pub mod state;

@@ -5,13 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ringtrain_protocol::timing;
-use ringtrain_scheduler::{ChangeNotifier, LoopConfig, Scheduler};
+use ringtrain_scheduler::{ChangeNotifier, LoopConfig, Scheduler, ViewConfig};
 use ringtrain_store::Store;
 
 use crate::changes::Changes;
 use crate::ingest::MetricBudgets;
 use crate::limits::{Admission, AdmissionConfig};
 use crate::metrics::ServerMetrics;
+use crate::queue::QueueCache;
 
 /// Limits and locations of the API.
 #[derive(Debug, Clone)]
@@ -48,6 +49,9 @@ pub struct ApiConfig {
     pub min_free_bytes: u64,
     /// Checkpoints kept per job besides its final weights (the newest).
     pub keep_checkpoints: i64,
+    /// How the scheduler reads the cluster (queue window, minimum run time before preemption): the loop's
+    /// settings, which the API's pending reasons and dry runs use too.
+    pub scheduling: ViewConfig,
 }
 
 impl ApiConfig {
@@ -68,6 +72,7 @@ impl ApiConfig {
             team_storage_bytes: 100 << 30,
             min_free_bytes: 1 << 30,
             keep_checkpoints: 3,
+            scheduling: ViewConfig::default(),
         }
     }
 }
@@ -80,6 +85,8 @@ pub struct AppState {
     pub changes: Arc<Changes>,
     pub admission: Arc<Admission>,
     pub metric_budgets: Arc<MetricBudgets>,
+    /// The latest plan of the queue, for pending reasons.
+    pub queue: Arc<QueueCache>,
 }
 
 impl AppState {
@@ -91,6 +98,7 @@ impl AppState {
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             changes: Arc::new(Changes::default()),
+            queue: Arc::new(QueueCache::default()),
         }
     }
 
@@ -108,7 +116,8 @@ impl AppState {
         }
     }
 
-    /// The scheduler loop of this server, sharing its store and its change counter.
+    /// The scheduler loop of this server, sharing its store and its change counter. A server gives it
+    /// `config.view` = the API's `scheduling`, so pending reasons and dry runs see what the loop sees.
     pub fn scheduler(&self, config: LoopConfig) -> Scheduler {
         Scheduler::new(self.store.clone(), Arc::new(self.clone()), config)
     }

@@ -48,7 +48,8 @@ async fn one_teams_queue_cannot_hide_another_teams_job(app: TestApp) {
     let mut small = common::spec("small");
     small["workers"] = json!(1);
     let id = app.submit(&b.member, &small).await;
-    let config = ringtrain_scheduler::LoopConfig { owner: "test".into(), queue_window: 5, ..Default::default() };
+    let view = ringtrain_scheduler::ViewConfig { queue_window: 5, ..Default::default() };
+    let config = ringtrain_scheduler::LoopConfig { owner: "test".into(), view, ..Default::default() };
     let pass = app.state.scheduler(config).pass().await.unwrap();
     assert_eq!(pass.started, 1, "{pass:?}");
     assert_eq!(app.get(&format!("/v1/jobs/{id}"), &b.member).await.body["state"], "scheduled");

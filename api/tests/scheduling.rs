@@ -137,12 +137,22 @@ async fn a_team_below_its_guarantee_reclaims_and_the_victim_keeps_its_attempt(ap
     let mut small = spec("claimer");
     small["workers"] = json!(1);
     let claimer = app.submit(&teams[1], &small).await;
-    let report = run_pass(&app, &config()).await;
+    // Thrash protection: the borrower has not run the minimum time before a preemption (5 min by default),
+    // so the reclaim waits, and says so.
+    let protected = run_pass(&app, &config()).await;
+    assert_eq!((protected.preempted, protected.started), (0, 0), "{protected:?}");
+    let waits = job(&app, &teams[1], &claimer).await;
+    assert_eq!(waits["pending_reason"]["code"], "reclaim_after_min_run_time", "{waits}");
+    assert_eq!(waits["pending_reason"]["protected_jobs"], json!([borrower]));
+    // Once it has (here: a loop whose minimum is zero), the reclaim preempts it.
+    let view = ringtrain_scheduler::ViewConfig { min_run_before_preemption: Duration::ZERO, ..Default::default() };
+    let no_minimum = || LoopConfig { view, ..config() };
+    let report = run_pass(&app, &no_minimum()).await;
     assert_eq!((report.preempted, report.started), (1, 0), "{report:?}");
     let victim = job(&app, &teams[0], &borrower).await;
     assert_eq!((victim["state"].as_str(), victim["preemptions"].as_i64()), (Some("queued"), Some(1)));
     // Its ranks still hold the devices until the agent stops them: nothing starts yet, no second victim.
-    let waiting = run_pass(&app, &config()).await;
+    let waiting = run_pass(&app, &no_minimum()).await;
     assert_eq!((waiting.preempted, waiting.started), (0, 0), "{waiting:?}");
     let stop = app.get(&poll_uri, &agent).await.body;
     assert_eq!(stop["preempt"].as_array().unwrap().len(), 2, "checkpoint, then stop: {stop}");
@@ -158,7 +168,7 @@ async fn a_team_below_its_guarantee_reclaims_and_the_victim_keeps_its_attempt(ap
             .await;
         assert_eq!(ended.status, 200, "{}", ended.text);
     }
-    assert_eq!(run_pass(&app, &config()).await.started, 1);
+    assert_eq!(run_pass(&app, &no_minimum()).await.started, 1);
     assert_eq!(job(&app, &teams[1], &claimer).await["state"], "scheduled");
     // The victim waits (one device left, it needs two); when placed again its attempt is still 1.
     assert_eq!(job(&app, &teams[0], &borrower).await["attempt"], 0);

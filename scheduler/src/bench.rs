@@ -5,6 +5,7 @@
 //! of the teams (several beyond their guarantees), so the other ten are below theirs and reclaim; job sizes
 //! run from 1 to 64 devices, so some cannot start and get the head-of-line reservation.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use ringtrain_core::JobId;
@@ -55,6 +56,9 @@ pub struct BenchReport {
     pub starts: usize,
     pub preemptions: usize,
     pub reservations: usize,
+    /// Jobs left waiting, each with its reason and place recorded by the pass, and how many per reason.
+    pub waiting: usize,
+    pub reasons: BTreeMap<&'static str, usize>,
 }
 
 /// SplitMix64: a few lines, no dependency, the same numbers everywhere.
@@ -178,6 +182,11 @@ pub fn run(config: &BenchConfig) -> BenchReport {
         starts: first.starts.len(),
         preemptions: first.preemptions.len(),
         reservations: first.reservations.len(),
+        waiting: first.waiting.len(),
+        reasons: first.waiting.iter().fold(BTreeMap::new(), |mut counts, w| {
+            *counts.entry(w.reason.code()).or_default() += 1;
+            counts
+        }),
     }
 }
 
@@ -193,6 +202,8 @@ mod tests {
         assert!(report.starts > 0, "{report:?}");
         assert!(report.preemptions > 0, "teams below their guarantee reclaim: {report:?}");
         assert!(report.reservations > 0, "{report:?}");
+        assert_eq!(report.waiting + report.starts, config.queued, "every job starts or has a reason: {report:?}");
+        assert!(report.reasons.len() >= 4, "{report:?}");
         assert!(report.min_ms <= report.median_ms && report.median_ms <= report.max_ms);
     }
 }

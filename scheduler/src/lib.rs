@@ -11,9 +11,10 @@ pub mod bench;
 pub mod control;
 pub mod policy;
 
-pub use control::{ChangeNotifier, LoopConfig, PassReport, Scheduler};
+pub use control::{read_queue_view, ChangeNotifier, LoopConfig, PassReport, QueueView, Scheduler, ViewConfig};
 pub use policy::model;
 pub use policy::{
-    plan, ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason,
-    QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
+    dry_run, estimate_start, plan, ClusterView, DeviceKind, DeviceSlot, DryRun, Estimate, Node, NodeDevice, NodeId,
+    PerKind, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
+    Timeline, Verdict, Victim, WaitReason, Waiting,
 };

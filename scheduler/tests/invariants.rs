@@ -109,6 +109,38 @@ proptest! {
         prop_assert_eq!(&ringtrain_scheduler::plan(&reordered(&view, rotate)), &plan, "input order leaked into the plan");
     }
 
+    /// A dry run (the job added with a sequence number after every other) gives the verdict the next pass
+    /// gives once the job is really queued (with the next sequence number the store hands out, the input
+    /// in another order), and the jobs it says are delayed are exactly those the submission keeps from
+    /// starting.
+    #[test]
+    fn a_dry_run_answers_what_the_next_pass_does(
+        nodes in prop::collection::vec((0u32..7, 0u32..4), 1..5),
+        teams in prop::collection::vec((0u32..9, 0u32..5, 0u32..4), 1..4),
+        owners in prop::collection::vec(0usize..10, 1..40),
+        running in prop::collection::vec((0u128..4, -1i32..3, any::<bool>(), 0u8..6), 8),
+        queued in prop::collection::vec((0u128..4, any::<bool>(), 1u32..7, -1i32..3), 0..16),
+        submitted in (0u128..4, any::<bool>(), 1u32..9, -1i32..3),
+        rotate in 0usize..7,
+    ) {
+        let view = build(&nodes, &teams, &owners, &running, &queued);
+        let (t, gpu, k, priority) = submitted;
+        let kind = if gpu { DeviceKind::Gpu } else { DeviceKind::Cpu };
+        let new_job = |submit_seq| QueuedJob { id: job(999), team: team(t % teams.len() as u128), priority, kind, devices: k, submit_seq };
+        let dry = ringtrain_scheduler::dry_run(&view, new_job(u64::MAX)).expect("planned");
+
+        let mut submitted_view = view.clone();
+        submitted_view.queued.push(new_job(queued.len() as u64));
+        let next_pass = ringtrain_scheduler::plan(&reordered(&submitted_view, rotate));
+        check(&submitted_view, &next_pass)?;
+        prop_assert_eq!(Some(dry.verdict.clone()), next_pass.verdict(job(999)));
+        let before = ringtrain_scheduler::plan(&view);
+        for start in &before.starts {
+            let still = next_pass.starts.iter().any(|s| s.job == start.job);
+            prop_assert_eq!(dry.delays.contains(&start.job), !still);
+        }
+    }
+
     /// Liveness of reclaim: on a full GPU pool, team 0 (below its guarantee, holding nothing) gets its job
     /// reserved by preemption whenever the other teams borrow at least k devices between them, and nobody
     /// is preempted unless that makes the job fit.

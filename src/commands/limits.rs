@@ -37,6 +37,10 @@ pub struct LimitArgs {
     /// the reason, before it fails.
     #[arg(long, env = "RINGTRAIN_UNPLACEABLE_GRACE_SECONDS", default_value_t = ringtrain_scheduler::LoopConfig::default().unplaceable_grace.as_secs())]
     pub unplaceable_grace_seconds: u64,
+    /// Seconds a placement runs before the scheduler may preempt it to give a team its guarantee back
+    /// (thrash protection: a reclaim waits rather than stop a job that has barely started).
+    #[arg(long, env = "RINGTRAIN_MIN_RUN_BEFORE_PREEMPTION_SECONDS", default_value_t = defaults().scheduling.min_run_before_preemption.as_secs())]
+    pub min_run_before_preemption_seconds: u64,
     /// Bytes of datasets and checkpoints a team may keep, unless the platform admin set its own quota.
     #[arg(long, env = "RINGTRAIN_TEAM_STORAGE_BYTES", default_value_t = defaults().team_storage_bytes)]
     pub team_storage_bytes: u64,
@@ -60,6 +64,7 @@ impl LimitArgs {
         config.team_storage_bytes = self.team_storage_bytes;
         config.min_free_bytes = self.min_free_bytes;
         config.keep_checkpoints = self.keep_checkpoints;
+        config.scheduling.min_run_before_preemption = Duration::from_secs(self.min_run_before_preemption_seconds);
     }
 
     /// The scheduler loop's share of the limits.

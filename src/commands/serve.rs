@@ -140,6 +140,7 @@ impl Server {
         };
         let mut loop_config = LoopConfig::starting_now(self.state.config.lease);
         self.limits.apply_to_loop(&mut loop_config);
+        loop_config.view = self.state.config.scheduling;
         loop_config.paused = self.scheduler_paused.clone();
         let scheduler = self.state.scheduler(loop_config);
         let mut scheduler = tokio::spawn(scheduler.run());

@@ -146,6 +146,9 @@ fn serve_command(listen: &str, database_url: &str, dir: &Path, tls: Option<&Test
         // these tests read a job's whole checkpoint history (the one taken at a preemption among them);
         // retention is tested on its own in api/tests/storage.rs
         .env("RINGTRAIN_KEEP_CHECKPOINTS", "1000")
+        // the reclaim test preempts a job seconds after it started; the minimum run time before a preemption
+        // (thrash protection) is tested in api/tests/scheduling.rs
+        .env("RINGTRAIN_MIN_RUN_BEFORE_PREEMPTION_SECONDS", "0")
         .env("RUST_LOG", "warn,ringtrain_api::scheduling=info");
     if let Some(tls) = tls {
         command.arg("--tls-cert").arg(&tls.server_cert).arg("--tls-key").arg(&tls.server_key);

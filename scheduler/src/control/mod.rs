@@ -18,6 +18,8 @@ mod sweep;
 mod unplaceable;
 mod view;
 
+pub use view::{read_queue_view, QueueView};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,9 +48,8 @@ pub struct LoopConfig {
     pub node_timeout: Duration,
     /// How long a placement lives without a heartbeat from any agent holding one of its ranks.
     pub lease: Duration,
-    /// How many queued jobs of each team and device kind one pass looks at (the first by priority): a
-    /// bound on a pass's work that no team's queue can use to hide another's.
-    pub queue_window: i64,
+    /// What shapes the policy's input (shared with the API's pending reasons and dry runs).
+    pub view: ViewConfig,
     /// Names this server as the owner of the placements it makes.
     pub owner: String,
     /// No node is declared lost before this: a server that just (re)started has not heard any heartbeat
@@ -75,12 +76,31 @@ impl Default for LoopConfig {
             interval: Duration::from_secs(2),
             node_timeout: timing::NODE_TIMEOUT,
             lease: timing::LEASE,
-            queue_window: 1_000,
+            view: ViewConfig::default(),
             owner: format!("scheduler-{}", std::process::id()),
             no_lost_nodes_before: None,
             unplaceable_grace: Duration::from_secs(3600),
             paused: Arc::new(AtomicBool::new(false)),
         }
+    }
+}
+
+/// What shapes the policy's input. The loop and the API's answers (why a job waits, dry runs) read the
+/// cluster with the same settings, so they see the same view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewConfig {
+    /// How many queued jobs of each team and device kind one pass looks at (the first by priority): a
+    /// bound on a pass's work that no team's queue can use to hide another's.
+    pub queue_window: i64,
+    /// A placement is not preempted before it has run this long (thrash protection): a reclaim waits
+    /// instead of stopping a job that has barely started, so no two teams can start and stop each other's
+    /// jobs in a loop.
+    pub min_run_before_preemption: Duration,
+}
+
+impl Default for ViewConfig {
+    fn default() -> Self {
+        ViewConfig { queue_window: 1_000, min_run_before_preemption: Duration::from_secs(300) }
     }
 }
 
@@ -94,6 +114,8 @@ pub struct PassReport {
     pub preempted: usize,
     /// Queued jobs failed because the pool could not place them for the whole grace period.
     pub unplaceable_failed: usize,
+    /// Queued jobs left waiting, each with its reason in the plan.
+    pub waiting: usize,
 }
 
 impl PassReport {
@@ -161,10 +183,11 @@ impl Scheduler {
             return Ok(report);
         }
         rescue::rescue(store, &self.config, &mut report).await?;
-        let snapshot = view::Snapshot::read(store, self.config.queue_window).await?;
+        let snapshot = view::Snapshot::read(store, &self.config.view).await?;
         sweep::sweep(store, &snapshot, &mut report).await?;
-        let view = snapshot.cluster_view(store).await?;
+        let view = snapshot.cluster_view(store).await?.view;
         let plan = crate::plan(&view);
+        report.waiting = plan.waiting.len();
         apply::apply(store, &self.config, &snapshot, &plan, &mut report).await?;
         unplaceable::mark(store, &self.config, &snapshot, &plan, &mut report).await?;
         Ok(report)

@@ -5,14 +5,34 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{DeviceId, JobId, NodeState};
 use ringtrain_store::{Assignment, Job, Node, Store, StoreResult, Team};
 
+use super::ViewConfig;
 use crate::{ClusterView, DeviceSlot, Node as PoolNode, NodeDevice, PerKind, QueuedJob, RunningJob};
 
 /// One placement: (job, attempt).
 pub(super) type PlacementKey = (JobId, i32);
+
+/// The policy's input as a pass would build it now, and what the policy does not see: the API reads this
+/// to say why a job waits and to answer dry runs with the loop's own view.
+#[derive(Debug, Clone)]
+pub struct QueueView {
+    pub view: ClusterView,
+    /// Queued jobs left out because their previous placement is still stopping.
+    pub stopping: HashSet<JobId>,
+    /// When each running job's current placement started.
+    pub placed_at: HashMap<JobId, DateTime<Utc>>,
+    /// The settings it was read with.
+    pub config: ViewConfig,
+}
+
+/// Reads the cluster as the next pass would (without the pass's repairs).
+pub async fn read_queue_view(store: &dyn Store, config: &ViewConfig) -> StoreResult<QueueView> {
+    Snapshot::read(store, config).await?.cluster_view(store).await
+}
 
 /// What a pass reads from the store, once.
 #[derive(Debug)]
@@ -26,25 +46,30 @@ pub(super) struct Snapshot {
     pub queued: Vec<Job>,
     pub teams: Vec<Team>,
     pub devices: DeviceIndex,
+    pub config: ViewConfig,
 }
 
 impl Snapshot {
-    pub async fn read(store: &dyn Store, queue_window: i64) -> StoreResult<Snapshot> {
+    pub async fn read(store: &dyn Store, config: &ViewConfig) -> StoreResult<Snapshot> {
         let up: Vec<Node> = store.list_nodes().await?.into_iter().filter(|n| n.state == NodeState::Up).collect();
         let active = store.active_jobs().await?.into_iter().map(|j| (j.id, j)).collect();
         let mut placements: BTreeMap<PlacementKey, Vec<Assignment>> = BTreeMap::new();
         for assignment in store.live_assignments().await? {
             placements.entry((assignment.job_id, assignment.attempt)).or_default().push(assignment);
         }
-        let queued = store.list_queued(queue_window).await?;
+        let queued = store.list_queued(config.queue_window).await?;
         let teams = store.list_teams().await?;
         let devices = DeviceIndex::new(&up);
-        Ok(Snapshot { up, active, placements, queued, teams, devices })
+        Ok(Snapshot { up, active, placements, queued, teams, devices, config: *config })
     }
 
     /// The policy's input. Jobs whose previous placement is still stopping wait for it (a preempted
     /// placement is writing the checkpoint the next one resumes from).
-    pub async fn cluster_view(&self, store: &dyn Store) -> StoreResult<ClusterView> {
+    pub async fn cluster_view(&self, store: &dyn Store) -> StoreResult<QueueView> {
+        let now = ringtrain_store::now();
+        let min_run =
+            chrono::Duration::from_std(self.config.min_run_before_preemption).unwrap_or(chrono::Duration::MAX);
+        let mut placed_at = HashMap::new();
         let mut view = ClusterView {
             teams: self.teams.iter().map(pool_team).collect(),
             nodes: self.devices.pool_nodes(&self.up),
@@ -55,14 +80,17 @@ impl Snapshot {
         for (&(job_id, attempt), ranks) in &self.placements {
             let slots: Vec<DeviceSlot> = ranks.iter().filter_map(|a| self.devices.slot(a.device_id)).collect();
             if let Some(job) = self.active.get(&job_id).filter(|j| j.attempt == attempt) {
+                // the placement's own start: a job resumed after a preemption has only just started again
+                let placed = ranks.iter().map(|a| a.created_at).min().unwrap_or(job.updated_at);
+                placed_at.insert(job.id, placed);
                 view.running.push(RunningJob {
                     id: job.id,
                     team: job.team_id,
                     priority: job.priority,
                     kind: job.device,
                     devices: slots,
-                    started: job.started_at.unwrap_or(job.updated_at).timestamp_micros().max(0) as u64,
-                    preemptible: true,
+                    started: placed.timestamp_micros().max(0) as u64,
+                    preemptible: now - placed >= min_run,
                     preempting: false,
                 });
                 continue;
@@ -82,7 +110,7 @@ impl Snapshot {
             });
         }
         view.queued.retain(|q| !stopping.contains(&q.id));
-        Ok(view)
+        Ok(QueueView { view, stopping, placed_at, config: self.config })
     }
 }
 

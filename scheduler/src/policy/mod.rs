@@ -7,7 +7,11 @@
 //! - quotas and weighted fair share (`fairness`): guarantees first, idle capacity borrowed by weight;
 //! - reclaim (`preemption`): a team below its guarantee preempts a minimal set of borrowers;
 //! - no starvation (`reservation`): the first job that cannot start holds devices; others backfill around.
+//!
+//! Every job that does not start gets its place in the queue and a reason (`waiting`), and a plan answers
+//! for any one job (`verdict`), which is also the dry run of a submission.
 
+mod estimate;
 mod fairness;
 mod index;
 pub mod model;
@@ -15,9 +19,13 @@ mod placement;
 mod plan;
 mod preemption;
 mod reservation;
+mod verdict;
+mod waiting;
 
+pub use estimate::{estimate_start, Estimate, Timeline};
 pub use model::{
     ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason, QueuedJob,
-    Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
+    Reservation, ReservationKind, RunningJob, Start, Team, TeamId, Victim, WaitReason, Waiting,
 };
 pub use plan::plan;
+pub use verdict::{dry_run, DryRun, Verdict};

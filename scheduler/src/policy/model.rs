@@ -7,6 +7,8 @@ pub use ringtrain_core::spec::DeviceKind;
 pub use ringtrain_core::{JobId, NodeId, TeamId};
 use serde::Serialize;
 
+pub use crate::policy::waiting::{Victim, WaitReason, Waiting};
+
 /// One device of the pool: a node and the device's index on it (CUDA ordinal, or CPU slot number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct DeviceSlot {
@@ -168,4 +170,7 @@ pub struct Plan {
     /// Jobs needing more devices of their kind than all listed nodes have together: they wait without a
     /// reservation (holding devices for them would idle the pool for nothing).
     pub too_large: Vec<JobId>,
+    /// Every queued job that did not start, with its place in the queue and the reason; per device kind
+    /// (GPUs first): the jobs the pool cannot place, then the rest in queue order.
+    pub waiting: Vec<Waiting>,
 }

@@ -12,16 +12,18 @@
 //!    that cannot start gets the head-of-line reservation; later jobs only backfill around it.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use crate::policy::fairness::{job_order, kind_index, ShareKey, TeamBook};
 use crate::policy::index::ClusterIndex;
 use crate::policy::model::{
-    ClusterView, DeviceKind, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind, Start,
+    ClusterView, DeviceKind, JobId, NodeId, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind,
+    Start,
 };
 use crate::policy::placement::Slot;
 use crate::policy::preemption::Victims;
 use crate::policy::reservation::reserve_head_of_line;
+use crate::policy::waiting::{Victim, WaitReason, Waiting};
 
 /// Decides which queued jobs start where, which running jobs are preempted, and which devices are reserved.
 /// Pure and deterministic: the same view (in any list order) gives the same plan.
@@ -34,6 +36,14 @@ pub fn plan(view: &ClusterView) -> Plan {
     }
     plan.too_large.sort_unstable();
     plan
+}
+
+/// Free devices held in this pass for another job, which a later job's reason names.
+#[derive(Debug, Clone)]
+struct Held {
+    job: JobId,
+    devices: u32,
+    nodes: Vec<NodeId>,
 }
 
 /// A team's queue of one kind, in `job_order`.
@@ -60,6 +70,15 @@ struct KindPass<'v, 'i> {
     /// The smallest k a reclaim failed for: resources only shrink during a pass, so any k at least this large
     /// fails too (this bounds the work of a pass when many teams are below their guarantee).
     reclaim_fails_from: u32,
+    /// Jobs that reclaim their team's guarantee, in the order the pass decided them (they come first in the
+    /// queue), and every other job that did not start, in fair-share order.
+    reclaiming: Vec<Waiting>,
+    waiting: Vec<Waiting>,
+    /// Devices held for the head-of-line job, and for reclaims (the first reclaim names them all).
+    head_of_line: Option<Held>,
+    reclaim_held: Option<Held>,
+    /// Reclaims that failed only because their victims have not run the minimum time: job -> those victims.
+    deferred: BTreeMap<JobId, Vec<JobId>>,
 }
 
 impl<'v, 'i> KindPass<'v, 'i> {
@@ -73,13 +92,23 @@ impl<'v, 'i> KindPass<'v, 'i> {
         let capacity = index.kinds[kind_index(kind)].capacity;
         let mut queues: Vec<TeamQueue<'v>> =
             book.accounts.iter().map(|_| TeamQueue { jobs: Vec::new(), done: Vec::new() }).collect();
+        let mut unplaceable = Vec::new();
         for job in view.queued.iter().filter(|j| j.kind == kind && j.devices > 0) {
             if u64::from(job.devices) > capacity {
                 plan.too_large.push(job.id);
+                let (needed, pool_size) = (job.devices, capacity);
+                let reason = if capacity == 0 {
+                    WaitReason::NoDevicesOfKind { kind, needed }
+                } else {
+                    WaitReason::TooLarge { kind, needed, pool_size }
+                };
+                unplaceable.push(Waiting { job: job.id, position: None, reason });
             } else {
                 queues[book.index(job.team)].jobs.push(job);
             }
         }
+        unplaceable.sort_unstable_by_key(|w| w.job);
+        plan.waiting.extend(unplaceable);
         for queue in &mut queues {
             queue.jobs.sort_by(|a, b| job_order(a, b));
             queue.done = vec![false; queue.jobs.len()];
@@ -106,12 +135,23 @@ impl<'v, 'i> KindPass<'v, 'i> {
             claimed: BTreeSet::new(),
             victims,
             reclaim_fails_from: u32::MAX,
+            reclaiming: Vec::new(),
+            waiting: Vec::new(),
+            head_of_line: None,
+            reclaim_held: None,
+            deferred: BTreeMap::new(),
         }
     }
 
     fn run(&mut self) {
         self.guarantee_walk();
         self.fair_share_walk();
+        let mut position = 0;
+        for mut waiting in self.reclaiming.drain(..).chain(self.waiting.drain(..)) {
+            position += 1;
+            waiting.position = Some(position);
+            self.plan.waiting.push(waiting);
+        }
     }
 
     fn key(&self, team: usize) -> ShareKey {
@@ -130,9 +170,10 @@ impl<'v, 'i> KindPass<'v, 'i> {
             .map(|t| Reverse((self.key(t), t)))
             .collect();
         while let Some(Reverse((_, team))) = heap.pop() {
+            // (protected borrowers count: a reclaim that must wait for them says so)
             let nothing_to_gain = self.index.kinds[self.kind_slot()].pool.total() == 0
                 && self.pending.is_empty()
-                && self.victims.untaken_frees() == 0;
+                && self.victims.untaken_frees() + self.victims.protected_frees() == 0;
             if nothing_to_gain {
                 break;
             }
@@ -168,10 +209,9 @@ impl<'v, 'i> KindPass<'v, 'i> {
             .map(|t| Reverse((self.key(t), t)))
             .collect();
         let mut head_of_line_decided = false;
+        // Once the pool is empty nothing starts any more, but the walk goes on (cheaply: a failed start is
+        // O(1)) so that every job gets its place in the queue and its reason.
         while let Some(Reverse((_, team))) = heap.pop() {
-            if head_of_line_decided && self.index.kinds[self.kind_slot()].pool.total() == 0 {
-                break; // nothing can start any more
-            }
             let queue = &self.queues[team];
             while cursor[team] < queue.jobs.len() && queue.done[cursor[team]] {
                 cursor[team] += 1;
@@ -180,20 +220,75 @@ impl<'v, 'i> KindPass<'v, 'i> {
             let position = cursor[team];
             cursor[team] += 1;
 
-            if !self.try_start(team, position) && !head_of_line_decided {
+            if !self.try_start(team, position) {
+                let reserved = if head_of_line_decided { None } else { self.reserve_head_of_line(job) };
                 head_of_line_decided = true;
-                let kind = &mut self.index.kinds[kind_index(self.kind)];
-                if let Some((held, awaiting)) = reserve_head_of_line(job.devices, kind, &self.claimed) {
-                    self.plan.reservations.push(Reservation {
-                        job: job.id,
-                        kind: ReservationKind::HeadOfLine,
-                        held: self.index.slots(&held),
-                        awaiting: self.index.slots(&awaiting),
-                    });
-                }
+                // a reclaim held back by the minimum run time starts sooner than any reservation's wait
+                let reason = match self.deferred.get(&job.id) {
+                    Some(protected) => WaitReason::ReclaimAfterMinRunTime {
+                        kind: self.kind,
+                        needed: job.devices,
+                        protected_jobs: protected.clone(),
+                    },
+                    None => reserved.unwrap_or_else(|| self.wait_reason(team, job)),
+                };
+                self.waiting.push(Waiting { job: job.id, position: None, reason });
             }
             if cursor[team] < self.queues[team].jobs.len() {
                 heap.push(Reverse((self.key(team), team)));
+            }
+        }
+    }
+
+    /// Holds devices for the first job in line that could not start; its reason, or None when too few
+    /// devices are left to reserve.
+    fn reserve_head_of_line(&mut self, job: &QueuedJob) -> Option<WaitReason> {
+        let kind = &mut self.index.kinds[kind_index(self.kind)];
+        let (held, awaiting) = reserve_head_of_line(job.devices, kind, &self.claimed)?;
+        let mut awaiting_jobs: Vec<JobId> = awaiting
+            .iter()
+            .filter_map(|&(node, index)| {
+                let busy = &kind.busy[node as usize];
+                let at = busy.binary_search_by_key(&index, |&(i, _)| i).ok()?;
+                let running = self.index.running[busy[at].1];
+                // a placement still stopping is a stand-in, not a job the user could look up
+                (!running.preempting).then_some(running.id)
+            })
+            .collect();
+        awaiting_jobs.sort_unstable();
+        awaiting_jobs.dedup();
+        let held_slots = self.index.slots(&held);
+        self.head_of_line = Some(Held { job: job.id, devices: held.len() as u32, nodes: nodes_of(&held_slots) });
+        self.plan.reservations.push(Reservation {
+            job: job.id,
+            kind: ReservationKind::HeadOfLine,
+            held: held_slots,
+            awaiting: self.index.slots(&awaiting),
+        });
+        Some(WaitReason::HeadOfLine { kind: self.kind, needed: job.devices, held: held.len() as u32, awaiting_jobs })
+    }
+
+    /// Why `job` could not start when the walk reached it (the pool as it is at that moment).
+    fn wait_reason(&self, team: usize, job: &QueuedJob) -> WaitReason {
+        let (kind, needed) = (self.kind, job.devices);
+        let free_now = self.index.kinds[self.kind_slot()].pool.total();
+        let fits_with = |held: &Held| free_now + u64::from(held.devices) >= u64::from(needed);
+        if let Some(held) = self.head_of_line.as_ref().filter(|h| fits_with(h)) {
+            return WaitReason::HeadOfLineReserved { kind, needed, free_now, for_job: held.job };
+        }
+        if let Some(held) = self.reclaim_held.as_ref().filter(|h| fits_with(h)) {
+            return WaitReason::BehindReservation { kind, needed, free_now, job: held.job, nodes: held.nodes.clone() };
+        }
+        let account = &self.book.accounts[team];
+        let (used, guarantee) = (account.usage[self.kind_slot()], account.guarantee(kind));
+        if guarantee > 0 && used >= guarantee {
+            WaitReason::TeamAtGuaranteePoolFull { kind, needed, used, guarantee, free_now }
+        } else {
+            WaitReason::WaitingForDevices {
+                kind,
+                needed,
+                free_now,
+                free_within_team_guarantee: guarantee - used.min(guarantee),
             }
         }
     }
@@ -226,10 +321,16 @@ impl<'v, 'i> KindPass<'v, 'i> {
             let need = (u64::from(k) - free - pending) as u32;
             match self.victims.choose(need, self.book) {
                 Some(victims) => (victims, pending as u32),
-                None => return false,
+                None => {
+                    if self.victims.untaken_frees() + self.victims.protected_frees() >= u64::from(need) {
+                        self.deferred.insert(job.id, self.victims.protected_jobs());
+                    }
+                    return false;
+                }
             }
         };
 
+        let mut preempted: Vec<Victim> = Vec::new();
         let mut awaiting: Vec<Slot> = Vec::new();
         for _ in 0..use_pending {
             awaiting.push(self.pending.pop().expect("counted"));
@@ -248,6 +349,7 @@ impl<'v, 'i> KindPass<'v, 'i> {
                 }
             }
             self.book.accounts[victim.team].usage[slot] -= victim.holds;
+            preempted.push(Victim { job: running.id, team: running.team });
             self.plan
                 .preemptions
                 .push(Preempt { job: running.id, reason: PreemptReason::Reclaim { team: job.team, for_job: job.id } });
@@ -274,12 +376,41 @@ impl<'v, 'i> KindPass<'v, 'i> {
         }
 
         self.book.accounts[team].usage[slot] += k;
+        let held_slots = self.index.slots(&held);
+        if !held.is_empty() {
+            let reclaim_held =
+                self.reclaim_held.get_or_insert_with(|| Held { job: job.id, devices: 0, nodes: Vec::new() });
+            reclaim_held.devices += held.len() as u32;
+            reclaim_held.nodes = nodes_of_all(&reclaim_held.nodes, &held_slots);
+        }
         self.plan.reservations.push(Reservation {
             job: job.id,
             kind: ReservationKind::Reclaim,
-            held: self.index.slots(&held),
+            held: held_slots,
             awaiting: self.index.slots(&awaiting),
+        });
+        self.reclaiming.push(Waiting {
+            job: job.id,
+            position: None,
+            reason: WaitReason::Reclaiming {
+                kind: self.kind,
+                needed: k,
+                victims: preempted,
+                stopping_devices: use_pending,
+            },
         });
         true
     }
+}
+
+/// The distinct nodes of some devices, sorted.
+fn nodes_of(slots: &[crate::policy::model::DeviceSlot]) -> Vec<NodeId> {
+    nodes_of_all(&[], slots)
+}
+
+fn nodes_of_all(known: &[NodeId], slots: &[crate::policy::model::DeviceSlot]) -> Vec<NodeId> {
+    let mut nodes: Vec<NodeId> = known.iter().copied().chain(slots.iter().map(|s| s.node)).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
 }

@@ -16,7 +16,7 @@ use std::cmp::Reverse;
 
 use crate::policy::fairness::{kind_index, TeamBook};
 use crate::policy::index::ClusterIndex;
-use crate::policy::model::DeviceKind;
+use crate::policy::model::{DeviceKind, JobId, RunningJob};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate {
@@ -41,6 +41,10 @@ pub(crate) struct Victims {
     first_untaken: usize,
     /// Devices the untaken candidates would free: an upper bound for a quick "cannot reclaim".
     untaken_frees: u64,
+    /// Borrowers that may not be preempted yet (they have not run the platform's minimum time), by id, and
+    /// the devices they would free: what a failed reclaim waits for.
+    protected: Vec<JobId>,
+    protected_frees: u64,
 }
 
 impl Victims {
@@ -51,6 +55,21 @@ impl Victims {
                 frees[job] += 1;
             }
         }
+        let borrowing = |job: &RunningJob, position: usize| {
+            job.kind == kind
+                && !job.preempting
+                && frees[position] > 0
+                && book.accounts[book.index(job.team)].borrowed(kind) > 0
+        };
+        let protected: Vec<(JobId, u32)> = index
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(position, job)| !job.preemptible && borrowing(job, *position))
+            .map(|(position, job)| (job.id, frees[position]))
+            .collect();
+        let protected_frees = protected.iter().map(|&(_, n)| u64::from(n)).sum();
+        let protected = protected.into_iter().map(|(id, _)| id).collect();
         let mut candidates: Vec<Candidate> = index
             .running
             .iter()
@@ -71,11 +90,20 @@ impl Victims {
         });
         let untaken_frees = candidates.iter().map(|c| u64::from(c.frees)).sum();
         let taken = vec![false; candidates.len()];
-        Victims { kind, candidates, taken, first_untaken: 0, untaken_frees }
+        Victims { kind, candidates, taken, first_untaken: 0, untaken_frees, protected, protected_frees }
     }
 
     pub(crate) fn untaken_frees(&self) -> u64 {
         self.untaken_frees
+    }
+
+    pub(crate) fn protected_frees(&self) -> u64 {
+        self.protected_frees
+    }
+
+    /// The borrowers not preemptible yet, sorted by id.
+    pub(crate) fn protected_jobs(&self) -> Vec<JobId> {
+        self.protected.clone()
     }
 
     /// A minimal set of candidates freeing at least `need` devices, marked taken; `None` (nothing marked)

@@ -107,6 +107,19 @@ pub fn check(view: &ClusterView, plan: &Plan) -> Result<(), TestCaseError> {
             let before = usage(view, t, kind);
             prop_assert!(before + mine <= before.max(guarantee(view, t, kind)) + (idle - (started - mine)));
         }
+        // every queued job not started waits exactly once, with its place: 1..n in order, none for jobs the
+        // pool cannot place
+        let mut positions: Vec<u32> = Vec::new();
+        for q in
+            view.queued.iter().filter(|q| q.kind == kind && q.devices > 0 && !plan.starts.iter().any(|s| s.job == q.id))
+        {
+            let waits: Vec<_> = plan.waiting.iter().filter(|w| w.job == q.id).collect();
+            prop_assert_eq!(waits.len(), 1, "job {} waits once", q.id);
+            prop_assert_eq!(waits[0].position.is_none(), plan.too_large.contains(&q.id));
+            positions.extend(waits[0].position);
+        }
+        positions.sort_unstable();
+        prop_assert_eq!(positions.clone(), (1..=positions.len() as u32).collect::<Vec<_>>());
         // nothing left waiting fits in the free devices outside reservations
         let left = idle - started - held_count[ki(kind)];
         for q in view.queued.iter().filter(|q| q.kind == kind && !decided.contains(&q.id)) {

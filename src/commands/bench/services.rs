@@ -72,19 +72,22 @@ pub fn scheduler(args: &SchedulerArgs) -> Result<()> {
         config.busy_fraction * 100.0
     );
     println!(
-        "{:>8} {:>10} {:>10} {:>10} {:>8} {:>12} {:>13}",
-        "passes", "min ms", "median ms", "max ms", "starts", "preemptions", "reservations"
+        "{:>8} {:>10} {:>10} {:>10} {:>8} {:>12} {:>13} {:>8}",
+        "passes", "min ms", "median ms", "max ms", "starts", "preemptions", "reservations", "waiting"
     );
     println!(
-        "{:>8} {:>10.2} {:>10.2} {:>10.2} {:>8} {:>12} {:>13}",
+        "{:>8} {:>10.2} {:>10.2} {:>10.2} {:>8} {:>12} {:>13} {:>8}",
         config.passes,
         report.min_ms,
         report.median_ms,
         report.max_ms,
         report.starts,
         report.preemptions,
-        report.reservations
+        report.reservations,
+        report.waiting
     );
+    let reasons: Vec<String> = report.reasons.iter().map(|(code, n)| format!("{code} {n}")).collect();
+    println!("every waiting job's reason and place is recorded in the pass: {}", reasons.join(", "));
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! /v1/jobs: submit, run history, one job, cancel; what a job did (events, metrics, LR schedule,
 //! checkpoints) is in [`progress`]. Every route answers 404 for another team's job.
 
+pub mod dry_run;
 pub mod progress;
 
 use axum::extract::State;
@@ -21,6 +22,7 @@ use crate::access::team_job;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
+use crate::queue::{self, reason_json, EstimatedStart, Standing};
 use crate::routes::specs;
 use crate::state::AppState;
 
@@ -62,6 +64,19 @@ pub struct JobView {
     /// or none of the kind), why, and since when. The job fails once the platform's grace period (an hour
     /// by default) has passed without the pool growing.
     pub unplaceable: Option<Unplaceable>,
+    /// While queued: why it has not started, from the scheduler's own policy run on the current cluster
+    /// (what its next pass decides). `code` is one of waiting_for_devices, head_of_line,
+    /// head_of_line_reserved, behind_reservation, team_at_guarantee_pool_full, reclaiming,
+    /// reclaim_after_min_run_time, too_large, no_devices_of_kind, previous_placement_stopping,
+    /// beyond_queue_window, starting_next_pass; the other fields are the code's numbers (README, "Why a job
+    /// waits"); `message` says it in words.
+    #[schema(value_type = Option<Object>)]
+    pub pending_reason: Option<Value>,
+    /// While queued: its place among the waiting jobs of its device kind, as the policy orders them (1 is
+    /// next); absent when it starts in the next pass or cannot be placed.
+    pub queue_position: Option<u32>,
+    /// While queued, on `GET /v1/jobs/{id}` only: when it is expected to start, and on what that rests.
+    pub estimated_start: Option<EstimatedStart>,
     pub links: JobLinks,
 }
 
@@ -99,6 +114,9 @@ impl From<&Job> for JobView {
             result: job.result.clone(),
             error: job.error.clone(),
             unplaceable: job.unplaceable.clone().filter(|_| job.state == JobState::Queued),
+            pending_reason: None,
+            queue_position: None,
+            estimated_start: None,
             links: JobLinks {
                 schedule: format!("{base}/schedule"),
                 events: format!("{base}/events"),
@@ -108,6 +126,26 @@ impl From<&Job> for JobView {
             },
         }
     }
+}
+
+impl JobView {
+    /// Adds where a queued job stands.
+    fn with_standing(mut self, standing: Option<&Standing>) -> Self {
+        if let Some(standing) = standing {
+            self.pending_reason = Some(reason_json(&standing.reason));
+            self.queue_position = standing.position;
+        }
+        self
+    }
+}
+
+/// Views of `jobs`, with the standing of those that are queued (one plan for the whole page).
+async fn views(state: &AppState, jobs: &[Job]) -> ApiResult<Vec<JobView>> {
+    let standings = match jobs.iter().any(|j| j.state == JobState::Queued) {
+        true => queue::standings(&*state.queue_insight().await?, jobs),
+        false => Default::default(),
+    };
+    Ok(jobs.iter().map(|job| JobView::from(job).with_standing(standings.get(&job.id))).collect())
 }
 
 const MAX_IDEMPOTENCY_KEY: usize = 255;
@@ -121,18 +159,38 @@ fn is_idempotency_key(key: &str) -> bool {
         && key.ends_with(visible)
 }
 
-/// Submit a job.
+/// A 200 from `POST /v1/jobs`: a replayed submission's job, or a dry run's answer (only in the API
+/// document: each handler path builds its own).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum SubmitReply {
+    Replayed(Box<JobView>),
+    DryRun(Box<dry_run::DryRunView>),
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitQuery {
+    /// true: store nothing, answer what the scheduler would do with the job now (a `DryRunView`).
+    pub dry_run: Option<bool>,
+}
+
+/// Submit a job (or, with `dry_run=true`, see what the scheduler would do with it).
 ///
 /// Validates the spec (every field error at once), derives the effective hyperparameters and stores the job
 /// as `queued`. With `Idempotency-Key`, the same key and body return the same job (200), the same key with
-/// another body is 409.
+/// another body is 409. With `dry_run=true` nothing is stored: the answer (200, a `DryRunView`) is the
+/// scheduler's policy run on the current cluster with the job added: start (where, within the guarantee or
+/// borrowing), reclaim (preempting which jobs), or wait (why, its place in the queue, the estimated start).
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs",
     request_body(content = Object, content_type = "application/json", description = "A job spec"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: 1 to 255 visible ASCII characters",
+    params(SubmitQuery, ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: 1 to 255 visible ASCII characters",
         pattern = "^[!-~]([ -~]{0,253}[!-~])?$")),
     responses(
         (status = 201, description = "Stored as queued", body = JobView),
-        (status = 200, description = "Replayed: this key made this job before", body = JobView),
+        (status = 200, description = "Replayed: this key made this job before (a `JobView`); or, with dry_run=true, what the scheduler would do (a `DryRunView`)",
+            body = SubmitReply),
         (status = 400),
         (status = 401),
         (status = 403),
@@ -147,6 +205,7 @@ pub async fn submit_job(
     State(state): State<AppState>,
     user: User,
     headers: HeaderMap,
+    ApiQuery(query): ApiQuery<SubmitQuery>,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Response> {
     user.require_write()?;
@@ -179,13 +238,17 @@ pub async fn submit_job(
     let dataset_size = specs::dataset_size(&state, &user, &spec).await?;
     let effective = specs::effective(&spec, dataset_size)?;
     specs::check_memory(&state, &user, &spec).await?;
+    let effective = effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?;
+    if query.dry_run == Some(true) {
+        return Ok(Json(dry_run::answer(&state, &user, &spec, effective).await?).into_response());
+    }
     let new = NewJob {
         id: JobId::new(),
         team_id: user.team_id,
         created_by: Some(user.token.id),
         name: spec.name.clone(),
         spec: spec_json,
-        effective: effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?,
+        effective,
         dataset_size: dataset_size.map(|n| n as i64),
         priority: spec.priority,
         device: spec.device,
@@ -273,7 +336,7 @@ pub async fn list_jobs(
     let more = jobs.len() > limit as usize;
     jobs.truncate(limit as usize);
     let next_cursor = if more { jobs.last().map(|j| j.seq.to_string()) } else { None };
-    Ok(Json(JobPage { jobs: jobs.iter().map(JobView::from).collect(), next_cursor }))
+    Ok(Json(JobPage { jobs: views(&state, &jobs).await?, next_cursor }))
 }
 
 /// One job: spec, effective hyperparameters, state, result.
@@ -286,7 +349,18 @@ pub async fn get_job(
     user: User,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<JobView>> {
-    Ok(Json(JobView::from(&team_job(&state, &user, id).await?)))
+    let job = team_job(&state, &user, id).await?;
+    if job.state != JobState::Queued {
+        return Ok(Json(JobView::from(&job)));
+    }
+    let insight = state.queue_insight().await?;
+    let standing = insight.standing(&job);
+    let mut view = JobView::from(&job).with_standing(standing.as_ref());
+    let planned = insight.read.view.queued.iter().any(|q| q.id == job.id);
+    if planned {
+        view.estimated_start = Some(queue::estimate(&state, &insight, insight.read.view.clone(), job.id).await?);
+    }
+    Ok(Json(view))
 }
 
 /// Cancel a job that has not finished; its ranks are told to stop (by their agents' next poll).

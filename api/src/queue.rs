@@ -1,0 +1,231 @@
+//! Where queued jobs stand: the scheduler's own policy, run on the view of the cluster its loop would read
+//! now (same rows, same settings), so a job's reason and place in the queue are what the next pass decides,
+//! on every server alike, with nothing written per pass. The plan is cached until something changes (the
+//! change notifier moves) or for a second, so a page of jobs costs one plan, not one per job.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ringtrain_core::{JobId, JobState};
+use ringtrain_scheduler::{
+    estimate_start, read_queue_view, DeviceKind, Estimate, Plan, QueueView, Timeline, Verdict, WaitReason,
+};
+use ringtrain_store::{Job, MetricsQuery, Store, StoreResult};
+use serde::Serialize;
+use serde_json::{json, Value};
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// How long a cached plan answers when nothing announced a change (heartbeats and metrics do not).
+const FRESH_FOR: Duration = Duration::from_secs(1);
+
+/// How long a preempted job is assumed to take to checkpoint and stop, in estimates.
+const STOP_SECONDS: f64 = 30.0;
+
+/// At most this many steps (policy passes) per estimate.
+const ESTIMATE_STEPS: usize = 64;
+
+/// The policy's view of the queue at one moment.
+#[derive(Debug)]
+pub struct QueueInsight {
+    pub read: QueueView,
+    pub plan: Plan,
+}
+
+#[derive(Debug, Default)]
+pub struct QueueCache {
+    latest: Mutex<Option<(u64, Instant, Arc<QueueInsight>)>>,
+}
+
+impl AppState {
+    /// The queue as the next pass would see and decide it (cached briefly).
+    pub async fn queue_insight(&self) -> ApiResult<Arc<QueueInsight>> {
+        let version = self.changes.version();
+        if let Some((seen, at, insight)) = self.queue.latest.lock().expect("not poisoned").as_ref() {
+            if *seen == version && at.elapsed() < FRESH_FOR {
+                return Ok(insight.clone());
+            }
+        }
+        let read = read_queue_view(self.store.as_ref(), &self.config.scheduling).await?;
+        let plan = ringtrain_scheduler::plan(&read.view);
+        let insight = Arc::new(QueueInsight { read, plan });
+        *self.queue.latest.lock().expect("not poisoned") = Some((version, Instant::now(), insight.clone()));
+        Ok(insight)
+    }
+}
+
+/// A queued job's standing.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    pub position: Option<u32>,
+    pub reason: WaitReason,
+}
+
+impl QueueInsight {
+    /// Where queued `job` stands; None for jobs that are not queued.
+    pub fn standing(&self, job: &Job) -> Option<Standing> {
+        if job.state != JobState::Queued {
+            return None;
+        }
+        if self.read.stopping.contains(&job.id) {
+            return Some(Standing { position: None, reason: WaitReason::PreviousPlacementStopping });
+        }
+        match self.plan.verdict(job.id) {
+            Some(Verdict::Start { .. }) => Some(Standing { position: None, reason: WaitReason::StartingNextPass }),
+            Some(Verdict::Reclaim { position, reason, .. } | Verdict::Wait { position, reason }) => {
+                Some(Standing { position, reason })
+            }
+            None => self.beyond_window(job.team_id, job.device).then_some(Standing {
+                position: None,
+                reason: WaitReason::BeyondQueueWindow { window: self.read.config.queue_window },
+            }),
+        }
+    }
+
+    /// Whether the pass's window of this team's queue of `kind` is full (a job outside it is not planned).
+    pub fn beyond_window(&self, team: ringtrain_core::TeamId, kind: DeviceKind) -> bool {
+        let listed = self.read.view.queued.iter().filter(|q| q.team == team && q.kind == kind).count();
+        listed as i64 >= self.read.config.queue_window
+    }
+
+    /// What the simulation knows of the running jobs: their ends from their progress and rate, and when
+    /// the protected ones become preemptible.
+    pub async fn timeline(&self, store: &dyn Store) -> StoreResult<Timeline> {
+        let mut timeline = Timeline { stop_seconds: STOP_SECONDS, max_steps: ESTIMATE_STEPS, ..Default::default() };
+        let now = ringtrain_store::now();
+        let min_run = chrono::Duration::from_std(self.read.config.min_run_before_preemption).unwrap_or_default();
+        for running in self.read.view.running.iter().filter(|r| !r.preempting) {
+            if let Some(seconds) = seconds_left(store, running.id).await? {
+                timeline.ends_in.insert(running.id, seconds);
+            }
+            if let Some(placed) = self.read.placed_at.get(&running.id).filter(|_| !running.preemptible) {
+                let left = (*placed + min_run - now).num_milliseconds() as f64 / 1e3;
+                timeline.preemptible_in.insert(running.id, left.max(0.0));
+            }
+        }
+        Ok(timeline)
+    }
+}
+
+/// A running job's seconds left at its current rate: iterations left × global batch / rank 0's newest
+/// samples per second. None until it has reported a rate.
+async fn seconds_left(store: &dyn Store, id: JobId) -> StoreResult<Option<f64>> {
+    let Some(job) = store.get_job(id).await? else { return Ok(None) };
+    let effective = job.effective.as_ref();
+    let field = |name: &str| effective.and_then(|e| e.get(name)).and_then(Value::as_f64);
+    let (Some(total), Some(batch)) = (field("total_iterations"), field("global_batch")) else { return Ok(None) };
+    let progress = store.reported_progress(id).await?;
+    let Some(newest) = progress.iter().find(|p| p.rank == 0).and_then(|p| p.newest_iteration) else {
+        return Ok(None);
+    };
+    let query = MetricsQuery {
+        kind: Some("iteration".into()),
+        rank: Some(0),
+        from_iteration: Some(newest),
+        stride: 1,
+        limit: 1,
+        ..Default::default()
+    };
+    let points = store.query_metrics(id, &query).await?;
+    let rate = points.first().and_then(|p| p.fields.get("samples_per_s")).and_then(Value::as_f64);
+    Ok(rate.filter(|r| *r > 0.0).map(|rate| (total - (newest as f64 + 1.0)).max(0.0) * batch / rate))
+}
+
+/// A reason as the API shows it: its code and numbers, and a sentence.
+pub fn reason_json(reason: &WaitReason) -> Value {
+    let mut value = serde_json::to_value(reason).unwrap_or_else(|_| json!({"code": reason.code()}));
+    if let Some(object) = value.as_object_mut() {
+        object.insert("message".into(), Value::String(reason.to_string()));
+    }
+    value
+}
+
+/// When a waiting job is expected to start.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EstimatedStart {
+    /// `now` (the next pass starts it), `at`, or `unknown`.
+    pub kind: String,
+    /// Seconds from now (with `at`).
+    pub seconds: Option<f64>,
+    /// The moment (with `at`).
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The jobs it waits for: those whose end starts it (`at`), or those without a known end (`unknown`).
+    pub jobs: Vec<JobId>,
+    /// What the estimate rests on, in words.
+    pub basis: String,
+}
+
+impl EstimatedStart {
+    pub fn from_estimate(estimate: &Estimate) -> Self {
+        match estimate {
+            Estimate::Now => EstimatedStart {
+                kind: "now".into(),
+                seconds: Some(0.0),
+                at: Some(ringtrain_store::now()),
+                jobs: Vec::new(),
+                basis: "devices are free for it: the next scheduler pass starts it".into(),
+            },
+            Estimate::At { seconds, after } => {
+                let at = ringtrain_store::now() + chrono::Duration::milliseconds((seconds * 1e3) as i64);
+                let basis = match after.as_slice() {
+                    [] => format!("in ~{}", duration_words(*seconds)),
+                    [one] => format!("after job {one} ends, in ~{} at its current rate", duration_words(*seconds)),
+                    many => format!(
+                        "after {} jobs end (or stop), in ~{} at their current rates",
+                        many.len(),
+                        duration_words(*seconds)
+                    ),
+                };
+                EstimatedStart { kind: "at".into(), seconds: Some(*seconds), at: Some(at), jobs: after.clone(), basis }
+            }
+            Estimate::Unknown { depends_on } => EstimatedStart {
+                kind: "unknown".into(),
+                seconds: None,
+                at: None,
+                jobs: depends_on.clone(),
+                basis: if depends_on.is_empty() {
+                    "it cannot be estimated: nothing known to end would let it start".into()
+                } else {
+                    format!(
+                        "it depends on {} job{} that {} not reported a rate yet",
+                        depends_on.len(),
+                        if depends_on.len() == 1 { "" } else { "s" },
+                        if depends_on.len() == 1 { "has" } else { "have" }
+                    )
+                },
+            },
+        }
+    }
+}
+
+/// "45 s", "14 min", "3.2 h".
+fn duration_words(seconds: f64) -> String {
+    if seconds < 90.0 {
+        format!("{} s", seconds.round())
+    } else if seconds < 5400.0 {
+        format!("{} min", (seconds / 60.0).round())
+    } else {
+        format!("{:.1} h", seconds / 3600.0)
+    }
+}
+
+/// Estimates the start of `job` in `view` (`insight`'s, or it with a dry run's job added).
+pub async fn estimate(
+    state: &AppState,
+    insight: &QueueInsight,
+    view: ringtrain_scheduler::ClusterView,
+    job: JobId,
+) -> ApiResult<EstimatedStart> {
+    let timeline = insight.timeline(state.store.as_ref()).await?;
+    let estimate =
+        tokio::task::spawn_blocking(move || estimate_start(&view, job, &timeline)).await.map_err(ApiError::internal)?;
+    Ok(EstimatedStart::from_estimate(&estimate))
+}
+
+/// Standing of several jobs at once (a page of the run history).
+pub fn standings(insight: &QueueInsight, jobs: &[Job]) -> HashMap<JobId, Standing> {
+    jobs.iter().filter_map(|job| insight.standing(job).map(|s| (job.id, s))).collect()
+}

@@ -1,0 +1,145 @@
+//! `POST /v1/jobs?dry_run=true`: what the scheduler would do with a submission now, with nothing stored.
+//! The policy plans the loop's own view of the cluster with the job added (`ringtrain_scheduler::dry_run`),
+//! so the answer is what the next pass would decide for that view.
+
+use ringtrain_core::{JobId, JobSpec, TeamId};
+use ringtrain_scheduler::{DeviceSlot, QueuedJob, Verdict, WaitReason};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::auth::User;
+use crate::error::{ApiError, ApiResult};
+use crate::queue::{self, reason_json, EstimatedStart};
+use crate::state::AppState;
+
+/// A device of a node.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlannedDevice {
+    pub node_id: Uuid,
+    /// The device's index on its node (CUDA ordinal or CPU slot).
+    pub index: u32,
+}
+
+/// A job the submission would preempt.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlannedPreemption {
+    pub job_id: JobId,
+    pub team_id: TeamId,
+}
+
+/// What the scheduler would do with the job now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DryRunView {
+    /// Always true: nothing was stored.
+    pub dry_run: bool,
+    /// `start` (the next pass places it), `reclaim` (it preempts borrowers to get its team's guarantee
+    /// back, then starts) or `wait`.
+    pub verdict: String,
+    /// The verdict in words.
+    pub message: String,
+    /// `start`: where rank r would run (`devices[r]`). `reclaim`: the devices it would get, free ones held
+    /// for it and busy ones it awaits.
+    pub devices: Vec<PlannedDevice>,
+    /// `start`: devices within the team's guarantee, and borrowed beyond it (reclaimable by other teams).
+    pub within_guarantee: Option<u32>,
+    pub borrowed: Option<u32>,
+    /// `reclaim`: the jobs it would preempt (they checkpoint first, then resume when devices are free).
+    pub preempts: Vec<PlannedPreemption>,
+    /// `reclaim` and `wait`: its place among the waiting jobs of its device kind.
+    pub queue_position: Option<u32>,
+    /// `reclaim` and `wait`: the reason, as `pending_reason` in a job's view.
+    #[schema(value_type = Option<Object>)]
+    pub pending_reason: Option<Value>,
+    /// `reclaim` and `wait`: when it would start, if it were submitted now.
+    pub estimated_start: Option<EstimatedStart>,
+    /// Other jobs the next pass would start without this submission and not with it.
+    pub delays: Vec<JobId>,
+    /// The effective hyperparameters, as the job's view would show them.
+    #[schema(value_type = Option<Object>)]
+    pub effective: Option<Value>,
+}
+
+fn devices(slots: &[DeviceSlot]) -> Vec<PlannedDevice> {
+    slots.iter().map(|s| PlannedDevice { node_id: s.node.0, index: s.index }).collect()
+}
+
+/// Answers a dry run of `spec` (already validated) for `user`'s team.
+pub async fn answer(state: &AppState, user: &User, spec: &JobSpec, effective: Option<Value>) -> ApiResult<DryRunView> {
+    let insight = state.queue_insight().await?;
+    let job = QueuedJob {
+        id: JobId::new(),
+        team: user.team_id,
+        priority: spec.priority,
+        kind: spec.device,
+        devices: spec.workers,
+        // submitted after every job already queued
+        submit_seq: u64::MAX,
+    };
+    let mut view = DryRunView {
+        dry_run: true,
+        verdict: "wait".into(),
+        message: String::new(),
+        devices: Vec::new(),
+        within_guarantee: None,
+        borrowed: None,
+        preempts: Vec::new(),
+        queue_position: None,
+        pending_reason: None,
+        estimated_start: None,
+        delays: Vec::new(),
+        effective,
+    };
+    if insight.beyond_window(user.team_id, spec.device) {
+        let reason = WaitReason::BeyondQueueWindow { window: insight.read.config.queue_window };
+        view.message = reason.to_string();
+        view.pending_reason = Some(reason_json(&reason));
+        return Ok(view);
+    }
+    let (cluster, planned_job) = (insight.read.view.clone(), job.clone());
+    let planned = tokio::task::spawn_blocking(move || ringtrain_scheduler::dry_run(&cluster, planned_job))
+        .await
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::internal_msg("the policy did not plan the job"))?;
+    view.verdict = planned.verdict.name().into();
+    view.delays = planned.delays;
+    match planned.verdict {
+        Verdict::Start { devices: slots, nodes, within_guarantee, borrowed } => {
+            view.message = format!(
+                "starts now on {} {} device{} of {} node{} ({} within the team's guarantee, {} borrowed)",
+                slots.len(),
+                spec.device.as_str(),
+                if slots.len() == 1 { "" } else { "s" },
+                nodes.len(),
+                if nodes.len() == 1 { "" } else { "s" },
+                within_guarantee,
+                borrowed
+            );
+            view.devices = devices(&slots);
+            view.within_guarantee = Some(within_guarantee);
+            view.borrowed = Some(borrowed);
+        }
+        Verdict::Reclaim { held, awaiting, position, reason } => {
+            if let WaitReason::Reclaiming { victims, .. } = &reason {
+                view.preempts = victims.iter().map(|v| PlannedPreemption { job_id: v.job, team_id: v.team }).collect();
+            }
+            view.devices = devices(&[held, awaiting].concat());
+            view.queue_position = position;
+            view.message = reason.to_string();
+            view.pending_reason = Some(reason_json(&reason));
+        }
+        Verdict::Wait { position, reason } => {
+            view.queue_position = position;
+            view.message = reason.to_string();
+            view.pending_reason = Some(reason_json(&reason));
+        }
+    }
+    if view.verdict != "start" {
+        let mut cluster = insight.read.view.clone();
+        let id = job.id;
+        cluster.queued.push(job);
+        view.estimated_start = Some(queue::estimate(state, &insight, cluster, id).await?);
+    }
+    Ok(view)
+}
