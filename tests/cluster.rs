@@ -164,6 +164,12 @@ async fn a_team_below_its_guarantee_reclaims_borrowed_devices_and_the_borrower_r
     let resumed = team_a.wait_state(&borrower, "succeeded", LONG).await;
     assert!(resumed["preemptions"].as_i64().unwrap() >= 1, "the borrower was not preempted: {resumed}");
     assert_eq!(resumed["attempt"], 1, "a preemption is not a failed attempt: {resumed}");
+    // one history across placements: the preempted one checkpointed where it stopped, so nothing was lost
+    let history = resumed["result"]["history"].as_array().unwrap();
+    assert!(history.len() >= 2 && history[0]["ended"] == "preempted", "{resumed}");
+    assert_eq!(resumed["result"]["iterations_lost"], 0, "{resumed}");
+    let wall = resumed["result"]["wall_seconds"].as_f64().unwrap();
+    assert!(wall > resumed["result"]["trainer_wall_seconds"].as_f64().unwrap(), "every placement counts: {resumed}");
     let total = resumed["effective"]["total_iterations"].as_i64().unwrap();
     assert_complete_series(&team_a.metrics(&borrower, "iteration").await, 4, total);
     let events = team_a.get(&format!("/v1/jobs/{borrower}/events")).await;

@@ -9,6 +9,7 @@ pub mod changes;
 pub mod error;
 pub mod extract;
 pub mod files;
+pub mod history;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;

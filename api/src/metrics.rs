@@ -40,7 +40,14 @@ struct StateLabels {
     state: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TeamKindLabels {
+    team: String,
+    kind: &'static str,
+}
+
 type LatencyFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+type DeviceSeconds = Family<TeamKindLabels, Counter<f64, std::sync::atomic::AtomicU64>>;
 
 /// The server's metric families and the registry that renders them.
 #[derive(Debug)]
@@ -51,6 +58,7 @@ pub struct ServerMetrics {
     latency: LatencyFamily,
     jobs: Family<StateLabels, Gauge>,
     queue_depth: Gauge,
+    device_seconds: DeviceSeconds,
 }
 
 impl Default for ServerMetrics {
@@ -64,7 +72,13 @@ impl Default for ServerMetrics {
         registry.register("ringtrain_jobs", "Jobs by state", jobs.clone());
         let queue_depth = Gauge::default();
         registry.register("ringtrain_queue_depth", "Jobs waiting to be scheduled", queue_depth.clone());
-        ServerMetrics { registry: Mutex::new(registry), requests, latency, jobs, queue_depth }
+        let device_seconds = DeviceSeconds::default();
+        registry.register(
+            "ringtrain_team_device_seconds",
+            "Device-seconds used by each team's jobs, per device kind (every placement, live ones up to now)",
+            device_seconds.clone(),
+        );
+        ServerMetrics { registry: Mutex::new(registry), requests, latency, jobs, queue_depth, device_seconds }
     }
 }
 
@@ -76,8 +90,18 @@ impl ServerMetrics {
         self.requests.get_or_create(&request).inc();
     }
 
-    /// The exposition text (OpenMetrics); `jobs` is the count per state, read at scrape time.
-    pub fn render(&self, jobs: &[(JobState, i64)]) -> String {
+    /// The exposition text (OpenMetrics); `jobs` is the count per state and `usage` each team's total per
+    /// kind, read from the database at scrape time (the counters move up to those totals, so they stay
+    /// monotonic in this process and agree across servers).
+    pub fn render(&self, jobs: &[(JobState, i64)], usage: &[ringtrain_store::DeviceTotal]) -> String {
+        for total in usage {
+            let labels = TeamKindLabels { team: total.team.clone(), kind: total.kind.as_str() };
+            let counter = self.device_seconds.get_or_create(&labels);
+            let behind = total.device_seconds - counter.get();
+            if behind > 0.0 {
+                counter.inc_by(behind);
+            }
+        }
         let count = |state: JobState| jobs.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
         for state in JobState::ALL {
             self.jobs.get_or_create(&StateLabels { state: state.as_str() }).set(count(state));

@@ -70,6 +70,9 @@ impl QueueInsight {
         if job.state != JobState::Queued {
             return None;
         }
+        if let Some(reason) = self.read.over_budget.get(&job.team_id) {
+            return Some(Standing { position: None, reason: reason.clone() });
+        }
         if self.read.stopping.contains(&job.id) {
             return Some(Standing { position: None, reason: WaitReason::PreviousPlacementStopping });
         }

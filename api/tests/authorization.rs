@@ -38,6 +38,7 @@ const RULES: &[(&str, &str, &str)] = &[
     ("delete", "/v1/jobs/{id}/artifacts", "nyyffnuu"),
     ("patch", "/v1/teams/{id}", "yfffffuu"),
     ("get", "/v1/teams/{id}/storage", "yyyyfnuu"),
+    ("get", "/v1/teams/{id}/usage", "yyyyfnuu"),
     ("post", "/v1/teams", "yfffffuu"),
     ("get", "/v1/teams", "yyfffyuu"),
     ("post", "/v1/teams/{id}/tokens", "yyfffnuu"),

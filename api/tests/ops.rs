@@ -45,6 +45,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/jobs/{id}/artifacts"),
     ("patch", "/v1/teams/{id}"),
     ("get", "/v1/teams/{id}/storage"),
+    ("get", "/v1/teams/{id}/usage"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

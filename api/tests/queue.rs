@@ -90,6 +90,44 @@ async fn a_dry_run_stores_nothing_and_refuses_bad_input_like_a_submission(app: T
     assert_eq!(before, after, "a dry run stores nothing");
 }
 
+/// The reasons the loop adds to the policy's: a job beyond the pass's window of its team's queue, and a
+/// preempted job whose previous placement is still stopping.
+async fn jobs_the_pass_does_not_plan_say_why(app: TestApp) {
+    let team = app.team("alpha").await;
+    // the window is 2 (see `small_window`): the third queued job of the team is not planned
+    let ids = [app.submit(&team.member, &one_worker("a")).await, app.submit(&team.member, &one_worker("b")).await];
+    let third = app.submit(&team.member, &one_worker("c")).await;
+    let view = job(&app, &team.viewer, &third).await;
+    assert_eq!(view["pending_reason"]["code"], "beyond_queue_window", "{view}");
+    assert_eq!(view["pending_reason"]["window"], 2);
+    assert!(view["queue_position"].is_null() && view["estimated_start"].is_null(), "{view}");
+    assert_eq!(job(&app, &team.viewer, &ids[0]).await["pending_reason"]["code"], "no_devices_of_kind");
+    let dry = app.post("/v1/jobs?dry_run=true", &team.member, &one_worker("d")).await.body;
+    assert_eq!(dry["pending_reason"]["code"], "beyond_queue_window", "{dry}");
+    for id in ids.iter().chain([&third]) {
+        app.post(&format!("/v1/jobs/{id}/cancel"), &team.member, &json!({})).await;
+    }
+
+    // a placed job, delivered to its agent, then preempted: its ranks still hold the devices while they
+    // checkpoint, and it waits for them
+    let (id, _, attempt) = placed_job(&app, &team, 4, Duration::from_secs(60), true).await;
+    let job_id = JobId(id.parse().unwrap());
+    for rank in app.store.job_assignments(job_id, attempt).await.unwrap() {
+        use ringtrain_core::AssignmentState::{Delivered, Pending};
+        app.store.set_assignment_state(rank.id, Pending, Delivered).await.unwrap();
+    }
+    app.store.preempt_job(job_id, attempt, "for the test").await.unwrap().expect("preempted");
+    app.state.changed().await;
+    let view = job(&app, &team.viewer, &id).await;
+    assert_eq!(view["state"], "queued");
+    assert_eq!(view["pending_reason"]["code"], "previous_placement_stopping", "{view}");
+    assert!(view["pending_reason"]["message"].as_str().unwrap().contains("checkpoint"), "{view}");
+}
+
+async fn small_window(store: std::sync::Arc<dyn Store>) -> TestApp {
+    TestApp::with_config(store, |config| config.scheduling = ViewConfig { queue_window: 2, ..Default::default() }).await
+}
+
 /// A few random numbers, the same on every run.
 struct Rng(u64);
 
@@ -267,6 +305,11 @@ ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     a_queued_job_says_why_it_waits_where_it_stands_and_when_it_starts,
     a_dry_run_stores_nothing_and_refuses_bad_input_like_a_submission,
+);
+
+ringtrain_store::on_both_backends!(
+    setup = crate::small_window;
+    jobs_the_pass_does_not_plan_say_why,
 );
 
 ringtrain_store::on_both_backends!(

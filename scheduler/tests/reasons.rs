@@ -167,6 +167,12 @@ fn every_reason_has_a_code_and_a_sentence() {
         WaitReason::PreviousPlacementStopping,
         WaitReason::BeyondQueueWindow { window: 1000 },
         WaitReason::StartingNextPass,
+        WaitReason::BudgetExhausted {
+            used_device_seconds: 40_000,
+            budget_device_seconds: 36_000,
+            period: "week".into(),
+            resets_at: chrono::DateTime::UNIX_EPOCH,
+        },
     ];
     let codes: Vec<&str> = reasons.iter().map(WaitReason::code).collect();
     assert_eq!(codes, WaitReason::CODES);

@@ -137,6 +137,16 @@ fn render(job: &Value, progress: &Progress) -> String {
     if let Some(preemptions) = job["preemptions"].as_i64().filter(|&p| p > 0) {
         line += &format!(" ({preemptions} preemption(s))");
     }
+    // while queued: where it stands and why, as the scheduler's policy says
+    if let Some(position) = job["queue_position"].as_i64() {
+        line += &format!(" #{position} in queue");
+    }
+    if let Some(why) = job["pending_reason"]["message"].as_str() {
+        line += &format!(": {why}");
+    }
+    if let Some(basis) = job["estimated_start"]["basis"].as_str() {
+        line += &format!(" (start: {basis})");
+    }
     line
 }
 
@@ -146,9 +156,11 @@ fn print_outcome(job: &Value) {
         "succeeded" => {
             let result = &job["result"];
             println!(
-                "succeeded: final test error {:.2}%, {:.1} s, {:.0} samples/s",
+                "succeeded: final test error {:.2}%, {:.1} s over {} placement(s), {:.1} device-seconds, {:.0} samples/s",
                 result["final_test_error"].as_f64().unwrap_or(f64::NAN) * 100.0,
                 result["wall_seconds"].as_f64().unwrap_or(f64::NAN),
+                result["history"].as_array().map_or(1, Vec::len),
+                result["device_seconds"].as_f64().unwrap_or(f64::NAN),
                 result["samples_per_s"].as_f64().unwrap_or(f64::NAN)
             );
         }

@@ -33,6 +33,14 @@ pub trait AssignmentStore: Send + Sync {
     async fn cancel_pending_assignments(&self, job: JobId) -> StoreResult<u64>;
     /// Ends every live assignment on a node as `to` (the node was lost, so its ranks are gone).
     async fn end_node_assignments(&self, node_id: NodeId, to: AssignmentState) -> StoreResult<u64>;
+    /// Records, once, where rank 0's placement resumed (`resumed_from`: the checkpoint's iteration, 0 for a
+    /// fresh start) and the newest iteration reported before it; false when already recorded.
+    async fn record_resume(
+        &self,
+        id: AssignmentId,
+        resumed_from: i64,
+        reached_before: Option<i64>,
+    ) -> StoreResult<bool>;
 }
 
 macro_rules! impl_assignment_store {
@@ -141,6 +149,24 @@ macro_rules! impl_assignment_store {
                     .execute(self.pool())
                     .await?;
                     Ok(done.rows_affected())
+                }
+
+                async fn record_resume(
+                    &self,
+                    id: AssignmentId,
+                    resumed_from: i64,
+                    reached_before: Option<i64>,
+                ) -> StoreResult<bool> {
+                    let done = sqlx::query(
+                        "UPDATE assignments SET resumed_from = $2, reached_before = $3 \
+                         WHERE id = $1 AND resumed_from IS NULL",
+                    )
+                    .bind(id.0)
+                    .bind(resumed_from)
+                    .bind(reached_before)
+                    .execute(self.pool())
+                    .await?;
+                    Ok(done.rows_affected() == 1)
                 }
 
                 async fn end_node_assignments(&self, node_id: NodeId, to: AssignmentState) -> StoreResult<u64> {

@@ -27,6 +27,9 @@ pub(crate) trait SqlBackend: Send + Sync {
     /// default `BINARY` already is).
     const BYTE_ORDER: &'static str;
 
+    /// An SQL expression for the seconds from timestamp expression `from` to `to`.
+    fn seconds_between(from: &str, to: &str) -> String;
+
     /// The connection pool every statement runs on.
     fn pool(&self) -> &sqlx::Pool<Self::Db>;
 

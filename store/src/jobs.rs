@@ -125,8 +125,8 @@ macro_rules! impl_job_store {
                         }
                     }
                     sqlx::query(
-                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
-                         VALUES ($1, $2, 'state', NULL, 'queued', 0, 'submitted')",
+                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, run_attempt, reason) \
+                         VALUES ($1, $2, 'state', NULL, 'queued', 0, 0, 'submitted')",
                     )
                     .bind(job.id.0)
                     .bind(now)

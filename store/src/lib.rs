@@ -40,6 +40,7 @@ pub mod nodes;
 pub mod postgres;
 pub mod sqlite;
 pub mod teams;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -57,12 +58,21 @@ pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 pub use teams::TeamStore;
 pub use token::{generate_token, hash_token};
+pub use usage::{period_use, DeviceSpan, DeviceTotal, SpanFilter, UsageStore};
 
 /// Everything the API, the scheduler loop and the agents' endpoints need from the database: every
 /// aggregate's operations, plus readiness and the coordination of server replicas.
 #[async_trait]
 pub trait Store:
-    TeamStore + JobStore + LifecycleStore + MetricStore + NodeStore + AssignmentStore + ArtifactStore + std::fmt::Debug
+    TeamStore
+    + JobStore
+    + LifecycleStore
+    + MetricStore
+    + NodeStore
+    + AssignmentStore
+    + ArtifactStore
+    + UsageStore
+    + std::fmt::Debug
 {
     fn backend(&self) -> Backend;
 
@@ -93,6 +103,7 @@ macro_rules! impl_all_for {
         crate::nodes::impl_node_store!($store);
         crate::assignments::impl_assignment_store!($store);
         crate::artifacts::impl_artifact_store!($store);
+        crate::usage::impl_usage_store!($store);
     };
 }
 

@@ -131,8 +131,8 @@ macro_rules! impl_lifecycle_store {
                         .await?;
                     let Some(row) = row else { return Ok(None) };
                     let job: Job = row.try_into()?;
-                    Self::insert_state_event(tx, t.job, now, (t.from.as_str(), t.to.as_str()), job.attempt, &t.reason)
-                        .await?;
+                    let change = (t.from.as_str(), t.to.as_str());
+                    Self::insert_state_event(tx, t.job, now, change, (job.attempt, job.user_attempt()), &t.reason).await?;
                     Ok(Some(job))
                 }
 
@@ -142,17 +142,18 @@ macro_rules! impl_lifecycle_store {
                     job: JobId,
                     at: DateTime<Utc>,
                     change: (&str, &str),
-                    attempt: i32,
+                    (placement, attempt): (i32, i32),
                     reason: &str,
                 ) -> StoreResult<()> {
                     sqlx::query(
-                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, reason) \
-                         VALUES ($1, $2, 'state', $3, $4, $5, $6)",
+                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, run_attempt, reason) \
+                         VALUES ($1, $2, 'state', $3, $4, $5, $6, $7)",
                     )
                     .bind(job.0)
                     .bind(at)
                     .bind(change.0)
                     .bind(change.1)
+                    .bind(placement)
                     .bind(attempt)
                     .bind(reason)
                     .execute(&mut **tx)
@@ -252,8 +253,14 @@ macro_rules! impl_lifecycle_store {
                     };
                     let job: Job = row.try_into()?;
                     let nodes: std::collections::BTreeSet<NodeId> = ranks.iter().map(|r| r.node_id).collect();
-                    let reason = format!("placed on {} device(s) of {} node(s) by {owner}", ranks.len(), nodes.len());
-                    Self::insert_state_event(&mut tx, id, now, ("queued", "scheduled"), job.attempt, &reason).await?;
+                    let reason = format!(
+                        "{}: placed on {} device(s) of {} node(s) by {owner}",
+                        job.placement_name(),
+                        ranks.len(),
+                        nodes.len()
+                    );
+                    let numbers = (job.attempt, job.user_attempt());
+                    Self::insert_state_event(&mut tx, id, now, ("queued", "scheduled"), numbers, &reason).await?;
                     // A busy device fails the whole start (the unique index on live assignments), and dropping
                     // the transaction undoes the claim with it.
                     let sql = format!(
@@ -285,7 +292,7 @@ macro_rules! impl_lifecycle_store {
 
                 async fn succeed_job(&self, id: JobId, attempt: i32, result: Option<Value>) -> StoreResult<Option<Job>> {
                     self.end_placement(id, attempt, |job| {
-                        let reason = format!("attempt {} succeeded", job.user_attempt());
+                        let reason = format!("{} succeeded", job.placement_name());
                         let mut transition = Transition::new(job.id, job.state, JobState::Succeeded, reason);
                         transition.result = result;
                         transition
@@ -302,9 +309,9 @@ macro_rules! impl_lifecycle_store {
                 ) -> StoreResult<Option<Job>> {
                     self.end_placement(id, attempt, |job| {
                         let (to, reason) = if retryable && job.may_restart() {
-                            (JobState::Queued, format!("attempt {} failed, retrying: {why}", job.user_attempt()))
+                            (JobState::Queued, format!("{} failed, retrying: {why}", job.placement_name()))
                         } else {
-                            (JobState::Failed, format!("attempt {} failed: {why}", job.user_attempt()))
+                            (JobState::Failed, format!("{} failed: {why}", job.placement_name()))
                         };
                         let mut transition = Transition::new(job.id, job.state, to, reason);
                         if to == JobState::Failed {
@@ -341,8 +348,10 @@ macro_rules! impl_lifecycle_store {
                         return Ok(None);
                     };
                     let job: Job = row.try_into()?;
-                    let reason = format!("preempted: {reason}");
-                    Self::insert_state_event(&mut tx, id, now, (from, "queued"), attempt, &reason).await?;
+                    // named as it ran (the preemption count has just moved on)
+                    let reason = format!("{} preempted: {reason}", current.placement_name());
+                    let numbers = (attempt, current.user_attempt());
+                    Self::insert_state_event(&mut tx, id, now, (from, "queued"), numbers, &reason).await?;
                     Self::cancel_pending_in(&mut tx, id, Some(attempt)).await?;
                     sqlx::query(
                         "UPDATE assignments SET preempted = TRUE, updated_at = $3 \

@@ -32,7 +32,69 @@ pub struct Team {
     pub cpu_quota: i32,
     /// Bytes of datasets and checkpoints the team may keep; null: the server's default.
     pub storage_quota_bytes: Option<i64>,
+    /// Its weight in the division of idle capacity beyond guarantees (weighted fair share).
+    pub weight: i32,
+    /// Device-hours its jobs may use per period; null: no budget.
+    pub budget: Option<Budget>,
     pub created_at: DateTime<Utc>,
+}
+
+/// A budget of device-hours per calendar period (UTC). A team whose usage in the current period reached it
+/// has its queued jobs wait until the next period.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Device-hours per period, over all its jobs and kinds (a GPU-hour and a CPU-slot-hour count alike).
+    #[schema(minimum = 0.0001, maximum = 1_000_000_000)]
+    pub device_hours: f64,
+    /// `day`, `week` (from Monday) or `month`, in UTC.
+    pub period: BudgetPeriod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPeriod {
+    Day,
+    Week,
+    Month,
+}
+
+impl BudgetPeriod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetPeriod::Day => "day",
+            BudgetPeriod::Week => "week",
+            BudgetPeriod::Month => "month",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<BudgetPeriod> {
+        [BudgetPeriod::Day, BudgetPeriod::Week, BudgetPeriod::Month].into_iter().find(|p| p.as_str() == text)
+    }
+
+    /// The start of the period holding `at` (weeks start on Monday), and the start of the next one.
+    pub fn bounds(self, at: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
+        use chrono::{Datelike, Duration, NaiveDate, TimeZone};
+        let day = at.date_naive();
+        let (start, next): (NaiveDate, NaiveDate) = match self {
+            BudgetPeriod::Day => (day, day + Duration::days(1)),
+            BudgetPeriod::Week => {
+                let monday = day - Duration::days(i64::from(day.weekday().num_days_from_monday()));
+                (monday, monday + Duration::days(7))
+            }
+            BudgetPeriod::Month => {
+                let first = day.with_day(1).unwrap_or(day);
+                let next = if first.month() == 12 {
+                    NaiveDate::from_ymd_opt(first.year() + 1, 1, 1)
+                } else {
+                    NaiveDate::from_ymd_opt(first.year(), first.month() + 1, 1)
+                };
+                (first, next.unwrap_or(first + Duration::days(31)))
+            }
+        };
+        let midnight = |d: NaiveDate| Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).unwrap_or_default());
+        (midnight(start), midnight(next))
+    }
 }
 
 /// What a platform admin changes of a team; None leaves a field as it is.
@@ -42,6 +104,9 @@ pub struct TeamChange {
     pub cpu_quota: Option<i32>,
     /// Some(None) goes back to the server's default.
     pub storage_quota_bytes: Option<Option<i64>>,
+    pub weight: Option<i32>,
+    /// Some(None) removes the budget.
+    pub budget: Option<Option<Budget>>,
 }
 
 /// The bytes a team keeps on the server.
@@ -184,6 +249,12 @@ impl Job {
         self.attempt - self.preemptions
     }
 
+    /// How events name the current placement: "placement 3 (attempt 2)" (the third time it was placed, the
+    /// second run after one failure, one preemption).
+    pub fn placement_name(&self) -> String {
+        format!("placement {} (attempt {})", self.attempt, self.user_attempt())
+    }
+
     /// Whether a failed placement may be retried: restarts used so far (failures, not preemptions) are below
     /// `max_restarts`.
     pub fn may_restart(&self) -> bool {
@@ -297,6 +368,10 @@ pub struct JobEvent {
     pub kind: String,
     pub from_state: Option<String>,
     pub to_state: Option<String>,
+    /// The placement it belongs to: 1 for the first time the job was placed, one more per start (after a
+    /// failure or a preemption); 0 before the first.
+    pub placement: i32,
+    /// The attempt as the job's view counts it: one more per failure-restart, the same across a preemption.
     pub attempt: i32,
     pub reason: Option<String>,
 }

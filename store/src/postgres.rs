@@ -51,6 +51,10 @@ impl SqlBackend for PgStore {
     const KIND: Backend = Backend::Postgres;
     const BYTE_ORDER: &'static str = "COLLATE \"C\"";
 
+    fn seconds_between(from: &str, to: &str) -> String {
+        format!("EXTRACT(EPOCH FROM ({to} - {from}))")
+    }
+
     fn pool(&self) -> &PgPool {
         &self.pool
     }

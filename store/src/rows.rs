@@ -89,7 +89,8 @@ pub(crate) fn jobs(rows: Vec<JobRow>) -> Result<Vec<Job>, StoreError> {
     rows.into_iter().map(Job::try_from).collect()
 }
 
-pub(crate) const TEAM_COLUMNS: &str = "id, name, gpu_quota, cpu_quota, storage_quota_bytes, created_at";
+pub(crate) const TEAM_COLUMNS: &str =
+    "id, name, gpu_quota, cpu_quota, storage_quota_bytes, weight, budget_device_hours, budget_period, created_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct TeamRow {
@@ -98,6 +99,9 @@ pub(crate) struct TeamRow {
     gpu_quota: i32,
     cpu_quota: i32,
     storage_quota_bytes: Option<i64>,
+    weight: i32,
+    budget_device_hours: Option<f64>,
+    budget_period: Option<String>,
     created_at: DateTime<Utc>,
 }
 
@@ -109,6 +113,11 @@ impl From<TeamRow> for Team {
             gpu_quota: row.gpu_quota,
             cpu_quota: row.cpu_quota,
             storage_quota_bytes: row.storage_quota_bytes,
+            weight: row.weight,
+            budget: match (row.budget_device_hours, row.budget_period.as_deref().and_then(BudgetPeriod::parse)) {
+                (Some(device_hours), Some(period)) => Some(Budget { device_hours, period }),
+                _ => None,
+            },
             created_at: row.created_at,
         }
     }
@@ -149,7 +158,7 @@ impl TryFrom<TokenRow> for TokenInfo {
     }
 }
 
-pub(crate) const EVENT_COLUMNS: &str = "seq, job_id, at, kind, from_state, to_state, attempt, reason";
+pub(crate) const EVENT_COLUMNS: &str = "seq, job_id, at, kind, from_state, to_state, attempt, run_attempt, reason";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct EventRow {
@@ -160,6 +169,7 @@ pub(crate) struct EventRow {
     from_state: Option<String>,
     to_state: Option<String>,
     attempt: i32,
+    run_attempt: Option<i32>,
     reason: Option<String>,
 }
 
@@ -172,7 +182,9 @@ impl From<EventRow> for JobEvent {
             kind: row.kind,
             from_state: row.from_state,
             to_state: row.to_state,
-            attempt: row.attempt,
+            placement: row.attempt,
+            // events written before the column existed: the placement is the closest number there is
+            attempt: row.run_attempt.unwrap_or(row.attempt),
             reason: row.reason,
         }
     }

@@ -57,6 +57,10 @@ impl SqlBackend for SqliteStore {
     /// SQLite's default BINARY collation already compares bytes.
     const BYTE_ORDER: &'static str = "";
 
+    fn seconds_between(from: &str, to: &str) -> String {
+        format!("((julianday({to}) - julianday({from})) * 86400.0)")
+    }
+
     fn pool(&self) -> &SqlitePool {
         &self.pool
     }

@@ -79,9 +79,16 @@ macro_rules! impl_team_store {
                         Some(quota) => (true, quota),
                         None => (false, None),
                     };
+                    let (set_budget, budget) = match change.budget {
+                        Some(budget) => (true, budget),
+                        None => (false, None),
+                    };
                     let sql = format!(
                         "UPDATE teams SET gpu_quota = COALESCE($2, gpu_quota), cpu_quota = COALESCE($3, cpu_quota), \
-                         storage_quota_bytes = CASE WHEN $4 THEN $5 ELSE storage_quota_bytes END \
+                         storage_quota_bytes = CASE WHEN $4 THEN $5 ELSE storage_quota_bytes END, \
+                         weight = COALESCE($6, weight), \
+                         budget_device_hours = CASE WHEN $7 THEN $8 ELSE budget_device_hours END, \
+                         budget_period = CASE WHEN $7 THEN $9 ELSE budget_period END \
                          WHERE id = $1 RETURNING {TEAM_COLUMNS}"
                     );
                     let row: Option<TeamRow> = sqlx::query_as(&sql)
@@ -90,6 +97,10 @@ macro_rules! impl_team_store {
                         .bind(change.cpu_quota)
                         .bind(set_storage)
                         .bind(storage)
+                        .bind(change.weight)
+                        .bind(set_budget)
+                        .bind(budget.map(|b| b.device_hours))
+                        .bind(budget.map(|b| b.period.as_str()))
                         .fetch_optional(self.pool())
                         .await?;
                     Ok(row.map(Into::into))

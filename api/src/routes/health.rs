@@ -43,13 +43,14 @@ pub async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Prometheus metrics (OpenMetrics text): requests by route and status, latency histograms, jobs by state,
-/// queue depth.
+/// queue depth, device-seconds per team and kind.
 #[utoipa::path(get, path = "/metrics", tag = "ops",
     responses((status = 200, description = "OpenMetrics text format", body = String,
         content_type = "application/openmetrics-text")))]
 pub async fn prometheus(State(state): State<AppState>) -> ApiResult<Response> {
     let jobs = state.store.count_jobs_by_state().await?;
-    let text = state.metrics.render(&jobs);
+    let usage = state.store.device_totals().await?;
+    let text = state.metrics.render(&jobs, &usage);
     Ok(([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response())
 }
 

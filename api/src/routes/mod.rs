@@ -11,6 +11,7 @@ pub mod specs;
 pub mod teams;
 pub mod tokens;
 pub mod transfers;
+pub mod usage;
 
 use axum::extract::DefaultBodyLimit;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -145,6 +146,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(teams::create_team, teams::list_teams))
         .routes(routes!(teams::update_team))
         .routes(routes!(teams::team_storage))
+        .routes(routes!(usage::team_usage))
         .routes(routes!(tokens::create_team_token, tokens::list_team_tokens))
         .routes(routes!(tokens::create_agent_token, tokens::list_agent_tokens))
         .routes(routes!(tokens::revoke_token))

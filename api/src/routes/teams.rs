@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::{FieldError, TeamId};
-use ringtrain_store::{NewTeam, Node, Team, TeamChange};
+use ringtrain_store::{Budget, NewTeam, Node, Team, TeamChange};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -112,14 +112,28 @@ pub struct UpdateTeam {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 9_223_372_036_854_775_807_u64)]
     pub storage_quota_bytes: Option<Option<u64>>,
+    /// The team's weight in the division of idle capacity beyond guarantees (weighted fair share), 1 to
+    /// 1000; 1 by default.
+    #[schema(minimum = 1, maximum = 1000)]
+    pub weight: Option<u32>,
+    /// Device-hours the team's jobs may use per period (its queued jobs wait with `budget_exhausted` once
+    /// used); null removes the budget.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Budget>)]
+    pub budget: Option<Option<Budget>>,
 }
 
 /// A field that is present (even as null) is `Some`; an absent one stays `None` (`#[serde(default)]`).
-fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Option<u64>>, D::Error> {
-    Option::<u64>::deserialize(deserializer).map(Some)
+fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
-/// Change a team's quotas (platform admin): devices at once, and storage.
+const MAX_WEIGHT: u32 = 1000;
+
+/// Change a team's quotas (platform admin): devices at once, storage, its fair-share weight and its budget
+/// of device-hours.
 #[utoipa::path(patch, path = "/v1/teams/{id}", tag = "teams", params(("id" = TeamId, Path)), request_body = UpdateTeam,
     responses((status = 200, body = Team), (status = 403), (status = 404), (status = 422)),
     security(("bearer" = [])))]
@@ -136,6 +150,14 @@ pub async fn update_team(
             errors.push(FieldError::new(path, format!("must be at most {MAX_QUOTA}")));
         }
     }
+    if body.weight.is_some_and(|w| !(1..=MAX_WEIGHT).contains(&w)) {
+        errors.push(FieldError::new("weight", format!("must be 1 to {MAX_WEIGHT}")));
+    }
+    if let Some(Some(budget)) = body.budget {
+        if !(budget.device_hours.is_finite() && (0.0001..=1e9).contains(&budget.device_hours)) {
+            errors.push(FieldError::new("budget.device_hours", "must be 0.0001 to 1e9"));
+        }
+    }
     if !errors.is_empty() {
         return Err(ApiError::validation(errors));
     }
@@ -144,6 +166,8 @@ pub async fn update_team(
         gpu_quota: body.gpu_quota.map(|q| q as i32),
         cpu_quota: body.cpu_quota.map(|q| q as i32),
         storage_quota_bytes: body.storage_quota_bytes.map(|quota| quota.map(storage_bytes)),
+        weight: body.weight.map(|w| w as i32),
+        budget: body.budget,
     };
     let team =
         state.store.update_team(id, change).await?.ok_or_else(|| ApiError::not_found(format!("no team {id}")))?;

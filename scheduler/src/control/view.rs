@@ -7,11 +7,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{DeviceId, JobId, NodeState};
+use ringtrain_core::{DeviceId, JobId, NodeState, TeamId};
 use ringtrain_store::{Assignment, Job, Node, Store, StoreResult, Team};
 
 use super::ViewConfig;
-use crate::{ClusterView, DeviceSlot, Node as PoolNode, NodeDevice, PerKind, QueuedJob, RunningJob};
+use crate::{ClusterView, DeviceSlot, Node as PoolNode, NodeDevice, PerKind, QueuedJob, RunningJob, WaitReason};
 
 /// One placement: (job, attempt).
 pub(super) type PlacementKey = (JobId, i32);
@@ -23,6 +23,9 @@ pub struct QueueView {
     pub view: ClusterView,
     /// Queued jobs left out because their previous placement is still stopping.
     pub stopping: HashSet<JobId>,
+    /// Teams whose budget of device-hours for the current period is used up: their queued jobs are left
+    /// out, each waiting with this reason.
+    pub over_budget: HashMap<TeamId, WaitReason>,
     /// When each running job's current placement started.
     pub placed_at: HashMap<JobId, DateTime<Utc>>,
     /// The settings it was read with.
@@ -47,6 +50,7 @@ pub(super) struct Snapshot {
     pub teams: Vec<Team>,
     pub devices: DeviceIndex,
     pub config: ViewConfig,
+    pub over_budget: HashMap<TeamId, WaitReason>,
 }
 
 impl Snapshot {
@@ -60,7 +64,8 @@ impl Snapshot {
         let queued = store.list_queued(config.queue_window).await?;
         let teams = store.list_teams().await?;
         let devices = DeviceIndex::new(&up);
-        Ok(Snapshot { up, active, placements, queued, teams, devices, config: *config })
+        let over_budget = over_budget(store, &teams).await?;
+        Ok(Snapshot { up, active, placements, queued, teams, devices, config: *config, over_budget })
     }
 
     /// The policy's input. Jobs whose previous placement is still stopping wait for it (a preempted
@@ -109,16 +114,41 @@ impl Snapshot {
                 preempting: true,
             });
         }
-        view.queued.retain(|q| !stopping.contains(&q.id));
-        Ok(QueueView { view, stopping, placed_at, config: self.config })
+        view.queued.retain(|q| !stopping.contains(&q.id) && !self.over_budget.contains_key(&q.team));
+        let over_budget = self.over_budget.clone();
+        Ok(QueueView { view, stopping, over_budget, placed_at, config: self.config })
     }
+}
+
+/// Teams with a budget whose usage in the current period reached it, each with its reason. Only teams with
+/// a budget cost a read (their spans since the period began).
+async fn over_budget(store: &dyn Store, teams: &[Team]) -> StoreResult<HashMap<TeamId, WaitReason>> {
+    let now = ringtrain_store::now();
+    let mut over = HashMap::new();
+    for team in teams {
+        let Some(budget) = team.budget else { continue };
+        let (_, next, used) = ringtrain_store::period_use(store, team.id, budget.period, now).await?;
+        let limit = budget.device_hours * 3600.0;
+        if used >= limit {
+            over.insert(
+                team.id,
+                WaitReason::BudgetExhausted {
+                    used_device_seconds: used as u64,
+                    budget_device_seconds: limit as u64,
+                    period: budget.period.as_str().to_string(),
+                    resets_at: next,
+                },
+            );
+        }
+    }
+    Ok(over)
 }
 
 fn pool_team(team: &Team) -> crate::Team {
     crate::Team {
         id: team.id,
         guarantee: PerKind { gpu: team.gpu_quota.max(0) as u32, cpu: team.cpu_quota.max(0) as u32 },
-        weight: 1,
+        weight: team.weight.max(1) as u32,
     }
 }
 

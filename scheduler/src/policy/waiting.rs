@@ -51,6 +51,14 @@ pub enum WaitReason {
     BeyondQueueWindow { window: i64 },
     /// Devices are free for it: the next pass starts it.
     StartingNextPass,
+    /// Set by the loop: its team used its budget of device-hours for the current period; its jobs wait
+    /// until the next period begins.
+    BudgetExhausted {
+        used_device_seconds: u64,
+        budget_device_seconds: u64,
+        period: String,
+        resets_at: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 /// A job preempted for a reclaim.
@@ -76,11 +84,12 @@ impl WaitReason {
             WaitReason::PreviousPlacementStopping => "previous_placement_stopping",
             WaitReason::BeyondQueueWindow { .. } => "beyond_queue_window",
             WaitReason::StartingNextPass => "starting_next_pass",
+            WaitReason::BudgetExhausted { .. } => "budget_exhausted",
         }
     }
 
     /// Every code, for documentation and tests.
-    pub const CODES: [&'static str; 12] = [
+    pub const CODES: [&'static str; 13] = [
         "waiting_for_devices",
         "head_of_line",
         "head_of_line_reserved",
@@ -93,6 +102,7 @@ impl WaitReason {
         "previous_placement_stopping",
         "beyond_queue_window",
         "starting_next_pass",
+        "budget_exhausted",
     ];
 }
 
@@ -193,6 +203,14 @@ impl fmt::Display for WaitReason {
                  {window}"
             ),
             WaitReason::StartingNextPass => write!(f, "devices are free for it; the next scheduler pass starts it"),
+            WaitReason::BudgetExhausted { used_device_seconds, budget_device_seconds, period, resets_at } => write!(
+                f,
+                "the team used {:.2} of its {:.2} device-hours this {period}; its jobs wait until the budget resets at \
+                 {}",
+                *used_device_seconds as f64 / 3600.0,
+                *budget_device_seconds as f64 / 3600.0,
+                resets_at.format("%Y-%m-%d %H:%M UTC")
+            ),
         }
     }
 }

@@ -78,7 +78,11 @@ pub async fn poll_assignments(
         };
         // Only a rank 0 that is still to start needs it (a running one ignores its work item).
         let resume = if assignment.rank == 0 && assignment.state != AssignmentState::Running {
-            resume_checkpoint(&state, job).await?
+            let (resume, reached) = resume_checkpoint(&state, job).await?;
+            // where this placement resumes, once: the job's history counts what it trains again from it
+            let from = resume.as_ref().map_or(0, |c| c.iteration);
+            state.store.record_resume(assignment.id, from, reached).await?;
+            resume
         } else {
             None
         };
@@ -104,20 +108,21 @@ pub async fn poll_assignments(
 }
 
 /// The checkpoint a resumed placement starts from: the newest every rank's reports reached
-/// ([`crate::resume`]). (Final checkpoints are the same files as the last epoch's, registered again as the
-/// job's weights.)
-async fn resume_checkpoint(state: &AppState, job: &Job) -> ApiResult<Option<Checkpoint>> {
+/// ([`crate::resume`]), and the newest iteration any rank reported (None: none yet). (Final checkpoints are
+/// the same files as the last epoch's, registered again as the job's weights.)
+async fn resume_checkpoint(state: &AppState, job: &Job) -> ApiResult<(Option<Checkpoint>, Option<i64>)> {
+    let progress = state.store.reported_progress(job.id).await?;
+    let reached = progress.iter().filter_map(|p| p.newest_iteration).max();
     let checkpoints = state.store.list_checkpoints(job.id).await?;
     if checkpoints.is_empty() {
-        return Ok(None);
+        return Ok((None, reached));
     }
-    let progress = state.store.reported_progress(job.id).await?;
     let shape = ReportShape {
         workers: job.workers,
         log_every: job.spec["log_every_iterations"].as_i64().unwrap_or(1),
         iterations_per_epoch: job.effective.as_ref().and_then(|e| e["iterations_per_epoch"].as_i64()).unwrap_or(1),
     };
-    Ok(resume_point(checkpoints, &progress, shape))
+    Ok((resume_point(checkpoints, &progress, shape), reached))
 }
 
 /// Checks HOST:PORT: a port from 1 to 65535 and a host of letters, digits, `.`, `-`, `:` or brackets.

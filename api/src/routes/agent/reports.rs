@@ -35,7 +35,7 @@ pub async fn job_running(
 ) -> ApiResult<StatusCode> {
     let job = assigned_job(&state, &agent, id, body.attempt).await?;
     let transition =
-        Transition::new(job.id, JobState::Scheduled, JobState::Running, format!("attempt {} started", body.attempt))
+        Transition::new(job.id, JobState::Scheduled, JobState::Running, format!("{} started", job.placement_name()))
             .at_attempt(body.attempt);
     match state.store.transition(&transition).await? {
         Some(_) => {
@@ -211,7 +211,14 @@ pub async fn report_result(
         other_ranks_done(&state, job.id, body.attempt).await?;
     }
     let ended = match body.outcome {
-        Outcome::Succeeded => state.store.succeed_job(job.id, body.attempt, body.result).await?,
+        Outcome::Succeeded => {
+            let mut result = body.result;
+            if let Some(result) = result.as_mut() {
+                let history = crate::history::job_history(state.store.as_ref(), job.id, Some(body.attempt)).await?;
+                crate::history::annotate(result, &history);
+            }
+            state.store.succeed_job(job.id, body.attempt, result).await?
+        }
         Outcome::Failed => {
             let why = body.error.as_deref().unwrap_or("unknown error");
             state.store.fail_placement(job.id, body.attempt, why, body.retryable).await?

@@ -91,8 +91,13 @@ pub async fn answer(state: &AppState, user: &User, spec: &JobSpec, effective: Op
         delays: Vec::new(),
         effective,
     };
-    if insight.beyond_window(user.team_id, spec.device) {
-        let reason = WaitReason::BeyondQueueWindow { window: insight.read.config.queue_window };
+    let held_back = match insight.read.over_budget.get(&user.team_id) {
+        Some(reason) => Some(reason.clone()),
+        None => insight
+            .beyond_window(user.team_id, spec.device)
+            .then_some(WaitReason::BeyondQueueWindow { window: insight.read.config.queue_window }),
+    };
+    if let Some(reason) = held_back {
         view.message = reason.to_string();
         view.pending_reason = Some(reason_json(&reason));
         return Ok(view);
