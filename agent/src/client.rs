@@ -88,6 +88,11 @@ impl Client {
         self.api.post::<Value>(&format!("/v1/agent/jobs/{job}/metrics"), &body).await.map(drop)
     }
 
+    /// A batch of one rank's output lines; the server stores each line once.
+    pub async fn report_logs(&self, job: JobId, batch: &ringtrain_protocol::LogBatch) -> Result<(), CallError> {
+        self.api.post::<Value>(&format!("/v1/agent/jobs/{job}/logs"), batch).await.map(drop)
+    }
+
     pub async fn report_result(&self, job: JobId, report: &ResultReport) -> Result<ResultAck, CallError> {
         self.api.post(&format!("/v1/agent/jobs/{job}/result"), report).await
     }

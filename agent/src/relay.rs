@@ -1,6 +1,7 @@
-//! Relays one rank's output to the server: its metric lines in batches, its stderr (logged, and the last
-//! lines kept for a failure report), and (rank 0) each new checkpoint, packed as a tar archive and streamed
-//! from disk. The network work runs in a task of its own, so the rank's output is always drained.
+//! Relays one rank's output to the server: its metric lines in batches, its other lines (stderr, and stdout
+//! lines that are not metric reports: logged here, sent in batches, the last stderr lines kept for a
+//! failure report), and (rank 0) each new checkpoint, packed as a tar archive and streamed from disk. The
+//! network work runs in a task of its own, so the rank's output is always drained.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -23,6 +24,11 @@ use crate::report::OUTCOME_TRIES;
 const STDERR_TAIL: usize = 30;
 /// Metric lines kept while the server cannot be reached; older ones are dropped beyond this.
 const MAX_BUFFERED: usize = 200_000;
+/// Output lines kept while the server cannot be reached (the newest are dropped beyond this: the start of
+/// a stack trace matters more than its end).
+const MAX_BUFFERED_LOG_LINES: usize = 20_000;
+/// Output lines per batch.
+const LOG_BATCH_LINES: usize = 1_000;
 /// A metrics batch stays under half the server's 1 MiB body limit (a line is ~200 bytes, but a report may
 /// carry more fields), so no batch is ever refused for its size.
 const MAX_BATCH_BYTES: usize = 512 << 10;
@@ -66,6 +72,9 @@ struct Shared {
     /// only after the server took it, by number, so lines dropped meanwhile (the buffer was full) cannot
     /// shift what is removed.
     pending: Mutex<Pending>,
+    /// Output lines not yet taken by the server.
+    logs: Mutex<LogPending>,
+    rank: i32,
     /// The newest checkpoint uploaded.
     uploaded: Mutex<Option<String>>,
 }
@@ -74,6 +83,13 @@ struct Shared {
 struct Pending {
     lines: VecDeque<(u64, Map<String, Value>)>,
     next: u64,
+}
+
+#[derive(Default)]
+struct LogPending {
+    lines: VecDeque<ringtrain_protocol::LogLine>,
+    /// The next line's number in the rank's output (dropped lines use one up too).
+    next: i64,
 }
 
 /// The longest wait between two tries of a failed checkpoint upload.
@@ -89,6 +105,8 @@ impl Relay {
             out,
             scratch,
             pending: Mutex::new(Pending::default()),
+            logs: Mutex::new(LogPending::default()),
+            rank: work.assignment.rank,
             uploaded: Mutex::new(None),
         });
         let wake = Arc::new(Notify::new());
@@ -104,19 +122,25 @@ impl Relay {
         }
     }
 
+    /// A line of the rank's stdout: a metric report, or (anything else) an output line.
     pub fn metric_line(&mut self, line: &str) {
-        if let Ok(Value::Object(report)) = serde_json::from_str(line) {
-            self.shared.push(report);
-            if self.last_line.elapsed() >= TICK {
-                self.wake.notify_one();
+        match serde_json::from_str(line) {
+            Ok(Value::Object(report)) => self.shared.push(report),
+            _ => {
+                tracing::info!(target: "ringtrain::rank_output", "{line}");
+                self.shared.push_log("stdout", line);
             }
-            self.last_line = std::time::Instant::now();
         }
+        if self.last_line.elapsed() >= TICK {
+            self.wake.notify_one();
+        }
+        self.last_line = std::time::Instant::now();
     }
 
     pub fn stderr_line(&mut self, line: String) {
         // The rank's own log lines, inside the rank's span.
         tracing::info!(target: "ringtrain::rank_output", "{line}");
+        self.shared.push_log("stderr", &line);
         if self.stderr_tail.len() == STDERR_TAIL {
             self.stderr_tail.pop_front();
         }
@@ -133,7 +157,8 @@ impl Relay {
             let _ = task.await;
         }
         for _ in 0..OUTCOME_TRIES {
-            if self.shared.flush_metrics().await {
+            // output lines first: a failed job's view shows them
+            if self.shared.flush_logs().await & self.shared.flush_metrics().await {
                 return;
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -194,6 +219,7 @@ async fn background(shared: Arc<Shared>, wake: Arc<Notify>, is_root: bool) {
             () = wake.notified() => {}
         }
         shared.flush_metrics().await;
+        shared.flush_logs().await;
         if is_root && tokio::time::Instant::now() >= next_upload {
             match shared.try_upload(false).await {
                 Ok(()) => backoff = TICK,
@@ -224,6 +250,47 @@ impl Shared {
         let seq = pending.next;
         pending.next += 1;
         pending.lines.push_back((seq, report));
+    }
+
+    fn logs(&self) -> std::sync::MutexGuard<'_, LogPending> {
+        self.logs.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn push_log(&self, stream: &str, line: &str) {
+        let mut logs = self.logs();
+        let seq = logs.next;
+        logs.next += 1;
+        if logs.lines.len() >= MAX_BUFFERED_LOG_LINES {
+            return;
+        }
+        let mut text = line.to_string();
+        if text.len() > ringtrain_protocol::MAX_LOG_LINE_BYTES {
+            let mut end = ringtrain_protocol::MAX_LOG_LINE_BYTES;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        let at = chrono::Utc::now();
+        logs.lines.push_back(ringtrain_protocol::LogLine { seq, at, stream: stream.to_string(), text });
+    }
+
+    /// Sends the pending output lines in batches, like [`Shared::flush_metrics`]. True when none is left.
+    async fn flush_logs(&self) -> bool {
+        loop {
+            let batch: Vec<ringtrain_protocol::LogLine> = {
+                let logs = self.logs();
+                logs.lines.iter().take(LOG_BATCH_LINES).cloned().collect()
+            };
+            let Some(last) = batch.last().map(|l| l.seq) else { return true };
+            let body = ringtrain_protocol::LogBatch { attempt: self.attempt, rank: self.rank, lines: batch };
+            match self.ctx.client.report_logs(self.job, &body).await {
+                Ok(()) => {}
+                Err(err) if err.is_final() => tracing::warn!(error = %err, "output lines refused, dropped"),
+                Err(_) => return false,
+            }
+            self.logs().lines.retain(|l| l.seq > last);
+        }
     }
 
     /// Sends the pending lines in batches; stops at the first batch the server could not take (kept for

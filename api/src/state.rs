@@ -11,6 +11,7 @@ use ringtrain_store::Store;
 use crate::changes::Changes;
 use crate::ingest::MetricBudgets;
 use crate::limits::{Admission, AdmissionConfig};
+use crate::logs::LogBudgets;
 use crate::metrics::ServerMetrics;
 use crate::queue::QueueCache;
 
@@ -49,6 +50,11 @@ pub struct ApiConfig {
     pub min_free_bytes: u64,
     /// Checkpoints kept per job besides its final weights (the newest).
     pub keep_checkpoints: i64,
+    /// Lines of rank output one job may store per second (0: no limit), and in all.
+    pub log_lines_per_second: f64,
+    pub max_log_lines_per_job: i64,
+    /// Rank output of jobs that ended longer ago than this is deleted.
+    pub log_retention: Duration,
     /// How the scheduler reads the cluster (queue window, minimum run time before preemption): the loop's
     /// settings, which the API's pending reasons and dry runs use too.
     pub scheduling: ViewConfig,
@@ -73,6 +79,9 @@ impl ApiConfig {
             min_free_bytes: 1 << 30,
             keep_checkpoints: 3,
             scheduling: ViewConfig::default(),
+            log_lines_per_second: 100.0,
+            max_log_lines_per_job: 100_000,
+            log_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -85,6 +94,7 @@ pub struct AppState {
     pub changes: Arc<Changes>,
     pub admission: Arc<Admission>,
     pub metric_budgets: Arc<MetricBudgets>,
+    pub log_budgets: Arc<LogBudgets>,
     /// The latest plan of the queue, for pending reasons.
     pub queue: Arc<QueueCache>,
 }
@@ -95,6 +105,7 @@ impl AppState {
             store,
             admission: Arc::new(Admission::new(config.admission)),
             metric_budgets: Arc::new(MetricBudgets::new(config.metric_rows_per_second)),
+            log_budgets: Arc::new(LogBudgets::new(config.log_lines_per_second)),
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             changes: Arc::new(Changes::default()),
@@ -113,6 +124,22 @@ impl AppState {
         self.changes.bump();
         if let Err(err) = self.store.notify_changes().await {
             tracing::warn!(error = %err, "cannot notify other servers of a change");
+        }
+    }
+
+    /// Deletes the rank output of jobs that ended more than `log_retention` ago, once an hour, forever
+    /// (`serve` runs it next to the scheduler loop).
+    pub async fn retain_logs(self) {
+        loop {
+            let cutoff = chrono::Duration::from_std(self.config.log_retention).unwrap_or(chrono::Duration::MAX);
+            if let Some(before) = ringtrain_store::now().checked_sub_signed(cutoff) {
+                match self.store.delete_logs_ended_before(before).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(lines = n, "deleted rank output past its retention"),
+                    Err(err) => tracing::warn!(error = %err, "deleting old rank output failed"),
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(3600)).await;
         }
     }
 

@@ -27,6 +27,7 @@ const RULES: &[(&str, &str, &str)] = &[
     ("get", "/v1/jobs/{id}", "nyyyfnuu"),
     ("post", "/v1/jobs/{id}/cancel", "nyyffnuu"),
     ("get", "/v1/jobs/{id}/events", "nyyyfnuu"),
+    ("get", "/v1/jobs/{id}/logs", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/metrics", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/schedule", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/checkpoints", "nyyyfnuu"),
@@ -54,6 +55,7 @@ const RULES: &[(&str, &str, &str)] = &[
     ("post", "/v1/agent/assignments/{id}/state", "ffffyfuu"),
     ("post", "/v1/agent/jobs/{id}/running", "ffffyfuu"),
     ("post", "/v1/agent/jobs/{id}/metrics", "ffffyfuu"),
+    ("post", "/v1/agent/jobs/{id}/logs", "ffffyfuu"),
     ("put", "/v1/agent/jobs/{id}/checkpoints/{name}", "ffffyfuu"),
     ("get", "/v1/agent/jobs/{id}/checkpoints/{checkpoint}/archive", "ffffyfuu"),
     ("get", "/v1/agent/datasets/{id}", "ffffyfuu"),
@@ -166,6 +168,7 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         ("post", "/v1/agent/assignments/{id}/state") => Some(json!({"from": "delivered", "to": "running"})),
         ("post", "/v1/agent/jobs/{id}/running") => Some(json!({"attempt": attempt})),
         ("post", "/v1/agent/jobs/{id}/metrics") => Some(json!({"attempt": attempt, "reports": []})),
+        ("post", "/v1/agent/jobs/{id}/logs") => Some(json!({"attempt": attempt, "rank": 0, "lines": []})),
         ("post", "/v1/agent/jobs/{id}/result") => {
             Some(json!({"attempt": attempt, "outcome": "failed", "error": "x", "retryable": true}))
         }

@@ -126,6 +126,40 @@ pub struct MetricsBatch {
     pub reports: Vec<Map<String, Value>>,
 }
 
+/// A batch of one rank's output lines (stderr, and stdout lines that are not metric reports).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LogBatch {
+    pub attempt: i32,
+    pub rank: i32,
+    pub lines: Vec<LogLine>,
+}
+
+/// One line a rank printed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LogLine {
+    /// The line's number in the rank's output (from 0): a batch sent again stores nothing twice.
+    pub seq: i64,
+    /// When the agent read it.
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// `stderr` or `stdout`.
+    pub stream: String,
+    /// The text, at most 4 KiB (longer lines are cut).
+    pub text: String,
+}
+
+/// The longest line kept, in bytes.
+pub const MAX_LOG_LINE_BYTES: usize = 4096;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LogAck {
+    /// Lines stored.
+    pub stored: u64,
+    /// Lines left out: beyond the job's rate or its total.
+    pub dropped: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MetricsAck {
     /// Reports stored.

@@ -15,7 +15,8 @@ pub mod records;
 pub mod timing;
 
 pub use agent::{
-    ArchiveParams, AssignmentUpdate, AttemptBody, EndpointReport, HeartbeatAck, MetricsAck, MetricsBatch, Outcome,
-    Poll, PollQuery, RegisterDevice, RegisterNode, ResultAck, ResultReport, Work,
+    ArchiveParams, AssignmentUpdate, AttemptBody, EndpointReport, HeartbeatAck, LogAck, LogBatch, LogLine, MetricsAck,
+    MetricsBatch, Outcome, Poll, PollQuery, RegisterDevice, RegisterNode, ResultAck, ResultReport, Work,
+    MAX_LOG_LINE_BYTES,
 };
 pub use records::{Assignment, Checkpoint, Device, Node};

@@ -41,6 +41,15 @@ pub struct LimitArgs {
     /// (thrash protection: a reclaim waits rather than stop a job that has barely started).
     #[arg(long, env = "RINGTRAIN_MIN_RUN_BEFORE_PREEMPTION_SECONDS", default_value_t = defaults().scheduling.min_run_before_preemption.as_secs())]
     pub min_run_before_preemption_seconds: u64,
+    /// Lines of rank output one job may store per second (0: no limit); beyond it lines are dropped.
+    #[arg(long, env = "RINGTRAIN_LOG_LINES_PER_SECOND", default_value_t = defaults().log_lines_per_second)]
+    pub log_lines_per_second: f64,
+    /// Lines of rank output one job may store in all; beyond it lines are dropped.
+    #[arg(long, env = "RINGTRAIN_MAX_LOG_LINES_PER_JOB", default_value_t = defaults().max_log_lines_per_job)]
+    pub max_log_lines_per_job: i64,
+    /// Days rank output is kept after its job ended.
+    #[arg(long, env = "RINGTRAIN_LOG_RETENTION_DAYS", default_value_t = defaults().log_retention.as_secs() / 86_400)]
+    pub log_retention_days: u64,
     /// Bytes of datasets and checkpoints a team may keep, unless the platform admin set its own quota.
     #[arg(long, env = "RINGTRAIN_TEAM_STORAGE_BYTES", default_value_t = defaults().team_storage_bytes)]
     pub team_storage_bytes: u64,
@@ -65,6 +74,9 @@ impl LimitArgs {
         config.min_free_bytes = self.min_free_bytes;
         config.keep_checkpoints = self.keep_checkpoints;
         config.scheduling.min_run_before_preemption = Duration::from_secs(self.min_run_before_preemption_seconds);
+        config.log_lines_per_second = self.log_lines_per_second;
+        config.max_log_lines_per_job = self.max_log_lines_per_job;
+        config.log_retention = Duration::from_secs(self.log_retention_days.saturating_mul(86_400));
     }
 
     /// The scheduler loop's share of the limits.

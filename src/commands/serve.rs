@@ -145,6 +145,7 @@ impl Server {
         let scheduler = self.state.scheduler(loop_config);
         let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
+        let retention = tokio::spawn(self.state.clone().retain_logs());
         let router = app(self.state);
         let serving: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> = match self.tls {
             None => Box::pin(axum::serve(self.listener, router).with_graceful_shutdown(shutdown).into_future()),
@@ -169,6 +170,7 @@ impl Server {
         };
         scheduler.abort();
         listener.abort();
+        retention.abort();
         result
     }
 }

@@ -143,6 +143,16 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         secret: rendezvous_secret(),
     };
     let mut comm = args.collective.connect(&config, device)?;
+    // One line for the job's logs: what this rank runs, where, and from where it resumes. (Written, not
+    // eprintln!: a closed stderr must not panic the rank.)
+    let resume = args.resume.as_ref().map_or_else(|| "from the start".to_string(), |p| format!("from {}", p.display()));
+    let _ = writeln!(
+        std::io::stderr(),
+        "rank {rank} of {}: {} on {device:?}, {threads} threads, all-reduce: {}, {resume}",
+        config.world,
+        serde_json::to_value(spec.model.name).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+        args.collective.name()
+    );
     let options = TrainOptions {
         out_dir: args.out.clone(),
         resume_from: args.resume.clone(),

@@ -27,6 +27,10 @@ pub(crate) trait SqlBackend: Send + Sync {
     /// default `BINARY` already is).
     const BYTE_ORDER: &'static str;
 
+    /// The function `F(haystack, needle)` that is above 0 when the text contains the needle (case-sensitive
+    /// on both: `strpos` on Postgres, `instr` on SQLite, where `LIKE` ignores ASCII case).
+    const FIND_TEXT: &'static str;
+
     /// An SQL expression for the seconds from timestamp expression `from` to `to`.
     fn seconds_between(from: &str, to: &str) -> String;
 

@@ -35,6 +35,7 @@ pub mod artifacts;
 pub mod assignments;
 pub mod jobs;
 pub mod lifecycle;
+pub mod logs;
 pub mod metrics;
 pub mod nodes;
 pub mod postgres;
@@ -51,6 +52,7 @@ pub use assignments::AssignmentStore;
 pub use error::{StoreError, StoreResult};
 pub use jobs::JobStore;
 pub use lifecycle::{Cancellation, LifecycleStore};
+pub use logs::{LogQuery, LogStore, RankLogLine};
 pub use metrics::{MetricStore, RankProgress};
 pub use model::*;
 pub use nodes::NodeStore;
@@ -72,6 +74,7 @@ pub trait Store:
     + AssignmentStore
     + ArtifactStore
     + UsageStore
+    + LogStore
     + std::fmt::Debug
 {
     fn backend(&self) -> Backend;
@@ -104,6 +107,7 @@ macro_rules! impl_all_for {
         crate::assignments::impl_assignment_store!($store);
         crate::artifacts::impl_artifact_store!($store);
         crate::usage::impl_usage_store!($store);
+        crate::logs::impl_log_store!($store);
     };
 }
 

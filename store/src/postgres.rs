@@ -50,6 +50,7 @@ impl SqlBackend for PgStore {
     type Db = Postgres;
     const KIND: Backend = Backend::Postgres;
     const BYTE_ORDER: &'static str = "COLLATE \"C\"";
+    const FIND_TEXT: &'static str = "strpos";
 
     fn seconds_between(from: &str, to: &str) -> String {
         format!("EXTRACT(EPOCH FROM ({to} - {from}))")

@@ -56,6 +56,7 @@ impl SqlBackend for SqliteStore {
     const KIND: Backend = Backend::Sqlite;
     /// SQLite's default BINARY collation already compares bytes.
     const BYTE_ORDER: &'static str = "";
+    const FIND_TEXT: &'static str = "instr";
 
     fn seconds_between(from: &str, to: &str) -> String {
         format!("((julianday({to}) - julianday({from})) * 86400.0)")

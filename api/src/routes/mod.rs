@@ -132,11 +132,13 @@ pub fn router() -> OpenApiRouter<AppState> {
     // finished job (issue 12), so it has a limit of its own.
     let results = OpenApiRouter::new()
         .routes(routes!(agent::reports::report_result))
+        .routes(routes!(agent::logs::report_logs))
         .layer(DefaultBodyLimit::max(MAX_RESULT_BYTES));
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::submit_job, jobs::list_jobs))
         .routes(routes!(jobs::get_job))
         .routes(routes!(jobs::cancel_job))
+        .routes(routes!(jobs::logs::job_logs))
         .routes(routes!(jobs::progress::job_events))
         .routes(routes!(jobs::progress::job_metrics))
         .routes(routes!(jobs::progress::job_schedule))

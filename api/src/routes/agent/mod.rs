@@ -6,5 +6,6 @@
 //! so a stale agent changes nothing.
 
 pub mod assignments;
+pub mod logs;
 pub mod nodes;
 pub mod reports;

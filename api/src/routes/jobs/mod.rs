@@ -2,6 +2,7 @@
 //! checkpoints) is in [`progress`]. Every route answers 404 for another team's job.
 
 pub mod dry_run;
+pub mod logs;
 pub mod progress;
 
 use axum::extract::State;
@@ -11,7 +12,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{JobId, JobState, TeamId};
-use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, NewJob, Submitted, Unplaceable};
+use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, NewJob, RankLogLine, Submitted, Unplaceable};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -77,6 +78,9 @@ pub struct JobView {
     pub queue_position: Option<u32>,
     /// While queued, on `GET /v1/jobs/{id}` only: when it is expected to start, and on what that rests.
     pub estimated_start: Option<EstimatedStart>,
+    /// Failed, on `GET /v1/jobs/{id}` only: the last stderr lines of its last placement's ranks (the whole
+    /// output is at `/v1/jobs/{id}/logs`).
+    pub last_log_lines: Option<Vec<RankLogLine>>,
     pub links: JobLinks,
 }
 
@@ -87,6 +91,7 @@ pub struct JobLinks {
     pub schedule: String,
     pub events: String,
     pub metrics: String,
+    pub logs: String,
     pub checkpoints: String,
 }
 
@@ -117,10 +122,12 @@ impl From<&Job> for JobView {
             pending_reason: None,
             queue_position: None,
             estimated_start: None,
+            last_log_lines: None,
             links: JobLinks {
                 schedule: format!("{base}/schedule"),
                 events: format!("{base}/events"),
                 metrics: format!("{base}/metrics"),
+                logs: format!("{base}/logs"),
                 checkpoints: format!("{base}/checkpoints"),
                 this: base,
             },
@@ -149,6 +156,9 @@ async fn views(state: &AppState, jobs: &[Job]) -> ApiResult<Vec<JobView>> {
 }
 
 const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// Lines of a failed job's output its view carries.
+const FAILURE_LINES: i64 = 20;
 
 /// 1 to 255 printable ASCII characters (spaces inside only): the header's pattern in the API document.
 fn is_idempotency_key(key: &str) -> bool {
@@ -350,6 +360,11 @@ pub async fn get_job(
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<JobView>> {
     let job = team_job(&state, &user, id).await?;
+    if job.state == JobState::Failed {
+        let mut view = JobView::from(&job);
+        view.last_log_lines = Some(state.store.last_stderr_lines(job.id, job.attempt, FAILURE_LINES).await?);
+        return Ok(Json(view));
+    }
     if job.state != JobState::Queued {
         return Ok(Json(JobView::from(&job)));
     }

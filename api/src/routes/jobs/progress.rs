@@ -296,10 +296,12 @@ pub async fn job_checkpoints(
 pub struct DeletedCheckpoints {
     pub deleted: usize,
     pub freed_bytes: i64,
+    /// Lines of its ranks' output deleted with them.
+    pub log_lines: u64,
 }
 
-/// Delete a finished job's artifacts: its checkpoints, final weights too, freeing the team's storage (its
-/// record, events and metrics stay). Refused (409) while the job may still resume from them.
+/// Delete a finished job's artifacts: its checkpoints, final weights too, freeing the team's storage, and
+/// its ranks' output (its record, events and metrics stay). Refused (409) while the job may still resume from them.
 #[utoipa::path(delete, path = "/v1/jobs/{id}/artifacts", tag = "jobs", params(("id" = Uuid, Path)),
     responses((status = 200, body = DeletedCheckpoints),
         (status = 403),
@@ -320,5 +322,6 @@ pub async fn delete_job_artifacts(
     let folder = state.config.data_dir.join("checkpoints").join(job.id.to_string());
     crate::storage::remove_files(&folder, deleted.iter().map(|c| c.path.as_str())).await;
     let freed_bytes = deleted.iter().map(|c| c.size_bytes).sum();
-    Ok(Json(DeletedCheckpoints { deleted: deleted.len(), freed_bytes }))
+    let log_lines = state.store.delete_logs(job.id).await?;
+    Ok(Json(DeletedCheckpoints { deleted: deleted.len(), freed_bytes, log_lines }))
 }
