@@ -270,4 +270,26 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     let total = job["effective"]["total_iterations"].as_i64().unwrap();
     assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
     assert!(cluster.dir.join("data/ringtrain.db").exists());
+
+    // `ringtrain jobs logs` prints what the ranks printed; an unknown job is an error naming it
+    let logs = |id: &str, extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+            .args(["jobs", "logs", id, "--server", &cluster.url, "--token", support::ADMIN_TOKEN])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = logs(&id, &["--rank", "1", "--grep", "rank 1 of 2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("[rank 1, placement 1] rank 1 of 2: ") && text.lines().count() == 1, "{text}");
+    let followed = logs(&id, &["--follow"]);
+    assert!(followed.status.success() && String::from_utf8_lossy(&followed.stdout).lines().count() >= 2);
+    let unknown = logs("00000000-0000-0000-0000-000000000000", &[]);
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no job"),
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
 }
