@@ -33,7 +33,9 @@ enum Command {
     Agent(commands::agent::Args),
     /// Train: one rank of a job (--rank/--world/--rendezvous), or K local rank processes (--local K).
     Train(commands::train::Args),
-    /// Jobs from the terminal (`jobs watch ID`: a progress bar until it ends).
+    /// Save a server and token for the commands below (`RINGTRAIN_SERVER`/`RINGTRAIN_TOKEN` still win).
+    Login(commands::login::Args),
+    /// Jobs from the terminal: submit, list, show, cancel, watch, logs.
     #[command(subcommand)]
     Jobs(commands::jobs::Jobs),
     /// What this binary and machine can do: libtorch, CUDA devices, cuDNN, NCCL, CPU threads, data sets.
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => commands::serve::run(args),
         Command::Agent(args) => commands::agent::run(args),
         Command::Train(args) => commands::train::run(args),
+        Command::Login(args) => commands::block_on("login", commands::login::run(args)),
         Command::Jobs(jobs) => commands::jobs::run(jobs),
         Command::Doctor(args) => commands::doctor::run(args),
         Command::Bench(bench) => commands::bench::run(bench),

@@ -292,4 +292,53 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
         "{}",
         String::from_utf8_lossy(&unknown.stderr)
     );
+
+    // the command-line client: login saves the server and token (0600), the job commands use them
+    let config = cluster.dir.join("cli/config.json");
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+            .args(args)
+            .env("RINGTRAIN_CONFIG", &config)
+            .env_remove("RINGTRAIN_SERVER")
+            .env_remove("RINGTRAIN_TOKEN")
+            .output()
+            .unwrap();
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).to_string();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let (ok, _, err) = cli(&["jobs", "list"]);
+    assert!(!ok && err.contains("ringtrain login"), "no login yet: {err}");
+    let (ok, _, err) = cli(&["login", "--server", &cluster.url, "--token", "rt_not_a_real_token_0123456789abcdef"]);
+    assert!(!ok && err.contains("refused the token"), "{err}");
+    assert!(!config.exists(), "a refused token is not saved");
+    let (ok, out, err) = cli(&["login", "--server", &cluster.url, "--token", support::ADMIN_TOKEN]);
+    assert!(ok, "{err}");
+    assert!(out.contains("signed in"), "{out}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600);
+    let (ok, out, _) = cli(&["jobs", "list"]);
+    assert!(ok && out.starts_with("ID") && out.contains(&id) && out.contains("succeeded"), "{out}");
+    let (ok, out, _) = cli(&["jobs", "list", "--json", "--state", "succeeded"]);
+    assert!(ok && serde_json::from_str::<Value>(&out).unwrap()["jobs"][0]["id"] == id.as_str(), "{out}");
+    let (ok, out, _) = cli(&["jobs", "show", &id]);
+    assert!(ok && out.contains("succeeded") && out.contains("final test error"), "{out}");
+    let (ok, _, err) = cli(&["jobs", "cancel", &id]);
+    assert!(!ok && err.contains("already succeeded"), "{err}");
+    let spec_file = cluster.dir.join("cli/spec.json");
+    let mut spec = fashion_mnist("e2e-cli", 1, 2000, 1);
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    let spec_path = spec_file.to_str().unwrap();
+    let (ok, out, err) = cli(&["jobs", "submit", spec_path, "--dry-run"]);
+    assert!(ok && out.starts_with("start: starts now"), "{out}{err}");
+    let (ok, out, err) = cli(&["jobs", "submit", spec_path, "--watch"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.starts_with("submitted ") && out.contains("succeeded: final test error"), "{out}");
+    spec["workers"] = json!(0);
+    spec["epochs"] = json!(0);
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    let (ok, _, err) = cli(&["jobs", "submit", spec_path]);
+    assert!(
+        !ok && err.contains("\n  workers: ") && err.contains("\n  epochs: "),
+        "every field error on its line: {err}"
+    );
 }

@@ -125,7 +125,21 @@ impl ApiClient {
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         let detail = body.get("detail").and_then(Value::as_str).unwrap_or("no detail");
-        let errors = body.get("errors").map(|e| format!(" {e}")).unwrap_or_default();
+        // every field problem on its own line, `path: reason`, as a person reads them
+        let errors: String = body
+            .get("errors")
+            .and_then(Value::as_array)
+            .filter(|errors| errors.len() > 1)
+            .map(|errors| {
+                errors
+                    .iter()
+                    .map(|e| {
+                        let path = e.get("path").and_then(Value::as_str).unwrap_or("?");
+                        format!("\n  {path}: {}", e.get("reason").and_then(Value::as_str).unwrap_or(""))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         Err(CallError { status: Some(status), message: format!("{status}: {detail}{errors}") })
     }
 

@@ -1,10 +1,12 @@
 pub mod agent;
 pub mod bench;
+pub mod connection;
 pub mod doctor;
 pub mod jobs;
 pub mod latency;
 pub mod launch;
 pub mod limits;
+pub mod login;
 pub mod schedule;
 pub mod serve;
 pub mod train;

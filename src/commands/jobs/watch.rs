@@ -1,137 +1,24 @@
 //! `ringtrain jobs watch ID`: a job's progress in the terminal (a progress bar over its iterations, the
 //! loss, lr, throughput and last test error), until it ends. Exit status 0 when it succeeded.
-//! `ringtrain jobs logs ID`: what its ranks printed, optionally following it until it ends.
 
 use std::io::{IsTerminal, Write};
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::Value;
 use uuid::Uuid;
 
-use ringtrain_client::ApiClient;
-
-#[derive(Debug, clap::Subcommand)]
-pub enum Jobs {
-    /// Follow a job until it ends: progress, loss, lr, throughput, test error.
-    Watch(WatchArgs),
-    /// What a job's ranks printed (stderr, and stdout lines that are not metric reports).
-    Logs(LogsArgs),
-}
-
-/// Where the server is and who asks.
-#[derive(Debug, clap::Args)]
-pub struct Connection {
-    /// The server's base URL.
-    #[arg(long, env = "RINGTRAIN_SERVER", default_value = "http://127.0.0.1:8080")]
-    server: String,
-    /// A token of the job's team.
-    #[arg(long, env = "RINGTRAIN_TOKEN", hide_env_values = true)]
-    token: String,
-    #[command(flatten)]
-    transport: ringtrain_client::Transport,
-}
-
-impl Connection {
-    fn client(&self) -> Result<ApiClient> {
-        Ok(ApiClient::with_transport(&self.server, &self.token, &self.transport)?)
-    }
-}
+use crate::commands::connection::Connection;
 
 #[derive(Debug, clap::Args)]
 pub struct WatchArgs {
     /// The job's id.
-    id: Uuid,
+    pub id: Uuid,
     #[command(flatten)]
-    connection: Connection,
+    pub connection: Connection,
     /// Seconds between updates.
     #[arg(long, default_value_t = 1.0)]
-    every_s: f64,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct LogsArgs {
-    /// The job's id.
-    id: Uuid,
-    #[command(flatten)]
-    connection: Connection,
-    /// Only this rank's lines.
-    #[arg(long)]
-    rank: Option<u32>,
-    /// Only this placement's lines (the `placement` of the job's events).
-    #[arg(long)]
-    placement: Option<u32>,
-    /// Only lines containing this text (case-sensitive).
-    #[arg(long)]
-    grep: Option<String>,
-    /// Keep printing new lines until the job has ended.
-    #[arg(long, short)]
-    follow: bool,
-}
-
-pub fn run(jobs: Jobs) -> ExitCode {
-    match jobs {
-        Jobs::Watch(args) => {
-            let mut succeeded = false;
-            let code = super::block_on("jobs watch", async {
-                succeeded = watch(&args).await?;
-                Ok(())
-            });
-            if code == ExitCode::SUCCESS && !succeeded {
-                ExitCode::FAILURE
-            } else {
-                code
-            }
-        }
-        Jobs::Logs(args) => super::block_on("jobs logs", logs(&args)),
-    }
-}
-
-/// Prints the job's lines page by page (`[rank R, placement P] line`), and with `--follow` goes on until
-/// the job has ended and no line is left.
-async fn logs(args: &LogsArgs) -> Result<()> {
-    let api = args.connection.client()?;
-    let id = args.id;
-    let mut filters = String::new();
-    if let Some(rank) = args.rank {
-        filters += &format!("&rank={rank}");
-    }
-    if let Some(placement) = args.placement {
-        filters += &format!("&attempt={placement}");
-    }
-    if let Some(text) = &args.grep {
-        filters += &format!("&q={}", form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>());
-    }
-    let mut since = 0;
-    loop {
-        // the job's state before its lines: a line stored after this read is still fetched below
-        let ended = args.follow
-            && matches!(
-                api.get::<Value>(&format!("/v1/jobs/{id}")).await?["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            );
-        let page = api.get::<Value>(&format!("/v1/jobs/{id}/logs?since={since}&limit=5000{filters}")).await?;
-        let lines = page["lines"].as_array().cloned().unwrap_or_default();
-        let mut out = std::io::stdout().lock();
-        for line in &lines {
-            let _ = writeln!(
-                out,
-                "[rank {}, placement {}] {}",
-                line["rank"],
-                line["attempt"],
-                line["line"].as_str().unwrap_or("")
-            );
-        }
-        since = page["next_since"].as_i64().unwrap_or(since);
-        if lines.len() == 5000 {
-            continue;
-        }
-        if !args.follow || ended {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    pub every_s: f64,
 }
 
 /// What the watcher has seen so far.
@@ -142,7 +29,7 @@ struct Progress {
     test_error: Option<f64>,
 }
 
-async fn watch(args: &WatchArgs) -> Result<bool> {
+pub async fn watch(args: &WatchArgs) -> Result<bool> {
     let api = args.connection.client()?;
     let id = args.id;
     let tty = std::io::stdout().is_terminal();

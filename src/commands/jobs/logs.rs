@@ -1,0 +1,76 @@
+//! `ringtrain jobs logs ID`: what a job's ranks printed, optionally following it until it ends.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::commands::connection::Connection;
+
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// The job's id.
+    id: Uuid,
+    #[command(flatten)]
+    connection: Connection,
+    /// Only this rank's lines.
+    #[arg(long)]
+    rank: Option<u32>,
+    /// Only this placement's lines (the `placement` of the job's events).
+    #[arg(long)]
+    placement: Option<u32>,
+    /// Only lines containing this text (case-sensitive).
+    #[arg(long)]
+    grep: Option<String>,
+    /// Keep printing new lines until the job has ended.
+    #[arg(long, short)]
+    follow: bool,
+}
+
+/// Prints the job's lines page by page (`[rank R, placement P] line`), and with `--follow` goes on until
+/// the job has ended and no line is left.
+pub async fn logs(args: &LogsArgs) -> Result<()> {
+    let api = args.connection.client()?;
+    let id = args.id;
+    let mut filters = String::new();
+    if let Some(rank) = args.rank {
+        filters += &format!("&rank={rank}");
+    }
+    if let Some(placement) = args.placement {
+        filters += &format!("&attempt={placement}");
+    }
+    if let Some(text) = &args.grep {
+        filters += &format!("&q={}", form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>());
+    }
+    let mut since = 0;
+    loop {
+        // the job's state before its lines: a line stored after this read is still fetched below
+        let ended = args.follow
+            && matches!(
+                api.get::<Value>(&format!("/v1/jobs/{id}")).await?["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            );
+        let page = api.get::<Value>(&format!("/v1/jobs/{id}/logs?since={since}&limit=5000{filters}")).await?;
+        let lines = page["lines"].as_array().cloned().unwrap_or_default();
+        let mut out = std::io::stdout().lock();
+        for line in &lines {
+            let _ = writeln!(
+                out,
+                "[rank {}, placement {}] {}",
+                line["rank"],
+                line["attempt"],
+                line["line"].as_str().unwrap_or("")
+            );
+        }
+        since = page["next_since"].as_i64().unwrap_or(since);
+        if lines.len() == 5000 {
+            continue;
+        }
+        if !args.follow || ended {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -1,0 +1,235 @@
+//! `jobs submit`, `jobs list`, `jobs show`, `jobs cancel`: the job routes as commands.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::watch::{watch, WatchArgs};
+use crate::commands::connection::Connection;
+
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// The job spec, a JSON file (see examples/).
+    file: PathBuf,
+    #[command(flatten)]
+    connection: Connection,
+    /// Store nothing: print what the scheduler would do with the job now.
+    #[arg(long)]
+    dry_run: bool,
+    /// Follow the job until it ends (exit status 0 only when it succeeded).
+    #[arg(long, conflicts_with = "dry_run")]
+    watch: bool,
+    /// Print the server's answer as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Only jobs in this state: queued, scheduled, running, succeeded, failed, cancelled.
+    #[arg(long)]
+    state: Option<String>,
+    /// Only jobs whose name starts with this.
+    #[arg(long)]
+    name: Option<String>,
+    /// At most this many (1 to 500).
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    /// Print the server's answer as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// The job's id.
+    id: Uuid,
+    #[command(flatten)]
+    connection: Connection,
+    /// Print the server's answer as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Submits the file; true unless `--watch` saw the job end other than succeeded.
+pub async fn submit(args: &SubmitArgs) -> Result<bool> {
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let spec: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", args.file.display()))?;
+    let api = args.connection.client()?;
+    let path = if args.dry_run { "/v1/jobs?dry_run=true" } else { "/v1/jobs" };
+    let answer: Value = api.post(path, &spec).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+    } else if args.dry_run {
+        println!("{}: {}", answer["verdict"].as_str().unwrap_or("?"), answer["message"].as_str().unwrap_or(""));
+        if let Some(basis) = answer["estimated_start"]["basis"].as_str() {
+            println!("estimated start: {basis}");
+        }
+    } else {
+        let effective = &answer["effective"];
+        println!(
+            "submitted {} ({}): {}; {} workers x {} = global batch {}, lr {}",
+            answer["id"].as_str().unwrap_or("?"),
+            answer["name"].as_str().unwrap_or("unnamed"),
+            answer["state"].as_str().unwrap_or("?"),
+            effective["workers"],
+            effective["per_worker_batch"],
+            effective["global_batch"],
+            effective["scaled_lr"]
+        );
+    }
+    if !args.watch {
+        return Ok(true);
+    }
+    let id: Uuid = answer["id"].as_str().and_then(|id| id.parse().ok()).context("the answer has no job id")?;
+    watch(&WatchArgs { id, connection: args.connection.clone(), every_s: 1.0 }).await
+}
+
+pub async fn list(args: &ListArgs) -> Result<()> {
+    let api = args.connection.client()?;
+    let mut query = format!("/v1/jobs?limit={}", args.limit);
+    if let Some(state) = &args.state {
+        query += &format!("&state={}", encode(state));
+    }
+    if let Some(name) = &args.name {
+        query += &format!("&name_prefix={}", encode(name));
+    }
+    let page: Value = api.get(&query).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    let jobs = page["jobs"].as_array().cloned().unwrap_or_default();
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|job| {
+            let waits = match (job["queue_position"].as_i64(), job["pending_reason"]["code"].as_str()) {
+                (Some(position), Some(code)) => format!("#{position} {code}"),
+                (None, Some(code)) => code.to_string(),
+                _ => String::new(),
+            };
+            vec![
+                job["id"].as_str().unwrap_or("").to_string(),
+                job["name"].as_str().unwrap_or("").to_string(),
+                job["state"].as_str().unwrap_or("").to_string(),
+                format!("{} {}", job["workers"], job["device"].as_str().unwrap_or("")),
+                job["created_at"].as_str().unwrap_or("").chars().take(19).collect(),
+                waits,
+            ]
+        })
+        .collect();
+    print!("{}", table(&["ID", "NAME", "STATE", "DEVICES", "CREATED", "WAITING"], &rows));
+    if jobs.is_empty() {
+        println!("(no jobs)");
+    }
+    Ok(())
+}
+
+pub async fn show(args: &ShowArgs) -> Result<()> {
+    let api = args.connection.client()?;
+    let job: Value = api.get(&format!("/v1/jobs/{}", args.id)).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&job)?);
+        return Ok(());
+    }
+    let field = |name: &str| job[name].as_str().unwrap_or("").to_string();
+    let effective = &job["effective"];
+    let mut lines = vec![
+        ("job", format!("{} ({})", field("id"), job["name"].as_str().unwrap_or("unnamed"))),
+        ("state", field("state")),
+        ("devices", format!("{} {}", job["workers"], field("device"))),
+        ("attempt", format!("{} ({} preemptions)", job["attempt"], job["preemptions"])),
+        (
+            "recipe",
+            format!(
+                "global batch {}, lr {} (base {} for {}), {} warmup iterations, {} epochs",
+                effective["global_batch"],
+                effective["scaled_lr"],
+                effective["base_lr"],
+                effective["reference_batch"],
+                effective["warmup_iterations"],
+                effective["epochs"]
+            ),
+        ),
+    ];
+    if let Some(why) = job["pending_reason"]["message"].as_str() {
+        let position = job["queue_position"].as_i64().map_or_else(String::new, |p| format!("#{p} in queue: "));
+        lines.push(("waiting", format!("{position}{why}")));
+    }
+    if let Some(basis) = job["estimated_start"]["basis"].as_str() {
+        lines.push(("starts", basis.to_string()));
+    }
+    let result = &job["result"];
+    if result.is_object() {
+        lines.push((
+            "result",
+            format!(
+                "final test error {:.2}%, {:.1} s over {} placement(s), {:.1} device-seconds",
+                result["final_test_error"].as_f64().unwrap_or(f64::NAN) * 100.0,
+                result["wall_seconds"].as_f64().unwrap_or(f64::NAN),
+                result["history"].as_array().map_or(1, Vec::len),
+                result["device_seconds"].as_f64().unwrap_or(f64::NAN)
+            ),
+        ));
+    }
+    if let Some(error) = job["error"].as_str() {
+        lines.push(("error", error.to_string()));
+    }
+    for (name, value) in lines {
+        println!("{name:>8}  {value}");
+    }
+    if let Some(last) = job["last_log_lines"].as_array().filter(|l| !l.is_empty()) {
+        println!("last lines of its ranks:");
+        for line in last {
+            println!("  [rank {}] {}", line["rank"], line["line"].as_str().unwrap_or(""));
+        }
+    }
+    Ok(())
+}
+
+pub async fn cancel(args: &ShowArgs) -> Result<()> {
+    let api = args.connection.client()?;
+    let job: Value = api.post(&format!("/v1/jobs/{}/cancel", args.id), &json!({})).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&job)?);
+    } else {
+        println!("{}: {}", args.id, job["state"].as_str().unwrap_or("?"));
+    }
+    Ok(())
+}
+
+fn encode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        padded.join("  ").trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out += &line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tables_align_their_columns() {
+        let rows = vec![vec!["a".to_string(), "queued".to_string()], vec!["bbbb".to_string(), "ok".to_string()]];
+        assert_eq!(super::table(&["ID", "STATE"], &rows), "ID    STATE\na     queued\nbbbb  ok\n");
+    }
+}

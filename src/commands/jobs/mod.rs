@@ -1,0 +1,59 @@
+//! `ringtrain jobs ...`: the team's jobs from the terminal. Human output by default, `--json` for scripts;
+//! the exit status is 0 only on success, and a refusal prints the API's reason with its field paths.
+
+mod logs;
+mod manage;
+mod watch;
+
+use std::process::ExitCode;
+
+use super::block_on;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Jobs {
+    /// Submit a spec file (`--dry-run`: what the scheduler would do with it; `--watch`: follow it).
+    Submit(manage::SubmitArgs),
+    /// The team's jobs, newest first; queued ones with their place and reason.
+    List(manage::ListArgs),
+    /// One job: state, progress of its placements, why it waits, its result.
+    Show(manage::ShowArgs),
+    /// Cancel a job that has not ended.
+    Cancel(manage::ShowArgs),
+    /// Follow a job until it ends: progress, loss, lr, throughput, test error.
+    Watch(watch::WatchArgs),
+    /// What a job's ranks printed (stderr, and stdout lines that are not metric reports).
+    Logs(logs::LogsArgs),
+}
+
+pub fn run(jobs: Jobs) -> ExitCode {
+    match jobs {
+        Jobs::Submit(args) => {
+            let mut failed = false;
+            let code = block_on("jobs submit", async {
+                failed = !manage::submit(&args).await?;
+                Ok(())
+            });
+            if code == ExitCode::SUCCESS && failed {
+                ExitCode::FAILURE
+            } else {
+                code
+            }
+        }
+        Jobs::List(args) => block_on("jobs list", manage::list(&args)),
+        Jobs::Show(args) => block_on("jobs show", manage::show(&args)),
+        Jobs::Cancel(args) => block_on("jobs cancel", manage::cancel(&args)),
+        Jobs::Watch(args) => {
+            let mut succeeded = false;
+            let code = block_on("jobs watch", async {
+                succeeded = watch::watch(&args).await?;
+                Ok(())
+            });
+            if code == ExitCode::SUCCESS && !succeeded {
+                ExitCode::FAILURE
+            } else {
+                code
+            }
+        }
+        Jobs::Logs(args) => block_on("jobs logs", logs::logs(&args)),
+    }
+}
