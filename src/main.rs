@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod commands;
 mod telemetry;
@@ -35,9 +35,22 @@ enum Command {
     Train(commands::train::Args),
     /// Save a server and token for the commands below (`RINGTRAIN_SERVER`/`RINGTRAIN_TOKEN` still win).
     Login(commands::login::Args),
-    /// Jobs from the terminal: submit, list, show, cancel, watch, logs.
+    /// Jobs from the terminal: submit, list, show, cancel, watch, logs, metrics, schedule.
     #[command(subcommand)]
     Jobs(commands::jobs::Jobs),
+    /// A spec's schedule for several worker counts side by side (nothing is submitted).
+    Preview(commands::pool::PreviewArgs),
+    /// The worker pool.
+    #[command(subcommand)]
+    Nodes(commands::pool::Nodes),
+    /// Teams and their quotas.
+    #[command(subcommand)]
+    Teams(commands::pool::Teams),
+    /// A team's tokens.
+    #[command(subcommand)]
+    Tokens(commands::pool::Tokens),
+    /// Print a shell completion script: `ringtrain completions bash > /etc/bash_completion.d/ringtrain`.
+    Completions { shell: clap_complete::Shell },
     /// What this binary and machine can do: libtorch, CUDA devices, cuDNN, NCCL, CPU threads, data sets.
     Doctor(commands::doctor::Args),
     /// Benchmarks, printed next to their reference (`--json` for one object per measurement).
@@ -56,6 +69,14 @@ fn main() -> ExitCode {
         Command::Train(args) => commands::train::run(args),
         Command::Login(args) => commands::block_on("login", commands::login::run(args)),
         Command::Jobs(jobs) => commands::jobs::run(jobs),
+        Command::Preview(args) => commands::block_on("preview", commands::pool::preview(&args)),
+        Command::Nodes(nodes) => commands::block_on("nodes", commands::pool::nodes(&nodes)),
+        Command::Teams(teams) => commands::block_on("teams", commands::pool::teams(&teams)),
+        Command::Tokens(tokens) => commands::block_on("tokens", commands::pool::tokens(&tokens)),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "ringtrain", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
         Command::Doctor(args) => commands::doctor::run(args),
         Command::Bench(bench) => commands::bench::run(bench),
     }

@@ -341,4 +341,38 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
         !ok && err.contains("\n  workers: ") && err.contains("\n  epochs: "),
         "every field error on its line: {err}"
     );
+
+    // what it reported, its schedule, a preview, the pool, teams and tokens
+    let (ok, out, _) = cli(&["jobs", "metrics", &id, "--kind", "epoch", "--rank", "0", "--csv"]);
+    let csv: Vec<&str> = out.lines().collect();
+    assert!(ok && csv[0].starts_with("kind,rank,epoch,iteration,") && csv[0].contains("test_error"), "{out}");
+    assert_eq!(csv.len(), 3, "a header and rank 0's two epochs: {out}");
+    let (ok, out, _) = cli(&["jobs", "schedule", &id]);
+    assert!(ok && out.starts_with("global batch 64, lr 0.1") && out.contains("lr first"), "{out}");
+    let spec = fashion_mnist("e2e-preview", 1, 2000, 1);
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    let (ok, out, _) = cli(&["preview", spec_path, "--workers", "1,8"]);
+    let rows: Vec<&str> = out.lines().collect();
+    assert!(ok && rows.len() == 3 && rows[1].starts_with("1 ") && rows[2].starts_with("8 "), "{out}");
+    let (ok, out, _) = cli(&["nodes", "list"]);
+    assert!(ok && out.contains("up") && out.contains("0 gpu, 2 cpu"), "{out}");
+    let (ok, out, err) = cli(&["teams", "create", "cli-team", "--cpus", "1", "--json"]);
+    assert!(ok, "{err}");
+    let team = serde_json::from_str::<Value>(&out).unwrap()["id"].as_str().unwrap().to_string();
+    let (ok, out, _) = cli(&["teams", "list"]);
+    assert!(ok && out.contains("cli-team"), "{out}");
+    let (ok, token, err) = cli(&["tokens", "create", &team, "--role", "viewer", "--label", "from-cli"]);
+    assert!(ok && token.trim().starts_with("rt_") && err.contains("shown once"), "{token}{err}");
+    let (ok, out, _) = cli(&["tokens", "list", &team, "--json"]);
+    let listed = serde_json::from_str::<Value>(&out).unwrap();
+    let token_id = listed["tokens"][0]["id"].as_str().unwrap().to_string();
+    assert!(ok && listed["tokens"][0]["label"] == "from-cli", "{out}");
+    let (ok, out, _) = cli(&["jobs", "list", "--token", token.trim()]);
+    assert!(ok && out.contains("(no jobs)"), "a viewer of another team sees none of these jobs: {out}");
+    let (ok, _, _) = cli(&["tokens", "revoke", &token_id]);
+    assert!(ok);
+    let (ok, _, err) = cli(&["jobs", "list", "--token", token.trim()]);
+    assert!(!ok && err.contains("401"), "a revoked token is refused: {err}");
+    let (ok, out, _) = cli(&["completions", "bash"]);
+    assert!(ok && out.contains("ringtrain") && out.contains("complete"), "{}", &out[..out.len().min(200)]);
 }

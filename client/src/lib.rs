@@ -170,6 +170,12 @@ impl ApiClient {
         self.call(Method::POST, path, Some(body), DEFAULT_TIMEOUT).await
     }
 
+    /// A DELETE whose answer is not read (204).
+    pub async fn delete(&self, path: &str) -> Result<(), CallError> {
+        let request = self.request(Method::DELETE, path).timeout(DEFAULT_TIMEOUT);
+        self.send(request).await.map(drop).map_err(|e| CallError { message: format!("{path}: {e}"), ..e })
+    }
+
     /// A POST whose answer is not read (some routes answer with an empty body).
     pub async fn post_ignoring_answer(&self, path: &str, body: &impl Serialize) -> Result<(), CallError> {
         let request = self.request(Method::POST, path).json(body).timeout(DEFAULT_TIMEOUT);

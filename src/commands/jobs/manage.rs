@@ -207,7 +207,7 @@ fn encode(text: &str) -> String {
 }
 
 /// Left-aligned columns, two spaces apart.
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

@@ -1,9 +1,12 @@
 //! `ringtrain jobs ...`: the team's jobs from the terminal. Human output by default, `--json` for scripts;
 //! the exit status is 0 only on success, and a refusal prints the API's reason with its field paths.
 
+mod data;
 mod logs;
 mod manage;
 mod watch;
+
+pub use manage::table;
 
 use std::process::ExitCode;
 
@@ -23,6 +26,10 @@ pub enum Jobs {
     Watch(watch::WatchArgs),
     /// What a job's ranks printed (stderr, and stdout lines that are not metric reports).
     Logs(logs::LogsArgs),
+    /// What its ranks reported: one JSON object per line, or `--csv`.
+    Metrics(data::MetricsArgs),
+    /// The learning-rate schedule it trains with, per epoch.
+    Schedule(data::ScheduleArgs),
 }
 
 pub fn run(jobs: Jobs) -> ExitCode {
@@ -55,5 +62,7 @@ pub fn run(jobs: Jobs) -> ExitCode {
             }
         }
         Jobs::Logs(args) => block_on("jobs logs", logs::logs(&args)),
+        Jobs::Metrics(args) => block_on("jobs metrics", data::metrics(&args)),
+        Jobs::Schedule(args) => block_on("jobs schedule", data::schedule(&args)),
     }
 }

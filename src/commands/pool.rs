@@ -1,0 +1,261 @@
+//! `ringtrain preview`, `nodes`, `teams`, `tokens`: the rest of the API from the terminal, human tables by
+//! default and `--json` for scripts.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::connection::Connection;
+use super::jobs::table;
+
+#[derive(Debug, clap::Args)]
+pub struct PreviewArgs {
+    /// The job spec, a JSON file.
+    file: PathBuf,
+    /// Worker counts to compare, e.g. 1,8,32 (what linear scaling and warmup do at each).
+    #[arg(long, default_value = "1,8,32")]
+    workers: String,
+    #[command(flatten)]
+    connection: Connection,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Nodes {
+    /// The worker pool: each node's state, devices and last heartbeat.
+    List(ListArgs),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Teams {
+    /// Teams (a platform admin: every team; a team admin: its own).
+    List(ListArgs),
+    /// Create a team (platform admin).
+    Create(CreateTeamArgs),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Tokens {
+    /// Make a token for a team (shown once).
+    Create(CreateTokenArgs),
+    /// A team's tokens: role, label, when made and last used, expiry, revoked (never the secret).
+    List(TeamArgs),
+    /// Revoke a token: the next request with it is refused.
+    Revoke(RevokeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    connection: Connection,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateTeamArgs {
+    /// 1 to 64 characters: lowercase letters, digits, `-` and `_`.
+    name: String,
+    /// GPUs its jobs are guaranteed.
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// CPU slots its jobs are guaranteed.
+    #[arg(long, default_value_t = 0)]
+    cpus: u32,
+    #[command(flatten)]
+    connection: Connection,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TeamArgs {
+    /// The team's id.
+    team: Uuid,
+    #[command(flatten)]
+    connection: Connection,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateTokenArgs {
+    /// The team's id.
+    team: Uuid,
+    /// admin, member or viewer.
+    #[arg(long, default_value = "member")]
+    role: String,
+    /// Who or what it is for.
+    #[arg(long)]
+    label: Option<String>,
+    #[command(flatten)]
+    connection: Connection,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RevokeArgs {
+    /// The token's id (from `tokens list`).
+    id: Uuid,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+fn print_json(value: &Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+pub async fn preview(args: &PreviewArgs) -> Result<()> {
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?,
+    )
+    .with_context(|| format!("{} is not JSON", args.file.display()))?;
+    let api = args.connection.client()?;
+    let workers: String = form_urlencoded::byte_serialize(args.workers.as_bytes()).collect();
+    let answer: Value = api.post(&format!("/v1/schedules/preview?workers={workers}"), &spec).await?;
+    if args.json {
+        return print_json(&answer);
+    }
+    let rows: Vec<Vec<String>> = answer["schedules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let e = &s["schedule"]["effective"];
+            vec![
+                text(&s["workers"]),
+                text(&e["global_batch"]),
+                text(&e["scaled_lr"]),
+                text(&e["warmup_iterations"]),
+                text(&e["iterations_per_epoch"]),
+                text(&e["total_iterations"]),
+            ]
+        })
+        .collect();
+    print!("{}", table(&["WORKERS", "GLOBAL BATCH", "LR", "WARMUP ITERS", "ITERS/EPOCH", "ITERS"], &rows));
+    Ok(())
+}
+
+pub async fn nodes(command: &Nodes) -> Result<()> {
+    let Nodes::List(args) = command;
+    let answer: Value = args.connection.client()?.get("/v1/nodes").await?;
+    if args.json {
+        return print_json(&answer);
+    }
+    let rows: Vec<Vec<String>> = answer["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            let devices = n["devices"].as_array().cloned().unwrap_or_default();
+            let count = |kind: &str| devices.iter().filter(|d| d["kind"] == kind).count();
+            vec![
+                text(&n["name"]),
+                text(&n["state"]),
+                format!("{} gpu, {} cpu", count("gpu"), count("cpu")),
+                text(&n["address"]),
+                text(&n["last_heartbeat"]).chars().take(19).collect(),
+                text(&n["id"]),
+            ]
+        })
+        .collect();
+    print!("{}", table(&["NAME", "STATE", "DEVICES", "ADDRESS", "LAST HEARTBEAT", "ID"], &rows));
+    Ok(())
+}
+
+pub async fn teams(command: &Teams) -> Result<()> {
+    match command {
+        Teams::List(args) => {
+            let answer: Value = args.connection.client()?.get("/v1/teams").await?;
+            if args.json {
+                return print_json(&answer);
+            }
+            let rows: Vec<Vec<String>> = answer["teams"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    vec![
+                        text(&t["name"]),
+                        text(&t["gpu_quota"]),
+                        text(&t["cpu_quota"]),
+                        text(&t["weight"]),
+                        t["budget"]["device_hours"]
+                            .as_f64()
+                            .map_or_else(String::new, |h| format!("{h} device-h/{}", text(&t["budget"]["period"]))),
+                        text(&t["id"]),
+                    ]
+                })
+                .collect();
+            print!("{}", table(&["NAME", "GPUS", "CPUS", "WEIGHT", "BUDGET", "ID"], &rows));
+            Ok(())
+        }
+        Teams::Create(args) => {
+            let body = json!({"name": args.name, "gpu_quota": args.gpus, "cpu_quota": args.cpus});
+            let team: Value = args.connection.client()?.post("/v1/teams", &body).await?;
+            if args.json {
+                return print_json(&team);
+            }
+            println!("created team {} ({})", text(&team["name"]), text(&team["id"]));
+            Ok(())
+        }
+    }
+}
+
+pub async fn tokens(command: &Tokens) -> Result<()> {
+    match command {
+        Tokens::Create(args) => {
+            let body = json!({"role": args.role, "label": args.label});
+            let answer: Value =
+                args.connection.client()?.post(&format!("/v1/teams/{}/tokens", args.team), &body).await?;
+            if args.json {
+                return print_json(&answer);
+            }
+            println!("{}", text(&answer["token"]));
+            eprintln!("(shown once: keep it now; its id is {})", text(&answer["info"]["id"]));
+            Ok(())
+        }
+        Tokens::List(args) => {
+            let answer: Value = args.connection.client()?.get(&format!("/v1/teams/{}/tokens", args.team)).await?;
+            if args.json {
+                return print_json(&answer);
+            }
+            let rows: Vec<Vec<String>> = answer["tokens"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    let when = |v: &Value| text(v).chars().take(19).collect::<String>();
+                    vec![
+                        text(&t["id"]),
+                        text(&t["role"]),
+                        text(&t["label"]),
+                        when(&t["created_at"]),
+                        when(&t["last_used_at"]),
+                        if t["revoked_at"].is_null() { String::new() } else { "revoked".into() },
+                    ]
+                })
+                .collect();
+            print!("{}", table(&["ID", "ROLE", "LABEL", "CREATED", "LAST USED", ""], &rows));
+            Ok(())
+        }
+        Tokens::Revoke(args) => {
+            args.connection.client()?.delete(&format!("/v1/tokens/{}", args.id)).await?;
+            println!("revoked {}", args.id);
+            Ok(())
+        }
+    }
+}
