@@ -31,6 +31,7 @@ grep -q '^ringtrain is up' "$log" || { cat "$log"; say "error: ringtrain up did 
 sed -n '/^ringtrain is up/,$p' "$log" | sed '/^$/q'
 export RINGTRAIN_TOKEN="${RINGTRAIN_BOOTSTRAP_TOKEN:-$(cat "$RINGTRAIN_DATA_DIR/admin-token")}"
 
+echo "the web page: $url/ (sign in with the token in $RINGTRAIN_DATA_DIR/admin-token)"
 echo "\$ curl -s -H 'Authorization: Bearer ...' -H 'Content-Type: application/json' --data @$spec $url/v1/jobs"
 job=$(curl -sS --fail-with-body -H "Authorization: Bearer $RINGTRAIN_TOKEN" -H 'Content-Type: application/json' \
   --data @"$spec" "$url/v1/jobs")

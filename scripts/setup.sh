@@ -77,6 +77,8 @@ fi
 # --- data sets and tools ----------------------------------------------------------------------------------
 # Real Fashion-MNIST (60k/10k, gzip IDX) under /usr/share/datasets/fashion-mnist, trained on by the tests.
 apt_install dataset-fashion-mnist
+# The web page's tests drive a real headless Chromium over WebDriver.
+apt_install chromium chromium-driver
 
 # --- the environment --------------------------------------------------------------------------------------
 env_file="$CACHE/env.sh"

@@ -19,6 +19,7 @@ pub mod resume;
 pub mod routes;
 pub mod state;
 pub mod storage;
+pub mod web;
 
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ pub fn app(state: AppState) -> Router {
     let (router, _doc) = routes::router().split_for_parts();
     let body_limit = state.config.max_body_bytes;
     router
+        .merge(web::routes())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(error::log_internal_errors))

@@ -40,6 +40,7 @@ const RULES: &[(&str, &str, &str)] = &[
     ("patch", "/v1/teams/{id}", "yfffffuu"),
     ("get", "/v1/teams/{id}/storage", "yyyyfnuu"),
     ("get", "/v1/teams/{id}/usage", "yyyyfnuu"),
+    ("get", "/v1/me", "yyyyfyuu"),
     ("post", "/v1/teams", "yfffffuu"),
     ("get", "/v1/teams", "yyfffyuu"),
     ("post", "/v1/teams/{id}/tokens", "yyfffnuu"),

@@ -48,6 +48,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("patch", "/v1/teams/{id}"),
     ("get", "/v1/teams/{id}/storage"),
     ("get", "/v1/teams/{id}/usage"),
+    ("get", "/v1/me"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),

@@ -182,6 +182,7 @@ fn token_file_contents(path: &std::path::Path) -> anyhow::Result<String> {
 fn print_welcome(url: &str, token: &str, token_file: &std::path::Path, preset: bool) {
     let kept = if preset { String::new() } else { format!(" (kept in {})", token_file.display()) };
     println!("ringtrain is up at {url}: server, scheduler and a local agent.");
+    println!("the web page: {url}/ (sign in with the admin token)");
     println!("admin token{kept}:\n  {token}\n");
     println!("submit a job:");
     println!("  export RINGTRAIN_TOKEN={token}");

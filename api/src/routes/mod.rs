@@ -5,6 +5,7 @@ pub mod agent;
 pub mod datasets;
 pub mod health;
 pub mod jobs;
+pub mod me;
 pub mod schedules;
 pub mod spec_schema;
 pub mod specs;
@@ -152,6 +153,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(tokens::create_team_token, tokens::list_team_tokens))
         .routes(routes!(tokens::create_agent_token, tokens::list_agent_tokens))
         .routes(routes!(tokens::revoke_token))
+        .routes(routes!(me::me))
         .routes(routes!(teams::list_nodes))
         .routes(routes!(agent::nodes::register_node))
         .routes(routes!(agent::nodes::heartbeat))
