@@ -91,11 +91,35 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.click("#cancel").await;
     browser.wait_text("#job-state", "cancelled", Duration::from_secs(30)).await;
 
-    // the run history lists both
+    // the run history lists both; comparing needs two, and shows both recipes and curves
     browser.click("#nav button[data-page=jobs]").await;
     let rows = browser.wait_text("#job-rows", "web-long", Duration::from_secs(10)).await;
     assert!(rows.contains("web-short") && rows.contains("succeeded") && rows.contains("cancelled"), "{rows}");
     browser.screenshot(&shots.join("jobs.png")).await;
+    browser.click("#compare-selected").await;
+    browser.wait_text("#jobs-error", "Select 2 to 8 jobs", Duration::from_secs(5)).await;
+    for checkbox in browser
+        .run("return [...document.querySelectorAll('#job-rows input')].map(i => i.dataset.job);", json!([]))
+        .await
+        .as_array()
+        .unwrap()
+    {
+        browser.click(&format!("#job-rows input[data-job='{}']", checkbox.as_str().unwrap())).await;
+    }
+    browser.click("#compare-selected").await;
+    let table = browser.wait_text("#compare-rows", "web-long", Duration::from_secs(10)).await;
+    assert!(table.contains("web-short") && table.contains("64"), "both recipes side by side: {table}");
+    let coloured = browser
+        .run(
+            "const c = document.getElementById('compare-loss-chart'); \
+             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
+             const seen = new Set(); for (let i = 0; i < d.length; i += 4) { if (d[i+3] > 200 && (d[i] > 150 || d[i+2] > 150) && Math.abs(d[i] - d[i+2]) > 80) seen.add(d[i] > d[i+2] ? 'red' : 'blue'); } \
+             return [...seen].sort();",
+            json!([]),
+        )
+        .await;
+    assert_eq!(coloured, json!(["blue", "red"]), "two loss curves in two colours");
+    browser.screenshot(&shots.join("compare.png")).await;
 
     // another team's viewer sees none of it
     let team = cluster.api.post("/v1/teams", json!({"name": "other", "gpu_quota": 0, "cpu_quota": 1})).await;

@@ -16,7 +16,9 @@ const EXAMPLE = {
 };
 
 const $ = (id) => document.getElementById(id);
-let current = { page: "signin", job: null };
+let current = { page: "signin", job: null, compare: [] };
+const selected = new Set();
+const COLOURS = ["#2f6fd6", "#d6532f", "#2fa36b", "#8a4fd6", "#c99a00", "#1aa3b8", "#d62f8a", "#5b6472"];
 let timer = null;
 
 /** A call to the API; a refusal becomes an Error with the problem's detail and field errors. */
@@ -37,9 +39,9 @@ async function api(path, options = {}) {
 
 function show(page) {
   current.page = page;
-  for (const id of ["signin", "jobs", "job", "submit"]) $(id).hidden = id !== page;
+  for (const id of ["signin", "jobs", "job", "submit", "compare"]) $(id).hidden = id !== page;
   clearInterval(timer);
-  const refresh = { jobs: renderJobs, job: renderJob }[page];
+  const refresh = { jobs: renderJobs, job: renderJob, compare: renderCompare }[page];
   if (refresh) {
     refresh();
     timer = setInterval(refresh, 2000);
@@ -79,6 +81,13 @@ async function renderJobs() {
   rows.replaceChildren();
   for (const job of page.jobs) {
     const row = document.createElement("tr");
+    const pick = document.createElement("input");
+    pick.type = "checkbox";
+    pick.checked = selected.has(job.id);
+    pick.dataset.job = job.id;
+    pick.setAttribute("aria-label", `compare ${job.name || job.id}`);
+    pick.addEventListener("change", () => (pick.checked ? selected.add(job.id) : selected.delete(job.id)));
+    row.appendChild(document.createElement("td")).appendChild(pick);
     const name = document.createElement("button");
     name.type = "button";
     name.textContent = job.name || job.id;
@@ -144,35 +153,74 @@ async function renderJob() {
   drawLine($("loss-chart"), points.points.map((p) => [p.iteration, p.fields.loss]));
 }
 
+/** 2 to 8 jobs side by side: their recipes, and their curves overlaid in one colour each. */
+async function renderCompare() {
+  const ids = current.compare;
+  const jobs = await Promise.all(ids.map((id) => api(`/v1/jobs/${id}`)));
+  const metrics = (id, kind, name) =>
+    api(`/v1/jobs/${id}/metrics?kind=${kind}&rank=0&name=${name}&points=500&limit=10000`).then((p) => p.points);
+  const [errors, losses, lrs] = await Promise.all([
+    Promise.all(ids.map((id) => metrics(id, "epoch", "test_error"))),
+    Promise.all(ids.map((id) => metrics(id, "iteration", "loss"))),
+    Promise.all(ids.map((id) => metrics(id, "iteration", "lr"))),
+  ]);
+  const rows = $("compare-rows");
+  rows.replaceChildren();
+  jobs.forEach((job, i) => {
+    const e = job.effective || {};
+    const row = document.createElement("tr");
+    const name = cell(row, job.name || job.id);
+    name.style.color = COLOURS[i];
+    for (const value of [e.workers, e.per_worker_batch, e.global_batch, e.scaled_lr, e.warmup_iterations, e.epochs]) {
+      cell(row, value);
+    }
+    cell(row, job.result ? `${(job.result.final_test_error * 100).toFixed(2)}%` : job.state);
+    rows.appendChild(row);
+  });
+  const series = (points, field, x) => points.map((p) => [p[x], p.fields[field]]);
+  drawSeries($("compare-error-chart"), errors.map((p) => series(p, "test_error", "epoch")), "test error", "epoch");
+  drawSeries($("compare-loss-chart"), losses.map((p) => series(p, "loss", "iteration")), "loss", "iteration");
+  drawSeries($("compare-lr-chart"), lrs.map((p) => series(p, "lr", "iteration")), "lr", "iteration");
+}
+
 /** A line chart on a canvas: x and y scaled to the data, axes labelled with their ranges. */
 function drawLine(canvas, data) {
+  drawSeries(canvas, [data], "loss", "iteration");
+}
+
+/** Several lines on one canvas, one colour each, scaled together. */
+function drawSeries(canvas, all, yName, xName) {
   const ctx = canvas.getContext("2d");
   const { width, height } = canvas;
   ctx.clearRect(0, 0, width, height);
   ctx.fillStyle = "#1d2430";
   ctx.font = "12px system-ui, sans-serif";
-  if (data.length < 2) {
-    ctx.fillText("no iterations reported yet", 10, 20);
+  const points = all.flat();
+  if (points.length < 2) {
+    ctx.fillText("nothing reported yet", 10, 20);
     return;
   }
-  const xs = data.map((d) => d[0]);
-  const ys = data.map((d) => d[1]);
+  const xs = points.map((d) => d[0]);
+  const ys = points.map((d) => d[1]);
   const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   const [y0, y1] = [Math.min(...ys), Math.max(...ys)];
   const pad = 40;
   const sx = (x) => pad + ((x - x0) / (x1 - x0 || 1)) * (width - 2 * pad);
   const sy = (y) => height - pad + ((y0 - y) / (y1 - y0 || 1)) * (height - 2 * pad);
   ctx.strokeStyle = "#98a2b3";
+  ctx.lineWidth = 1;
   ctx.strokeRect(pad, pad, width - 2 * pad, height - 2 * pad);
-  ctx.fillText(`loss ${y1.toFixed(3)}`, 2, pad - 6);
-  ctx.fillText(`${y0.toFixed(3)}`, 2, height - pad + 14);
-  ctx.fillText(`iteration ${x0}`, pad, height - 8);
+  ctx.fillText(`${yName} ${y1.toPrecision(4)}`, 2, pad - 6);
+  ctx.fillText(`${y0.toPrecision(4)}`, 2, height - pad + 14);
+  ctx.fillText(`${xName} ${x0}`, pad, height - 8);
   ctx.fillText(`${x1}`, width - pad - 20, height - 8);
-  ctx.strokeStyle = "#2f6fd6";
-  ctx.lineWidth = 2;
-  ctx.beginPath();
-  data.forEach(([x, y], i) => (i ? ctx.lineTo(sx(x), sy(y)) : ctx.moveTo(sx(x), sy(y))));
-  ctx.stroke();
+  all.forEach((data, i) => {
+    ctx.strokeStyle = COLOURS[i % COLOURS.length];
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    data.forEach(([x, y], j) => (j ? ctx.lineTo(sx(x), sy(y)) : ctx.moveTo(sx(x), sy(y))));
+    ctx.stroke();
+  });
 }
 
 function specFromEditor() {
@@ -234,6 +282,16 @@ document.addEventListener("DOMContentLoaded", () => {
     button.addEventListener("click", () => show(button.dataset.page));
   }
   $("state-filter").addEventListener("change", renderJobs);
+  $("compare-selected").addEventListener("click", () => {
+    const ids = [...selected];
+    if (ids.length < 2 || ids.length > 8) {
+      $("jobs-error").textContent = "Select 2 to 8 jobs to compare.";
+      return;
+    }
+    $("jobs-error").textContent = "";
+    current.compare = ids;
+    show("compare");
+  });
   $("cancel").addEventListener("click", async () => {
     await api(`/v1/jobs/${current.job}/cancel`, { method: "POST" });
     renderJob();
