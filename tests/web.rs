@@ -121,6 +121,13 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert_eq!(coloured, json!(["blue", "red"]), "two loss curves in two colours");
     browser.screenshot(&shots.join("compare.png")).await;
 
+    // the cluster: the node and its devices, and (the long job cancelled) an empty queue
+    browser.click("#nav button[data-page=cluster]").await;
+    let nodes = browser.wait_text("#node-rows", "cpu 1", Duration::from_secs(10)).await;
+    assert!(nodes.contains("up") && nodes.contains("s ago") && nodes.contains("cpu 0"), "{nodes}");
+    browser.wait_text("#queue-empty", "Nothing is waiting", Duration::from_secs(10)).await;
+    browser.screenshot(&shots.join("cluster.png")).await;
+
     // another team's viewer sees none of it
     let team = cluster.api.post("/v1/teams", json!({"name": "other", "gpu_quota": 0, "cpu_quota": 1})).await;
     let team = team["id"].as_str().unwrap();

@@ -39,9 +39,9 @@ async function api(path, options = {}) {
 
 function show(page) {
   current.page = page;
-  for (const id of ["signin", "jobs", "job", "submit", "compare"]) $(id).hidden = id !== page;
+  for (const id of ["signin", "jobs", "job", "submit", "compare", "cluster"]) $(id).hidden = id !== page;
   clearInterval(timer);
-  const refresh = { jobs: renderJobs, job: renderJob, compare: renderCompare }[page];
+  const refresh = { jobs: renderJobs, job: renderJob, compare: renderCompare, cluster: renderCluster }[page];
   if (refresh) {
     refresh();
     timer = setInterval(refresh, 2000);
@@ -151,6 +151,36 @@ async function renderJob() {
   }
   $("job-logs").textContent = logs.lines.map((l) => `[rank ${l.rank}] ${l.line}`).join("\n");
   drawLine($("loss-chart"), points.points.map((p) => [p.iteration, p.fields.loss]));
+}
+
+/** The pool's nodes and devices, and the team's queued jobs in the scheduler's order with its reasons. */
+async function renderCluster() {
+  const [pool, queued] = await Promise.all([api("/v1/nodes"), api("/v1/jobs?state=queued&limit=500")]);
+  const rows = $("node-rows");
+  rows.replaceChildren();
+  for (const node of pool.nodes) {
+    const row = document.createElement("tr");
+    cell(row, node.name);
+    cell(row, node.state);
+    cell(row, `${Math.round((Date.now() - Date.parse(node.last_heartbeat)) / 1000)} s ago`);
+    const devices = node.devices.map((d) => {
+      const memory = d.memory_bytes ? `, ${(d.memory_bytes / 2 ** 30).toFixed(0)} GiB` : "";
+      return `${d.kind} ${d.index} (${d.name}${memory})`;
+    });
+    cell(row, devices.join("; "));
+    rows.appendChild(row);
+  }
+  const waiting = queued.jobs
+    .filter((job) => job.pending_reason)
+    .sort((a, b) => a.device.localeCompare(b.device) || (a.queue_position ?? 1e9) - (b.queue_position ?? 1e9));
+  const list = $("queue-rows");
+  list.replaceChildren();
+  for (const job of waiting) {
+    const position = job.queue_position ? `#${job.queue_position} ${job.device}` : job.device;
+    list.appendChild(document.createElement("li")).textContent =
+      `${position}: ${job.name || job.id}: ${job.pending_reason.message}`;
+  }
+  $("queue-empty").hidden = waiting.length > 0;
 }
 
 /** 2 to 8 jobs side by side: their recipes, and their curves overlaid in one colour each. */
