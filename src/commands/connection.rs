@@ -99,3 +99,8 @@ pub fn save(login: &SavedLogin) -> Result<PathBuf> {
     std::fs::rename(&temporary, &path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
 }
+
+/// `text` as a URL query value.
+pub fn encode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}

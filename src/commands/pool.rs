@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::connection::Connection;
+use super::connection::{encode, Connection};
 use super::jobs::table;
 
 #[derive(Debug, clap::Args)]
@@ -124,7 +124,7 @@ pub async fn preview(args: &PreviewArgs) -> Result<()> {
     )
     .with_context(|| format!("{} is not JSON", args.file.display()))?;
     let api = args.connection.client()?;
-    let workers: String = form_urlencoded::byte_serialize(args.workers.as_bytes()).collect();
+    let workers = encode(&args.workers);
     let answer: Value = api.post(&format!("/v1/schedules/preview?workers={workers}"), &spec).await?;
     if args.json {
         return print_json(&answer);

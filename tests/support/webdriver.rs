@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::Process;
 
-/// A browser session; the driver and the browser end with it.
+/// A browser session; the driver process (and the browser with it) ends when this is dropped.
 pub struct Browser {
     http: reqwest::Client,
     session: String,
@@ -118,11 +118,5 @@ impl Browser {
         let data = self.call(reqwest::Method::GET, "/screenshot", None).await;
         let png = base64::engine::general_purpose::STANDARD.decode(data.as_str().unwrap_or("")).unwrap();
         std::fs::write(path, png).unwrap();
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        // the driver process ends with `_driver`; the session goes with it
     }
 }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::commands::connection::Connection;
+use crate::commands::connection::{encode, Connection};
 
 #[derive(Debug, clap::Args)]
 pub struct MetricsArgs {
@@ -43,7 +43,7 @@ pub async fn metrics(args: &MetricsArgs) -> Result<()> {
     let api = args.connection.client()?;
     let mut filters = String::new();
     if let Some(kind) = &args.kind {
-        filters += &format!("&kind={}", form_urlencoded::byte_serialize(kind.as_bytes()).collect::<String>());
+        filters += &format!("&kind={}", encode(kind));
     }
     if let Some(rank) = args.rank {
         filters += &format!("&rank={rank}");
@@ -52,9 +52,7 @@ pub async fn metrics(args: &MetricsArgs) -> Result<()> {
     let mut columns: Option<Vec<String>> = None;
     let mut cursor: Option<String> = None;
     loop {
-        let after = cursor.as_ref().map_or_else(String::new, |c| {
-            format!("&cursor={}", form_urlencoded::byte_serialize(c.as_bytes()).collect::<String>())
-        });
+        let after = cursor.as_ref().map_or_else(String::new, |c| format!("&cursor={}", encode(c)));
         let page: Value = api.get(&format!("/v1/jobs/{}/metrics?limit=10000{filters}{after}", args.id)).await?;
         for point in page["points"].as_array().into_iter().flatten() {
             if !args.csv {

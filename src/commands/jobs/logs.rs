@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::commands::connection::Connection;
+use crate::commands::connection::{encode, Connection};
 
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
@@ -42,7 +42,7 @@ pub async fn logs(args: &LogsArgs) -> Result<()> {
         filters += &format!("&attempt={placement}");
     }
     if let Some(text) = &args.grep {
-        filters += &format!("&q={}", form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>());
+        filters += &format!("&q={}", encode(text));
     }
     let mut since = 0;
     loop {

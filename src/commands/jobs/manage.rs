@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::watch::{watch, WatchArgs};
-use crate::commands::connection::Connection;
+use crate::commands::connection::{encode, Connection};
 
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
@@ -200,10 +200,6 @@ pub async fn cancel(args: &ShowArgs) -> Result<()> {
         println!("{}: {}", args.id, job["state"].as_str().unwrap_or("?"));
     }
     Ok(())
-}
-
-fn encode(text: &str) -> String {
-    form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
 /// Left-aligned columns, two spaces apart.

@@ -34,35 +34,28 @@ pub enum Jobs {
 
 pub fn run(jobs: Jobs) -> ExitCode {
     match jobs {
-        Jobs::Submit(args) => {
-            let mut failed = false;
-            let code = block_on("jobs submit", async {
-                failed = !manage::submit(&args).await?;
-                Ok(())
-            });
-            if code == ExitCode::SUCCESS && failed {
-                ExitCode::FAILURE
-            } else {
-                code
-            }
-        }
+        Jobs::Submit(args) => block_on_job("jobs submit", manage::submit(&args)),
         Jobs::List(args) => block_on("jobs list", manage::list(&args)),
         Jobs::Show(args) => block_on("jobs show", manage::show(&args)),
         Jobs::Cancel(args) => block_on("jobs cancel", manage::cancel(&args)),
-        Jobs::Watch(args) => {
-            let mut succeeded = false;
-            let code = block_on("jobs watch", async {
-                succeeded = watch::watch(&args).await?;
-                Ok(())
-            });
-            if code == ExitCode::SUCCESS && !succeeded {
-                ExitCode::FAILURE
-            } else {
-                code
-            }
-        }
+        Jobs::Watch(args) => block_on_job("jobs watch", watch::watch(&args)),
         Jobs::Logs(args) => block_on("jobs logs", logs::logs(&args)),
         Jobs::Metrics(args) => block_on("jobs metrics", data::metrics(&args)),
         Jobs::Schedule(args) => block_on("jobs schedule", data::schedule(&args)),
+    }
+}
+
+/// Runs a command that ends by reporting whether the job succeeded: exit status 0 only when it ran and the
+/// job succeeded.
+fn block_on_job(who: &str, command: impl std::future::Future<Output = anyhow::Result<bool>>) -> ExitCode {
+    let mut succeeded = false;
+    let code = block_on(who, async {
+        succeeded = command.await?;
+        Ok(())
+    });
+    if code == ExitCode::SUCCESS && !succeeded {
+        ExitCode::FAILURE
+    } else {
+        code
     }
 }

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -21,6 +21,7 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::limits::StreamSlot;
+use crate::routes::jobs::progress::wants_event_stream;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -90,11 +91,7 @@ pub async fn job_logs(
     let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let since = params.since.or(last_event_id).unwrap_or(0);
     let query = LogQuery { rank: params.rank, attempt: params.attempt, after: Some(since), contains: params.q, limit };
-    let wants_stream = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/event-stream"));
-    if !wants_stream {
+    if !wants_event_stream(&headers) {
         let lines = state.store.query_logs(job.id, &query).await?;
         let next_since = lines.last().map_or(since, |l| l.id);
         return Ok(Json(LogPage { lines, next_since }).into_response());

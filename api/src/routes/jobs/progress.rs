@@ -55,10 +55,7 @@ pub async fn job_events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> ApiResult<Response> {
     let job = team_job(&state, &user, id).await?;
-    let wants_stream = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/event-stream"));
+    let wants_stream = wants_event_stream(&headers);
     let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
     let after = query.after.or(last_event_id).unwrap_or(0);
     if !wants_stream {
@@ -67,6 +64,11 @@ pub async fn job_events(
     }
     let slot = state.admission.open_stream(user.token.id)?;
     Ok(Sse::new(follow_events(state, job.id, after, slot)).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// Whether the caller asked for Server-Sent Events (`Accept: text/event-stream`) rather than JSON.
+pub fn wants_event_stream(headers: &HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|accept| accept.contains("text/event-stream"))
 }
 
 /// Reads the store for new events whenever something changed (the change notifier that wakes the
