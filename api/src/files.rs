@@ -101,7 +101,10 @@ pub async fn file_response(path: &Path) -> ApiResult<Response> {
             }
             Err(e) => Some((Err(e), None)),
         }
-    });
+    })
+    // The compression layer polls a body once more after its end; `unfold` panics on that, a fused stream
+    // keeps answering None (found by the browser test's download, which asks for gzip).
+    .fuse();
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, length.to_string())],
         Body::from_stream(chunks),

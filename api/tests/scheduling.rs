@@ -5,10 +5,12 @@ mod common;
 
 use std::time::Duration;
 
-use axum::http::{Method, StatusCode};
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
 use common::{spec, TestApp};
 use ringtrain_scheduler::{LoopConfig, PassReport};
 use serde_json::{json, Value};
+use tower::ServiceExt;
 
 fn cpus(n: usize) -> Value {
     json!((0..n).map(|i| json!({"index": i, "kind": "cpu", "name": format!("cpu{i}")})).collect::<Vec<_>>())
@@ -202,6 +204,20 @@ async fn checkpoint_archives_go_up_and_come_back(app: TestApp) {
     assert!(bytes == archive);
     let (status, bytes) = app.get_bytes(&format!("/v1/jobs/{id}/checkpoints/{checkpoint}/archive"), &team.viewer).await;
     assert_eq!(status, StatusCode::OK);
+    assert!(bytes == archive);
+    // as a browser asks for it: gzip-compressed, read to its end (the compression layer polls the file's
+    // stream once more after its end, which must not panic)
+    let request = Request::builder()
+        .uri(format!("/v1/jobs/{id}/checkpoints/{checkpoint}/archive"))
+        .header(header::AUTHORIZATION, format!("Bearer {}", team.viewer))
+        .header(header::ACCEPT_ENCODING, "gzip")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.headers()[header::CONTENT_ENCODING], "gzip");
+    let compressed = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&compressed[..]), &mut bytes).unwrap();
     assert!(bytes == archive);
     let stranger = app.team("beta").await;
     let (status, _) = app.get_bytes(&format!("/v1/jobs/{id}/checkpoints/{checkpoint}/archive"), &stranger.viewer).await;
