@@ -30,9 +30,15 @@ pub struct Effective {
     pub scaled_lr: f64,
     pub max_lr: Option<f64>,
     pub warmup_kind: WarmupKind,
+    /// The warmup's length: the spec's, or 0 when it is skipped (`warmup_skipped` says why).
     pub warmup_epochs: f64,
     /// round(warmup_epochs * iterations_per_epoch); the scaled lr is reached exactly at this iteration.
     pub warmup_iterations: u64,
+    /// Why the spec's warmup is not run: the scaled lr is below the base lr (kn under the reference batch,
+    /// or `lr.max` below the base), and a warmup from the base lr could only hold the lr above its target
+    /// or ramp it down. Goyal et al.'s warmup ramps up from η to kη with k ≥ 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_skipped: Option<String>,
     pub decay_kind: DecayKind,
     pub decay_milestones: Vec<u32>,
     pub decay_factor: f64,
@@ -63,7 +69,20 @@ impl Effective {
             Scaling::None => 1.0,
         };
         let scaled = lr.base * scaling_factor;
-        let warmup_epochs = lr.warmup.resolved_epochs();
+        let scaled_lr = lr.max.map_or(scaled, |max| scaled.min(max));
+        let asked_epochs = lr.warmup.resolved_epochs();
+        let warmup_skipped =
+            (lr.warmup.kind != WarmupKind::None && asked_epochs > 0.0 && scaled_lr < lr.base).then(|| {
+                format!(
+                    "no warmup: the scaled lr {scaled_lr} is below the base lr {} (global batch {global_batch}, \
+                     reference batch {}), so the {} warmup of {asked_epochs} epochs from the base lr would hold \
+                     the lr above its target or ramp it down; the run starts at the scaled lr",
+                    lr.base,
+                    lr.reference_batch,
+                    format!("{:?}", lr.warmup.kind).to_lowercase(),
+                )
+            });
+        let warmup_epochs = if warmup_skipped.is_some() { 0.0 } else { asked_epochs };
         Ok(Effective {
             workers: spec.workers,
             per_worker_batch: spec.per_worker_batch,
@@ -76,11 +95,12 @@ impl Effective {
             reference_batch: lr.reference_batch,
             scaling: lr.scaling,
             scaling_factor,
-            scaled_lr: lr.max.map_or(scaled, |max| scaled.min(max)),
+            scaled_lr,
             max_lr: lr.max,
             warmup_kind: lr.warmup.kind,
             warmup_epochs,
             warmup_iterations: (warmup_epochs * iterations_per_epoch as f64).round() as u64,
+            warmup_skipped,
             decay_kind: lr.decay.kind,
             decay_milestones: lr.decay.resolved_milestones(spec.epochs),
             decay_factor: lr.decay.factor,

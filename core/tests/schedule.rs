@@ -168,6 +168,35 @@ fn remainder_of_each_epoch_is_dropped() {
     assert_eq!(eff.total_iterations, 40);
 }
 
+/// Goyal's warmup ramps up from η to kη (k ≥ 1). Below the reference batch the scaled lr is under the base,
+/// and a warmup from the base would ramp down: it is skipped, and the effective hyperparameters say why.
+#[test]
+fn warmup_is_skipped_where_it_would_go_down() {
+    // the README's example: kn = 2 × 32 = 64 against a reference batch of 256
+    let spec = JobSpec::from_json(
+        r#"{"model": {"name": "lenet5"}, "dataset": "fashion-mnist", "workers": 2, "per_worker_batch": 32,
+            "epochs": 6, "lr": {"base": 0.1, "reference_batch": 256, "warmup": {"kind": "gradual", "epochs": 1}}}"#,
+    )
+    .unwrap();
+    let eff = Effective::new(&spec, 60_000).unwrap();
+    assert!(close(eff.scaled_lr, 0.025));
+    assert_eq!((eff.warmup_iterations, eff.warmup_epochs), (0, 0.0));
+    let why = eff.warmup_skipped.as_deref().unwrap();
+    assert!(why.contains("scaled lr 0.025 is below the base lr 0.1"), "{why}");
+    assert!(close(eff.lr_at(0), 0.025), "the run starts at the scaled lr: {}", eff.lr_at(0));
+    assert!(eff.change_points().iter().all(|c| !matches!(c.phase, Phase::Warmup { .. })));
+    // a constant warmup would hold the base lr, above the target: skipped too
+    let mut constant = spec.clone();
+    constant.lr.warmup.kind = WarmupKind::Constant;
+    assert!(close(Effective::new(&constant, 60_000).unwrap().lr_at(0), 0.025));
+    // at or above the reference batch the warmup runs as asked
+    let mut k8 = spec.clone();
+    k8.workers = 8;
+    let eff = Effective::new(&k8, 60_000).unwrap();
+    assert_eq!((eff.warmup_skipped.as_deref(), eff.warmup_iterations), (None, 234));
+    assert!(close(eff.lr_at(0), 0.1));
+}
+
 prop_compose! {
     fn any_spec()(
         workers in 1u32..64,
@@ -224,6 +253,19 @@ proptest! {
             let max = lrs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             prop_assert_eq!(summary.lr_min, min, "epoch {}", summary.epoch);
             prop_assert_eq!(summary.lr_max, max, "epoch {}", summary.epoch);
+        }
+    }
+
+    /// During warmup the lr never falls and never passes the scaled lr.
+    #[test]
+    fn warmup_never_goes_down(spec in any_spec(), size in 4096u64..100_000) {
+        let eff = Effective::new(&spec, size).unwrap();
+        for t in 0..eff.warmup_iterations {
+            // (a step decay may fall on the first iteration after the warmup: that is the decay)
+            if t + 1 < eff.warmup_iterations {
+                prop_assert!(eff.lr_at(t + 1) >= eff.lr_at(t), "t = {}: {} then {}", t, eff.lr_at(t), eff.lr_at(t + 1));
+            }
+            prop_assert!(eff.lr_at(t) <= eff.scaled_lr * (1.0 + 1e-12), "t = {}", t);
         }
     }
 
