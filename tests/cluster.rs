@@ -353,7 +353,9 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     std::fs::write(&spec_file, spec.to_string()).unwrap();
     let (ok, out, _) = cli(&["preview", spec_path, "--workers", "1,8"]);
     let rows: Vec<&str> = out.lines().collect();
-    assert!(ok && rows.len() == 3 && rows[1].starts_with("1 ") && rows[2].starts_with("8 "), "{out}");
+    assert!(ok && rows.len() == 4 && rows[1].starts_with("1 ") && rows[2].starts_with("8 "), "{out}");
+    // kn = 32 is below the reference batch 64: no warmup, and the preview says why
+    assert!(rows[1].contains("0 (skipped)") && rows[3].starts_with("k = 1: no warmup: the scaled lr 0.05"), "{out}");
     let (ok, out, _) = cli(&["nodes", "list"]);
     assert!(ok && out.contains("up") && out.contains("0 gpu, 2 cpu"), "{out}");
     let (ok, out, err) = cli(&["teams", "create", "cli-team", "--cpus", "1", "--json"]);

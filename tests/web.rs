@@ -1,17 +1,20 @@
-//! The web page in a real headless Chromium against `ringtrain up`: sign in, check and submit a spec from
-//! the editor, watch the job reach `succeeded` with its loss chart drawn and its ranks' lines shown, see a
-//! field error at its path, cancel a running job, and see that another team's token shows none of it.
-//! Screenshots of each page are saved in the test's folder.
+//! The web page in a real headless Chromium against `ringtrain up`: sign in; check a spec (a field error at
+//! its path, the schedule previewed for four worker counts) and submit it; watch the job reach `succeeded`
+//! with its charts drawn, its checkpoint downloaded and its ranks' lines searched; submit it again; see a
+//! running job's progress and the devices it holds, then cancel it; filter and page the run history; compare
+//! two jobs; create a team and its tokens from the Team view, revoke one; and see that the other team's
+//! token shows none of the first team's jobs. Screenshots of each page are saved in the test's folder.
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::webdriver::Browser;
 use support::{fashion_mnist, Cluster, ADMIN_TOKEN};
 
 const LONG: Duration = Duration::from_secs(180);
+const SHORT: Duration = Duration::from_secs(10);
 
 /// Puts `spec` in the editor.
 async fn edit(browser: &Browser, spec: &Value) {
@@ -31,6 +34,42 @@ async fn sign_in(browser: &Browser, url: &str, token: &str) {
     browser.click("#signin-form button[type=submit]").await;
 }
 
+/// Runs `script` until it returns something other than null or false, for up to `within`.
+async fn wait_for(browser: &Browser, script: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let value = browser.run(script, json!([])).await;
+        if !value.is_null() && value != json!(false) {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "never true: {script}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How many lines a chart drew, once it has drawn `series`, and the words written on it.
+async fn chart(browser: &Browser, id: &str, series: u32) -> String {
+    let script = format!(
+        "const c = document.getElementById('{id}'); \
+         return c.dataset.series === '{series}' ? c.dataset.labels : null;"
+    );
+    let labels = wait_for(browser, &script, SHORT).await;
+    labels.as_str().unwrap().to_string()
+}
+
+/// Pixels of a chart that are strongly coloured (its lines, not its grey frame or black text).
+async fn coloured_pixels(browser: &Browser, id: &str) -> u64 {
+    let script = format!(
+        "const c = document.getElementById('{id}'); \
+         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
+         let n = 0; for (let i = 0; i < d.length; i += 4) {{ \
+           const [r, g, b, a] = [d[i], d[i+1], d[i+2], d[i+3]]; \
+           if (a > 200 && Math.max(r, g, b) - Math.min(r, g, b) > 80) n++; }} \
+         return n;"
+    );
+    browser.run(&script, json!([])).await.as_u64().unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let cluster = Cluster::up("web", 2).await;
@@ -46,12 +85,14 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
 
     // a wrong token is refused on the page
     sign_in(&browser, &url, "rt_not_a_token_0123456789abcdef0123").await;
-    browser.wait_text("#signin-error", "Not signed in", Duration::from_secs(10)).await;
+    browser.wait_text("#signin-error", "Not signed in", SHORT).await;
     sign_in(&browser, &url, ADMIN_TOKEN).await;
-    browser.wait_text("#whoami", "admin of team default", Duration::from_secs(10)).await;
+    browser.wait_text("#whoami", "admin of team default", SHORT).await;
+    browser.wait_text("#team-usage", "holds 0 GPU of its", SHORT).await;
     browser.screenshot(&shots.join("jobs-empty.png")).await;
 
-    // the editor: a field error at its path, then a check and a submission
+    // the editor: a field error at its path, then a check with the schedule for k = 1, 2, 8, 32, and a
+    // submission
     browser.click("#nav button[data-page=submit]").await;
     let mut spec = fashion_mnist("web-short", 2, 2000, 2);
     spec["workers"] = json!(0);
@@ -62,40 +103,132 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     spec["workers"] = json!(2);
     edit(&browser, &spec).await;
     browser.click("#check").await;
-    browser.wait_text("#verdict", "start: starts now on 2 cpu devices", Duration::from_secs(10)).await;
+    browser.wait_text("#verdict", "start: starts now on 2 cpu devices", SHORT).await;
+    let previews = browser.wait_text("#preview-charts", "k = 32", SHORT).await;
+    // kn = 32·32 = 1024 with the reference batch 64: the lr scales 16 times, to 1.6
+    assert!(previews.contains("k = 1: batch 32") && previews.contains("k = 32: batch 1024, lr 1.6"), "{previews}");
+    let drawn = browser
+        .run("return [...document.querySelectorAll('#preview-charts canvas')].map(c => c.dataset.series);", json!([]))
+        .await;
+    assert_eq!(drawn, json!(["1", "1", "1", "1"]), "one lr curve per worker count");
     browser.screenshot(&shots.join("submit.png")).await;
     browser.click("#send").await;
 
-    // the job's view updates itself until the job has succeeded, with its chart and its ranks' lines
+    // the job's view updates itself until the job has succeeded, with its charts and its ranks' lines
     browser.wait_text("#job-state", "succeeded", LONG).await;
-    browser.wait_text("#job-logs", "rank 1 of 2:", Duration::from_secs(10)).await;
-    let drawn = browser
-        .run(
-            "const c = document.getElementById('loss-chart'); \
-             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
-             let blue = 0; for (let i = 0; i < d.length; i += 4) { if (d[i+2] > 150 && d[i] < 100) blue++; } \
-             return blue;",
-            json!([]),
-        )
-        .await;
-    assert!(drawn.as_u64().unwrap() > 200, "the loss line is drawn: {drawn} blue pixels");
+    browser.wait_text("#job-logs", "rank 1 of 2:", SHORT).await;
+    chart(&browser, "loss-chart", 1).await;
+    assert!(coloured_pixels(&browser, "loss-chart").await > 200, "the loss line is drawn");
+    let errors = chart(&browser, "error-chart", 2).await;
+    assert!(errors.contains("epoch") && errors.contains("train") && errors.contains("test"), "{errors}");
+    let lr = chart(&browser, "lr-chart", 2).await;
+    assert!(lr.contains("lr") && lr.contains("used") && lr.contains("planned"), "{lr}");
+    assert!(chart(&browser, "speed-chart", 1).await.contains("samples/s"));
+    assert!(chart(&browser, "allreduce-chart", 1).await.contains("all-reduce share"));
+    let facts = browser.text("#job-facts").await;
+    assert!(facts.contains("Global batch (kn)") && facts.contains("64 = 2 × 32"), "{facts}");
     let events = browser.text("#job-events").await;
     assert!(events.contains("scheduled: placement 1 (attempt 1)") && events.contains("succeeded"), "{events}");
     browser.screenshot(&shots.join("job.png")).await;
 
-    // a long job, cancelled from its view
-    browser.click("#nav button[data-page=submit]").await;
+    // the final weights download through the page (fetched with the token, saved from memory)
+    browser.wait_text("#checkpoint-rows", "final weights", SHORT).await;
+    browser
+        .run(
+            "window.downloaded = []; const make = URL.createObjectURL; \
+             URL.createObjectURL = (blob) => { window.downloaded.push(blob.size); return make(blob); };",
+            json!([]),
+        )
+        .await;
+    let size = browser
+        .run(
+            "const rows = [...document.querySelectorAll('#checkpoint-rows tr')]; \
+             const last = rows.find(r => r.textContent.includes('final weights')); \
+             last.querySelector('button').click(); return last.children[3].textContent;",
+            json!([]),
+        )
+        .await;
+    let downloaded = wait_for(&browser, "return window.downloaded.length ? window.downloaded[0] : null;", SHORT).await;
+    assert!(downloaded.as_u64().unwrap() > 10_000, "an archive of {size} came down: {downloaded} bytes");
+
+    // the logs: searched, and one rank's only
+    browser.type_into("#log-search", "rank 1 of 2").await;
+    let searched = browser.wait_text("#job-logs", "rank 1 of 2", SHORT).await;
+    assert!(searched.lines().all(|l| l.contains("rank 1 of 2")), "{searched}");
+    browser.run("document.getElementById('log-search').value = '';", json!([])).await;
+    browser.type_into("#log-rank", "0").await;
+    let rank0 = wait_for(
+        &browser,
+        "const t = document.getElementById('job-logs').textContent; \
+         return t && !t.includes('[rank 1]') ? t : null;",
+        SHORT,
+    )
+    .await;
+    assert!(rank0.as_str().unwrap().contains("[rank 0]"), "{rank0}");
+
+    // "submit again" opens the spec in the editor
+    browser.click("#submit-again").await;
+    let again = browser.run("return document.getElementById('spec').value;", json!([])).await;
+    let again: Value = serde_json::from_str(again.as_str().unwrap()).unwrap();
+    assert_eq!(again["name"], "web-short-again");
+    assert_eq!((&again["workers"], &again["lr"]["reference_batch"]), (&json!(2), &json!(64)), "{again}");
+
+    // a long job: its progress and its devices while it runs, then cancelled from its view
     edit(&browser, &fashion_mnist("web-long", 1, 60000, 20)).await;
     browser.click("#send").await;
     browser.wait_text("#job-state", "running", LONG).await;
+    browser.wait_text("#job-facts", "samples/s", LONG).await;
+    browser.click("#nav button[data-page=cluster]").await;
+    let nodes = browser.wait_text("#node-rows", "default web-long rank 0", SHORT).await;
+    assert!(nodes.contains("up") && nodes.contains("s ago") && nodes.contains("free"), "{nodes}");
+    browser.screenshot(&shots.join("cluster.png")).await;
+    browser.click("#nav button[data-page=jobs]").await;
+    browser.wait_text("#job-rows", "iteration ", SHORT).await;
+    browser.wait_text("#team-usage", "guaranteed and 1 CPU of its", SHORT).await;
+    browser.screenshot(&shots.join("jobs-running.png")).await;
+    let long = browser.run("return [...document.querySelectorAll('#job-rows button')].find(b => b.textContent === 'web-long').dataset.job;", json!([])).await;
+    browser.click(&format!("#job-rows button[data-job='{}']", long.as_str().unwrap())).await;
+    browser.wait_text("#job-state", "running", SHORT).await;
     browser.click("#cancel").await;
     browser.wait_text("#job-state", "cancelled", Duration::from_secs(30)).await;
 
-    // the run history lists both; comparing needs two, and shows both recipes and curves
+    // the run history: filtered by name, and paged
     browser.click("#nav button[data-page=jobs]").await;
-    let rows = browser.wait_text("#job-rows", "web-long", Duration::from_secs(10)).await;
+    let rows = browser.wait_text("#job-rows", "web-long", SHORT).await;
     assert!(rows.contains("web-short") && rows.contains("succeeded") && rows.contains("cancelled"), "{rows}");
     browser.screenshot(&shots.join("jobs.png")).await;
+    browser.type_into("#name-filter", "web-l").await;
+    browser.click("#job-filters button[type=submit]").await;
+    wait_for(&browser, "return !document.getElementById('job-rows').textContent.includes('web-short');", SHORT).await;
+    browser.run("document.getElementById('name-filter').value = '';", json!([])).await;
+    browser
+        .run(
+            "const size = document.getElementById('page-size'); size.add(new Option('1', '1')); size.value = '1'; \
+             size.dispatchEvent(new Event('change'));",
+            json!([]),
+        )
+        .await;
+    let first = wait_for(
+        &browser,
+        "const r = document.querySelectorAll('#job-rows tr'); return r.length === 1 ? r[0].textContent : null;",
+        SHORT,
+    )
+    .await;
+    assert!(first.as_str().unwrap().contains("web-long"), "newest first: {first}");
+    browser.click("#older-page").await;
+    browser.wait_text("#page-number", "page 2", SHORT).await;
+    browser.wait_text("#job-rows", "web-short", SHORT).await;
+    browser.click("#newer-page").await;
+    browser.wait_text("#job-rows", "web-long", SHORT).await;
+    browser
+        .run(
+            "const size = document.getElementById('page-size'); size.value = '25'; size.dispatchEvent(new Event('change'));",
+            json!([]),
+        )
+        .await;
+    browser.wait_text("#job-rows", "web-short", SHORT).await;
+
+    // comparing needs two, and shows both recipes and curves
     browser.click("#compare-selected").await;
     browser.wait_text("#jobs-error", "Select 2 to 8 jobs", Duration::from_secs(5)).await;
     for checkbox in browser
@@ -107,8 +240,9 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
         browser.click(&format!("#job-rows input[data-job='{}']", checkbox.as_str().unwrap())).await;
     }
     browser.click("#compare-selected").await;
-    let table = browser.wait_text("#compare-rows", "web-long", Duration::from_secs(10)).await;
+    let table = browser.wait_text("#compare-rows", "web-long", SHORT).await;
     assert!(table.contains("web-short") && table.contains("64"), "both recipes side by side: {table}");
+    chart(&browser, "compare-loss-chart", 2).await;
     let coloured = browser
         .run(
             "const c = document.getElementById('compare-loss-chart'); \
@@ -119,22 +253,48 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
         )
         .await;
     assert_eq!(coloured, json!(["blue", "red"]), "two loss curves in two colours");
+    assert!(chart(&browser, "compare-samples-chart", 2).await.contains("samples seen"));
     browser.screenshot(&shots.join("compare.png")).await;
 
-    // the cluster: the node and its devices, and (the long job cancelled) an empty queue
-    browser.click("#nav button[data-page=cluster]").await;
-    let nodes = browser.wait_text("#node-rows", "cpu 1", Duration::from_secs(10)).await;
-    assert!(nodes.contains("up") && nodes.contains("s ago") && nodes.contains("cpu 0"), "{nodes}");
-    browser.wait_text("#queue-empty", "Nothing is waiting", Duration::from_secs(10)).await;
-    browser.screenshot(&shots.join("cluster.png")).await;
+    // the Team view: a new team, a viewer token for it (shown once), a second token revoked
+    browser.click("#nav button[data-page=team]").await;
+    browser.wait_text("#team-rows", "default", SHORT).await;
+    browser.type_into("#new-team-name", "other").await;
+    browser.run("document.getElementById('new-team-cpu').value = '1';", json!([])).await;
+    browser.click("#team-create button[type=submit]").await;
+    browser.wait_text("#team-rows", "other", SHORT).await;
+    browser.click("#team-rows tr[data-team=other] button[data-team]").await;
+    browser.wait_text("#tokens-title", "Tokens of team other", SHORT).await;
+    let mut tokens = Vec::new();
+    for (role, label) in [("viewer", "web viewer"), ("member", "to revoke")] {
+        browser.run("document.getElementById('new-token-role').value = arguments[0];", json!([role])).await;
+        browser.run("document.getElementById('new-token-label').value = arguments[0];", json!([label])).await;
+        browser.click("#token-create button[type=submit]").await;
+        let shown = browser.wait_text("#new-token", &format!("New {role} token"), SHORT).await;
+        browser.wait_text("#token-rows", label, SHORT).await;
+        tokens.push(shown.rsplit(' ').next().unwrap().to_string());
+        browser.run("document.getElementById('new-token').textContent = '';", json!([])).await;
+    }
+    let revoke = browser
+        .run(
+            "return [...document.querySelectorAll('#token-rows tr')].find(r => r.textContent.includes('to revoke')).dataset.token;",
+            json!([]),
+        )
+        .await;
+    let revoke = format!("#token-rows button[data-revoke='{}']", revoke.as_str().unwrap());
+    browser.click(&revoke).await;
+    browser.wait_text(&revoke, "Click again", SHORT).await;
+    browser.click(&revoke).await;
+    browser.wait_text("#token-rows", "revoked", SHORT).await;
+    browser.screenshot(&shots.join("team.png")).await;
+    let refused = reqwest::Client::new().get(format!("{url}/v1/me")).bearer_auth(&tokens[1]).send().await.unwrap();
+    assert_eq!(refused.status(), 401, "the revoked token is refused");
 
-    // another team's viewer sees none of it
-    let team = cluster.api.post("/v1/teams", json!({"name": "other", "gpu_quota": 0, "cpu_quota": 1})).await;
-    let team = team["id"].as_str().unwrap();
-    let token = cluster.api.post(&format!("/v1/teams/{team}/tokens"), json!({"role": "viewer"})).await;
+    // the other team's viewer sees none of it, and no Team view
     browser.click("#signout").await;
-    sign_in(&browser, &url, token["token"].as_str().unwrap()).await;
-    browser.wait_text("#whoami", "viewer of team other", Duration::from_secs(10)).await;
-    browser.wait_text("#no-jobs", "No jobs", Duration::from_secs(10)).await;
+    sign_in(&browser, &url, &tokens[0]).await;
+    browser.wait_text("#whoami", "viewer of team other", SHORT).await;
+    browser.wait_text("#no-jobs", "No jobs", SHORT).await;
+    assert_eq!(browser.run("return document.getElementById('team-nav').hidden;", json!([])).await, json!(true));
     eprintln!("screenshots in {}", shots.display());
 }

@@ -12,6 +12,7 @@ pub mod files;
 pub mod history;
 pub mod ingest;
 pub mod limits;
+pub mod live;
 pub mod logs;
 pub mod metrics;
 pub mod queue;

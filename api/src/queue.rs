@@ -11,7 +11,7 @@ use ringtrain_core::{JobId, JobState};
 use ringtrain_scheduler::{
     estimate_start, read_queue_view, DeviceKind, Estimate, Plan, QueueView, Timeline, Verdict, WaitReason,
 };
-use ringtrain_store::{Job, MetricsQuery, Store, StoreResult};
+use ringtrain_store::{Job, Store, StoreResult};
 use serde::Serialize;
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -117,24 +117,9 @@ impl QueueInsight {
 /// samples per second. None until it has reported a rate.
 async fn seconds_left(store: &dyn Store, id: JobId) -> StoreResult<Option<f64>> {
     let Some(job) = store.get_job(id).await? else { return Ok(None) };
-    let effective = job.effective.as_ref();
-    let field = |name: &str| effective.and_then(|e| e.get(name)).and_then(Value::as_f64);
-    let (Some(total), Some(batch)) = (field("total_iterations"), field("global_batch")) else { return Ok(None) };
-    let progress = store.reported_progress(id).await?;
-    let Some(newest) = progress.iter().find(|p| p.rank == 0).and_then(|p| p.newest_iteration) else {
-        return Ok(None);
-    };
-    let query = MetricsQuery {
-        kind: Some("iteration".into()),
-        rank: Some(0),
-        from_iteration: Some(newest),
-        stride: 1,
-        limit: 1,
-        ..Default::default()
-    };
-    let points = store.query_metrics(id, &query).await?;
-    let rate = points.first().and_then(|p| p.fields.get("samples_per_s")).and_then(Value::as_f64);
-    Ok(rate.filter(|r| *r > 0.0).map(|rate| (total - (newest as f64 + 1.0)).max(0.0) * batch / rate))
+    let batch = job.effective.as_ref().and_then(|e| e.get("global_batch")).and_then(Value::as_f64);
+    let Some(batch) = batch else { return Ok(None) };
+    Ok(crate::live::live_progress(store, &job).await?.and_then(|p| p.seconds_left(batch)))
 }
 
 /// A reason as the API shows it: its code and numbers, and a sentence.

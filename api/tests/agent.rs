@@ -127,6 +127,16 @@ async fn agent_runs_a_job_to_success(app: TestApp) {
     }
     assert_eq!(count, 33);
 
+    // The running job's view (one job and the list alike) carries rank 0's newest report as its progress.
+    let view = app.get(&format!("/v1/jobs/{job}"), &team.viewer).await;
+    let list = app.get("/v1/jobs?state=running", &team.viewer).await;
+    for progress in [&view.body["progress"], &list.body["jobs"][0]["progress"]] {
+        let fields = ["iterations_done", "total_iterations", "epoch", "samples_per_s"].map(|f| progress[f].clone());
+        assert_eq!(fields, [json!(61), json!(64), json!(3), json!(812.0)], "{progress}");
+        assert!((progress["loss"].as_f64().unwrap() - 1.7).abs() < 1e-9, "{progress}");
+        assert!(progress["allreduce_share"].is_null(), "these reports have none");
+    }
+
     // Bad reports name their field.
     let bad = json!({"attempt": attempt, "reports": [
         {"kind": "iteration", "rank": 5, "epoch": 0, "iteration": 1, "loss": 1.0},

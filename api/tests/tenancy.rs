@@ -133,6 +133,39 @@ async fn a_placement_shares_a_rendezvous_secret_only_with_its_agents(app: TestAp
     }
 }
 
+/// The pool shows which team holds each device to everyone, but which job (and rank) only to its own team.
+async fn a_device_shows_its_team_to_all_and_its_job_to_its_team(app: TestApp) {
+    let (alpha, beta) = (app.team("alpha").await, app.team("beta").await);
+    let (first, second) = (app.agent_token().await, app.agent_token().await);
+    let (job, _) = two_agent_job(&app, &alpha, &first, &second, spec("holder")).await;
+    app.state.changes.bump(); // as the scheduler loop does after a start
+    let holders = |body: &serde_json::Value| -> Vec<serde_json::Value> {
+        let nodes = body["nodes"].as_array().unwrap();
+        nodes.iter().flat_map(|n| n["devices"].as_array().unwrap().clone()).map(|d| d["held_by"].clone()).collect()
+    };
+    let own = app.get("/v1/nodes", &alpha.viewer).await;
+    assert_eq!(own.status, 200, "{}", own.text);
+    let mut ranks: Vec<i64> = holders(&own.body)
+        .iter()
+        .map(|h| {
+            assert_eq!(h["team_name"], "alpha", "{}", own.text);
+            assert_eq!(h["job_id"], job.as_str(), "{}", own.text);
+            assert_eq!(h["job_name"], "holder", "{}", own.text);
+            h["rank"].as_i64().unwrap()
+        })
+        .collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1]);
+    let other = app.get("/v1/nodes", &beta.viewer).await;
+    for holder in holders(&other.body) {
+        assert_eq!(holder["team_name"], "alpha", "{}", other.text);
+        assert!(holder["job_id"].is_null() && holder["job_name"].is_null() && holder["rank"].is_null());
+    }
+    assert!(!other.text.contains(&job) && !other.text.contains("holder"), "{}", other.text);
+    // a platform admin sees every job
+    assert!(app.get("/v1/nodes", ADMIN).await.text.contains(&job));
+}
+
 /// An uploaded dataset goes only to an agent holding a live rank of a job that trains on it.
 async fn datasets_go_only_to_agents_that_train_on_them(app: TestApp) {
     let team = app.team("alpha").await;
@@ -303,4 +336,5 @@ ringtrain_store::on_both_backends!(
     an_agent_token_belongs_to_one_node,
     idx_paths_stay_inside_the_allowed_roots,
     a_placement_shares_a_rendezvous_secret_only_with_its_agents,
+    a_device_shows_its_team_to_all_and_its_job_to_its_team,
 );

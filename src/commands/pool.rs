@@ -139,13 +139,21 @@ pub async fn preview(args: &PreviewArgs) -> Result<()> {
                 text(&s["workers"]),
                 text(&e["global_batch"]),
                 text(&e["scaled_lr"]),
-                text(&e["warmup_iterations"]),
+                match e["warmup_skipped"].is_string() {
+                    true => "0 (skipped)".to_string(),
+                    false => text(&e["warmup_iterations"]),
+                },
                 text(&e["iterations_per_epoch"]),
                 text(&e["total_iterations"]),
             ]
         })
         .collect();
     print!("{}", table(&["WORKERS", "GLOBAL BATCH", "LR", "WARMUP ITERS", "ITERS/EPOCH", "ITERS"], &rows));
+    for schedule in answer["schedules"].as_array().into_iter().flatten() {
+        if let Some(why) = schedule["schedule"]["effective"]["warmup_skipped"].as_str() {
+            println!("k = {}: {why}", text(&schedule["workers"]));
+        }
+    }
     Ok(())
 }
 
@@ -166,14 +174,26 @@ pub async fn nodes(command: &Nodes) -> Result<()> {
                 text(&n["name"]),
                 text(&n["state"]),
                 format!("{} gpu, {} cpu", count("gpu"), count("cpu")),
+                devices.iter().filter_map(holder).collect::<Vec<_>>().join(", "),
                 text(&n["address"]),
                 text(&n["last_heartbeat"]).chars().take(19).collect(),
                 text(&n["id"]),
             ]
         })
         .collect();
-    print!("{}", table(&["NAME", "STATE", "DEVICES", "ADDRESS", "LAST HEARTBEAT", "ID"], &rows));
+    print!("{}", table(&["NAME", "STATE", "DEVICES", "HELD BY", "ADDRESS", "LAST HEARTBEAT", "ID"], &rows));
     Ok(())
+}
+
+/// `gpu 0: alpha/resnet-8k r3` for a device of the caller's own team's job, `cpu 1: beta` for another
+/// team's; None for a free device.
+fn holder(device: &Value) -> Option<String> {
+    let held = device.get("held_by").filter(|h| h.is_object())?;
+    let job = match (&held["job_name"], &held["job_id"]) {
+        (Value::String(name), _) | (_, Value::String(name)) => format!("/{name} r{}", text(&held["rank"])),
+        _ => String::new(),
+    };
+    Some(format!("{} {}: {}{job}", text(&device["kind"]), text(&device["index"]), text(&held["team_name"])))
 }
 
 pub async fn teams(command: &Teams) -> Result<()> {

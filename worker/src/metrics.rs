@@ -19,6 +19,9 @@ pub enum Metric {
         samples_per_s: f64,
         /// Seconds spent in the gradient all-reduce since the previous line.
         allreduce_s: f64,
+        /// `allreduce_s` over the wall time since the previous line: the share of time communication took
+        /// (a chart can draw it without knowing how many iterations each line covers).
+        allreduce_share: f64,
     },
     Epoch(EpochRecord),
 }

@@ -20,14 +20,18 @@ pub struct Me {
     /// A platform admin (manages every team and the node agents' tokens).
     pub platform: bool,
     pub label: Option<String>,
+    /// The team's guarantee: devices of each kind it may always hold (it may borrow idle ones beyond).
+    pub gpu_quota: i32,
+    pub cpu_quota: i32,
 }
 
-/// The calling token: its team, role and label.
+/// The calling token: its team (and the team's quotas), role and label.
 #[utoipa::path(get, path = "/v1/me", tag = "tokens",
     responses((status = 200, body = Me), (status = 401)),
     security(("bearer" = [])))]
 pub async fn me(State(state): State<AppState>, user: User) -> ApiResult<Json<Me>> {
-    let team_name = state.store.get_team(user.team_id).await?.map(|t| t.name).unwrap_or_default();
+    let team = state.store.get_team(user.team_id).await?;
+    let (team_name, gpu_quota, cpu_quota) = team.map_or((String::new(), 0, 0), |t| (t.name, t.gpu_quota, t.cpu_quota));
     Ok(Json(Me {
         token_id: user.token.id,
         role: user.role(),
@@ -35,5 +39,7 @@ pub async fn me(State(state): State<AppState>, user: User) -> ApiResult<Json<Me>
         team_name,
         platform: user.is_platform_admin(),
         label: user.token.label.clone(),
+        gpu_quota,
+        cpu_quota,
     }))
 }

@@ -6,6 +6,7 @@ pub mod datasets;
 pub mod health;
 pub mod jobs;
 pub mod me;
+pub mod nodes;
 pub mod schedules;
 pub mod spec_schema;
 pub mod specs;
@@ -154,7 +155,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(tokens::create_agent_token, tokens::list_agent_tokens))
         .routes(routes!(tokens::revoke_token))
         .routes(routes!(me::me))
-        .routes(routes!(teams::list_nodes))
+        .routes(routes!(nodes::list_nodes))
         .routes(routes!(agent::nodes::register_node))
         .routes(routes!(agent::nodes::heartbeat))
         .routes(routes!(agent::assignments::poll_assignments))

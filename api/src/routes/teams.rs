@@ -1,10 +1,10 @@
-//! Tenancy: teams with quotas (platform admins), and the worker pool's nodes. Tokens: [`super::tokens`].
+//! Tenancy: teams with quotas (platform admins). Tokens: [`super::tokens`]; the pool: [`super::nodes`].
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::{FieldError, TeamId};
-use ringtrain_store::{Budget, NewTeam, Node, Team, TeamChange};
+use ringtrain_store::{Budget, NewTeam, Team, TeamChange};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -228,18 +228,4 @@ pub async fn list_teams(State(state): State<AppState>, user: User) -> ApiResult<
         teams.retain(|t| user.owns(t.id));
     }
     Ok(Json(TeamList { teams }))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct NodeList {
-    pub nodes: Vec<Node>,
-}
-
-/// The worker pool: nodes and their devices (any user token).
-#[utoipa::path(get, path = "/v1/nodes", tag = "teams",
-    responses((status = 200, body = NodeList),
-        (status = 401)),
-    security(("bearer" = [])))]
-pub async fn list_nodes(State(state): State<AppState>, _user: User) -> ApiResult<Json<NodeList>> {
-    Ok(Json(NodeList { nodes: state.store.list_nodes().await? }))
 }

@@ -110,7 +110,7 @@ pub async fn list(args: &ListArgs) -> Result<()> {
             let waits = match (job["queue_position"].as_i64(), job["pending_reason"]["code"].as_str()) {
                 (Some(position), Some(code)) => format!("#{position} {code}"),
                 (None, Some(code)) => code.to_string(),
-                _ => String::new(),
+                _ => progress(&job["progress"]).unwrap_or_default(),
             };
             vec![
                 job["id"].as_str().unwrap_or("").to_string(),
@@ -122,11 +122,32 @@ pub async fn list(args: &ListArgs) -> Result<()> {
             ]
         })
         .collect();
-    print!("{}", table(&["ID", "NAME", "STATE", "DEVICES", "CREATED", "WAITING"], &rows));
+    print!("{}", table(&["ID", "NAME", "STATE", "DEVICES", "CREATED", "WAITING / PROGRESS"], &rows));
     if jobs.is_empty() {
         println!("(no jobs)");
     }
     Ok(())
+}
+
+/// A running job's progress, e.g. `iteration 120 of 1875 (6%), epoch 1, loss 0.6120, 2405 samples/s, 3%
+/// all-reduce`; None when the view has none.
+fn progress(progress: &Value) -> Option<String> {
+    let done = progress["iterations_done"].as_i64()?;
+    let mut text = format!("iteration {done}");
+    if let Some(total) = progress["total_iterations"].as_i64().filter(|t| *t > 0) {
+        text += &format!(" of {total} ({:.0}%)", done as f64 * 100.0 / total as f64);
+    }
+    text += &format!(", epoch {}", progress["epoch"].as_i64().unwrap_or(0) + 1);
+    if let Some(loss) = progress["loss"].as_f64() {
+        text += &format!(", loss {loss:.4}");
+    }
+    if let Some(rate) = progress["samples_per_s"].as_f64() {
+        text += &format!(", {rate:.0} samples/s");
+    }
+    if let Some(share) = progress["allreduce_share"].as_f64() {
+        text += &format!(", {:.0}% all-reduce", share * 100.0);
+    }
+    Some(text)
 }
 
 pub async fn show(args: &ShowArgs) -> Result<()> {
@@ -162,6 +183,9 @@ pub async fn show(args: &ShowArgs) -> Result<()> {
     }
     if let Some(basis) = job["estimated_start"]["basis"].as_str() {
         lines.push(("starts", basis.to_string()));
+    }
+    if let Some(progress) = progress(&job["progress"]) {
+        lines.push(("progress", progress));
     }
     let result = &job["result"];
     if result.is_object() {
@@ -227,5 +251,16 @@ mod tests {
     fn tables_align_their_columns() {
         let rows = vec![vec!["a".to_string(), "queued".to_string()], vec!["bbbb".to_string(), "ok".to_string()]];
         assert_eq!(super::table(&["ID", "STATE"], &rows), "ID    STATE\na     queued\nbbbb  ok\n");
+    }
+
+    #[test]
+    fn progress_reads_as_a_sentence() {
+        let progress = serde_json::json!({"iterations_done": 120, "total_iterations": 1875, "epoch": 0,
+            "loss": 0.61204, "samples_per_s": 2405.4, "allreduce_share": 0.031});
+        assert_eq!(
+            super::progress(&progress).unwrap(),
+            "iteration 120 of 1875 (6%), epoch 1, loss 0.6120, 2405 samples/s, 3% all-reduce"
+        );
+        assert_eq!(super::progress(&serde_json::Value::Null), None);
     }
 }

@@ -84,6 +84,7 @@ impl Trainer<'_> {
             rank_loss: outcome.rank_loss,
             samples_per_s: window.steps as f64 * self.effective.global_batch as f64 / elapsed,
             allreduce_s: window.allreduce.as_secs_f64(),
+            allreduce_share: (window.allreduce.as_secs_f64() / elapsed).min(1.0),
         }
     }
 

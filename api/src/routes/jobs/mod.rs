@@ -23,6 +23,7 @@ use crate::access::team_job;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
+use crate::live::{live_progress, LiveProgress};
 use crate::queue::{self, reason_json, EstimatedStart, Standing};
 use crate::routes::specs;
 use crate::state::AppState;
@@ -81,6 +82,9 @@ pub struct JobView {
     /// Failed, on `GET /v1/jobs/{id}` only: the last stderr lines of its last placement's ranks (the whole
     /// output is at `/v1/jobs/{id}/logs`).
     pub last_log_lines: Option<Vec<RankLogLine>>,
+    /// While running: how far it has come (rank 0's newest report: iterations done of the total, epoch,
+    /// loss, samples/s, all-reduce share); absent until it reports.
+    pub progress: Option<LiveProgress>,
     pub links: JobLinks,
 }
 
@@ -123,6 +127,7 @@ impl From<&Job> for JobView {
             queue_position: None,
             estimated_start: None,
             last_log_lines: None,
+            progress: None,
             links: JobLinks {
                 schedule: format!("{base}/schedule"),
                 events: format!("{base}/events"),
@@ -152,7 +157,20 @@ async fn views(state: &AppState, jobs: &[Job]) -> ApiResult<Vec<JobView>> {
         true => queue::standings(&*state.queue_insight().await?, jobs),
         false => Default::default(),
     };
-    Ok(jobs.iter().map(|job| JobView::from(job).with_standing(standings.get(&job.id))).collect())
+    let mut views = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let view = JobView::from(job).with_standing(standings.get(&job.id));
+        views.push(with_progress(state, job, view).await?);
+    }
+    Ok(views)
+}
+
+/// Adds a running job's progress.
+async fn with_progress(state: &AppState, job: &Job, mut view: JobView) -> ApiResult<JobView> {
+    if job.state == JobState::Running {
+        view.progress = live_progress(state.store.as_ref(), job).await?;
+    }
+    Ok(view)
 }
 
 const MAX_IDEMPOTENCY_KEY: usize = 255;
@@ -366,7 +384,7 @@ pub async fn get_job(
         return Ok(Json(view));
     }
     if job.state != JobState::Queued {
-        return Ok(Json(JobView::from(&job)));
+        return Ok(Json(with_progress(&state, &job, JobView::from(&job)).await?));
     }
     let insight = state.queue_insight().await?;
     let standing = insight.standing(&job);
