@@ -153,7 +153,15 @@ async fn run_inner(
 
     let mut relay = Relay::new(ctx, work, out.clone(), placement_dir.clone());
     let ending = supervise(&mut child, &mut stop, &stop_file, &mut relay).await;
-    started.abort();
+    // A success must not overtake the report that the job runs: the server refuses scheduled -> succeeded,
+    // and the result would be lost (a short run that ends while the server is unreachable, found by the
+    // soak). That report rides out an outage, so it is awaited; after any other ending it is moot.
+    match &ending {
+        Ok(Ending::Exited(status)) if status.success() => {
+            let _ = started.await;
+        }
+        _ => started.abort(),
+    }
     let ending = ending?;
     relay.finish().await;
     let ended = match ending {
