@@ -3,6 +3,7 @@
 //! `chromedriver` child process.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,11 +13,18 @@ use serde_json::{json, Value};
 
 use super::Process;
 
-/// A browser session; the driver process (and the browser with it) ends when this is dropped.
+/// A browser session; the driver process and the browser end when this is dropped.
 pub struct Browser {
     http: reqwest::Client,
     session: String,
     _driver: Process,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let group = format!("-{}", self._driver.0.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+    }
 }
 
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -25,7 +33,10 @@ impl Browser {
     /// Starts chromedriver on a free port and opens a headless session.
     pub async fn start() -> Browser {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // its own process group: killing the group on drop ends the browser too (killing only chromedriver
+        // would leave Chromium running, an orphan per test run)
         let driver = Command::new("chromedriver")
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
