@@ -378,6 +378,54 @@ fn a_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// An MLP on Fashion-MNIST at lr 1 without warmup: the weights blow up in the first epochs and the network
+/// predicts at chance with a huge but finite loss (so the NaN check never fires). The collapse guard stops every rank after that epoch
+/// (a job error, exit 3, not retried), its epoch line reported first; without the guard it trains on.
+#[test]
+fn a_run_collapsed_to_chance_stops_after_the_epoch_unless_unguarded() {
+    let dir = scratch("collapse");
+    let mut spec = serde_json::json!({
+        "model": {"name": "mlp", "hidden": [64]}, "dataset": "fashion-mnist", "train_samples": 2000,
+        "test_samples": 500, "workers": 2, "per_worker_batch": 16, "epochs": 3,
+        "lr": {"base": 1.0, "reference_batch": 32, "warmup": {"kind": "none"}, "decay": {"kind": "none"}},
+        "optimizer": {"momentum": 0.9}, "seed": 3, "log_every_iterations": 10
+    });
+    let out = dir.join("guarded");
+    let children = spawn_ranks(&write_spec(&dir, &spec), 2, &out, &[], None);
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let mut stopped_after = Vec::new();
+    for (rank, output) in outputs.iter().enumerate() {
+        assert_eq!(output.status.code(), Some(3), "rank {rank} stops as a job error");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let why = stderr
+            .lines()
+            .find(|l| l.contains("collapsed to chance: train error 0."))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        assert!(why.contains("after the warmup (chance is 0.900 for 10 classes; lr 1)"), "{why}");
+        let epoch: u64 = why.split("in epoch ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        assert!(why.contains(&format!("with {} of 3 epochs left", 3 - epoch)), "{why}");
+        stopped_after.push(epoch);
+    }
+    assert_eq!(stopped_after[0], stopped_after[1], "every rank stops after the same epoch");
+    let epochs =
+        String::from_utf8_lossy(&outputs[0].stdout).lines().filter(|l| l.contains(r#""kind":"epoch""#)).count();
+    assert_eq!(epochs as u64, stopped_after[0], "the collapsed epoch is reported, then the run stops");
+    assert!(stopped_after[0] < 3, "stopped early");
+    assert!(!out.join("result.json").exists());
+
+    spec["guard"] = serde_json::json!({"collapse": false});
+    let out = dir.join("unguarded");
+    let children = spawn_ranks(&write_spec(&dir, &spec), 2, &out, &[], None);
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let result: Value = serde_json::from_slice(&std::fs::read(out.join("result.json")).unwrap()).unwrap();
+    assert_eq!(result["epochs"].as_array().unwrap().len(), 3);
+    assert!(result["epochs"][2]["train_error"].as_f64().unwrap() > 0.8, "it stayed collapsed: {result}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A rank started for a parent that is already gone (an agent killed while the rank was still loading)
 /// exits at once instead of training on as an orphan whose reports reach no one; with its real parent
 /// named it trains.

@@ -59,6 +59,27 @@ pub struct JobSpec {
     /// The arithmetic of forward and backward (see [`Precision`]).
     #[serde(default)]
     pub precision: Precision,
+    /// Stops a run that has gone wrong early (see [`GuardSpec`]).
+    #[serde(default)]
+    pub guard: GuardSpec,
+}
+
+/// Early stops for runs that cannot recover, so they do not hold devices to the end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardSpec {
+    /// Stop (failed, not retried: a rerun would do the same) when an epoch of at least 50 iterations that lies
+    /// wholly after the warmup ends with a training error at chance level (within 0.02 of 1 - 1/classes): the
+    /// network has collapsed,
+    /// typically every ReLU dead after too large an lr, with a finite loss. The last checkpoint is kept.
+    #[serde(default = "defaults::yes")]
+    pub collapse: bool,
+}
+
+impl Default for GuardSpec {
+    fn default() -> Self {
+        GuardSpec { collapse: true }
+    }
 }
 
 /// A built-in model and its options. (A flat struct rather than a tagged enum, so errors inside the

@@ -31,6 +31,7 @@ use crate::optim::{Sgd, SgdConfig};
 use crate::precision;
 
 mod epochs;
+mod guard;
 
 /// A failure of the job itself (its spec does not fit its dataset, its loss diverged): retrying it on other
 /// devices would fail the same way, unlike a lost peer or a killed process.

@@ -139,7 +139,14 @@ fn job_spec() -> Value {
             "max_restarts": integer(0, i128::from(MAX_RESTARTS), Some(3), "Retries of a failed attempt."),
             "priority": integer(-i128::from(MAX_PRIORITY), i128::from(MAX_PRIORITY), Some(0), "Higher first, within a team's queue."),
             "device": one_of(&["cpu", "gpu"], "cpu", "The kind of device every rank gets."),
-            "precision": one_of(&["fp32", "bf16"], "fp32", "bf16: autocast with float32 master weights.")
+            "precision": one_of(&["fp32", "bf16"], "fp32", "bf16: autocast with float32 master weights."),
+            "guard": {
+                "type": "object", "additionalProperties": false,
+                "properties": {
+                    "collapse": {"type": "boolean", "default": true,
+                        "description": "Stop (failed) when an epoch of at least 50 iterations, wholly after the warmup, ends with the training error at chance level."}
+                }
+            }
         }
     })
 }

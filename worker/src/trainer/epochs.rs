@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::{StepOutcome, Stopped, Trainer};
+use super::{guard, JobError, StepOutcome, Stopped, Trainer};
 use crate::checkpoint::{self, PartialEpoch};
 use crate::data::shuffle::epoch_permutation;
 use crate::metrics::{EpochRecord, Metric, RunResult};
@@ -109,6 +109,12 @@ impl Trainer<'_> {
             seconds: progress.sums.seconds + started.elapsed().as_secs_f64(),
         };
         sink(&Metric::Epoch(record.clone()));
+        // every rank sees the same all-reduced error, so all stop here together
+        if self.spec.guard.collapse {
+            if let Some(why) = guard::collapse(&record, &self.effective, self.data.classes, self.comm.world_size()) {
+                return Err(JobError(why).into());
+            }
+        }
         self.history.push(record);
         self.checkpoint_after_epoch(epoch + 1, progress.stop)
     }
