@@ -38,6 +38,10 @@ enum Command {
     /// Jobs from the terminal: submit, list, show, cancel, watch, logs, metrics, schedule.
     #[command(subcommand)]
     Jobs(commands::jobs::Jobs),
+    /// Studies: many jobs from one base spec, compared in one table (`study goyal`: Goyal's Table 1 in
+    /// miniature).
+    #[command(subcommand)]
+    Study(commands::study::Study),
     /// A spec's schedule for several worker counts side by side (nothing is submitted).
     Preview(commands::pool::PreviewArgs),
     /// The worker pool.
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Command::Train(args) => commands::train::run(args),
         Command::Login(args) => commands::block_on("login", commands::login::run(args)),
         Command::Jobs(jobs) => commands::jobs::run(jobs),
+        Command::Study(study) => commands::study::run(study),
         Command::Preview(args) => commands::block_on("preview", commands::pool::preview(&args)),
         Command::Nodes(nodes) => commands::block_on("nodes", commands::pool::nodes(&nodes)),
         Command::Teams(teams) => commands::block_on("teams", commands::pool::teams(&teams)),

@@ -378,3 +378,67 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     let (ok, out, _) = cli(&["completions", "bash"]);
     assert!(ok && out.contains("ringtrain") && out.contains("complete"), "{}", &out[..out.len().min(200)]);
 }
+
+/// A study end to end on `ringtrain up`: three points as ordinary jobs, one played by virtual ranks on the
+/// devices that fit, one guarded against the reference that falls off it and stops; the table, the plot and
+/// `ringtrain study show` say how each ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_study_runs_its_points_and_stops_the_one_that_falls_off_its_reference() {
+    let cluster = Cluster::up("study", 2).await;
+    let api = &cluster.api;
+    let mut base = fashion_mnist("e2e-study", 1, 4096, 2);
+    base["lr"] = json!({"base": 0.1, "reference_batch": 32, "warmup": {"kind": "none"}});
+    base["log_every_iterations"] = json!(8);
+    // kn = 128 without warmup trails the reference by ~0.3 in its first epoch (0.72 vs 0.43), and a run that
+    // barely learns by ~0.5 (0.93): a tolerance between them tells the two apart
+    base["guard"] = json!({"tolerance": 0.35});
+    let request = json!({"name": "e2e-study", "base": base, "guard_points": true, "points": [
+        {"workers": 1},
+        // 4 workers on a pool of 2: 2 devices of 2 virtual ranks each
+        {"workers": 4},
+        // a learning rate that barely moves the weights: its training error stays far above the reference's
+        {"workers": 4, "lr.base": 1e-5}
+    ]});
+    let created = api.post("/v1/studies", request).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let study = api
+        .wait_for(&format!("/v1/studies/{id}"), LONG, "every point ended", |s| {
+            s["states"]
+                .as_object()
+                .is_some_and(|states| states.keys().all(|k| ["succeeded", "failed", "cancelled"].contains(&k.as_str())))
+        })
+        .await;
+    let points = study["points"].as_array().unwrap();
+    let states: Vec<&str> = points.iter().map(|p| p["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["succeeded", "succeeded", "failed"], "{study}");
+    assert_eq!(points[0]["is_reference"], true);
+    assert_eq!((points[1]["workers"].as_i64(), points[1]["devices"].as_i64()), (Some(4), Some(2)));
+    assert_eq!(points[1]["train_error"].as_array().unwrap().len(), 2);
+    assert!(points[1]["final_test_error"].as_f64().unwrap() < 0.5, "{study}");
+    assert!(points[1]["vs_reference"].is_f64());
+    let error = points[2]["error"].as_str().unwrap();
+    let reference = points[0]["job_id"].as_str().unwrap();
+    assert!(error.starts_with(&format!("fell off its reference job {reference}: train error")), "{error}");
+    // the virtual-rank point ran as 2 processes of 2 ranks each, with the math of 4 workers
+    let job = api.job(points[1]["job_id"].as_str().unwrap()).await;
+    assert_eq!((job["result"]["processes"].as_i64(), job["result"]["virtual_ranks"].as_i64()), (Some(2), Some(2)));
+    assert_eq!(job["result"]["effective"]["global_batch"], 128);
+
+    let svg = reqwest::Client::new()
+        .get(format!("{}/v1/studies/{id}/plot.svg", cluster.url))
+        .bearer_auth(support::ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(svg.matches("<polyline").count() >= 4, "{svg}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(["study", "show", &id, "--server", &cluster.url, "--token", support::ADMIN_TOKEN])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("TEST ERR %") && text.contains("fell off its reference"), "{text}");
+}

@@ -16,6 +16,7 @@ pub mod live;
 pub mod logs;
 pub mod metrics;
 pub mod queue;
+pub mod reference_guard;
 pub mod resume;
 pub mod routes;
 pub mod state;

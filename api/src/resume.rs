@@ -12,7 +12,8 @@ use ringtrain_store::{Checkpoint, RankProgress};
 /// What the rule needs to know of the job.
 #[derive(Debug, Clone, Copy)]
 pub struct ReportShape {
-    pub workers: i32,
+    /// The rank processes that report (the job's devices).
+    pub ranks: i32,
     /// A rank reports iterations i with (i + 1) % log_every == 0, and each epoch's last.
     pub log_every: i64,
     pub iterations_per_epoch: i64,
@@ -32,7 +33,7 @@ impl ReportShape {
     fn reached(&self, progress: &[RankProgress], next: i64) -> bool {
         let line = self.last_reported_before(next);
         let epochs = next / self.iterations_per_epoch.max(1);
-        (0..self.workers).all(|rank| match progress.iter().find(|p| p.rank == rank) {
+        (0..self.ranks).all(|rank| match progress.iter().find(|p| p.rank == rank) {
             Some(p) => p.newest_iteration.unwrap_or(-1) >= line && p.epochs >= epochs,
             None => line < 0 && epochs == 0,
         })
@@ -74,7 +75,7 @@ mod tests {
         RankProgress { rank, newest_iteration: Some(newest), epochs }
     }
 
-    const SHAPE: ReportShape = ReportShape { workers: 2, log_every: 1, iterations_per_epoch: 10 };
+    const SHAPE: ReportShape = ReportShape { ranks: 2, log_every: 1, iterations_per_epoch: 10 };
 
     #[test]
     fn a_rank_whose_last_lines_were_lost_makes_the_job_step_back_a_checkpoint() {
@@ -95,7 +96,7 @@ mod tests {
 
     #[test]
     fn the_line_a_rank_owes_before_a_checkpoint_follows_its_logging_interval() {
-        let shape = ReportShape { workers: 1, log_every: 4, iterations_per_epoch: 10 };
+        let shape = ReportShape { ranks: 1, log_every: 4, iterations_per_epoch: 10 };
         // epoch ends are always logged
         assert_eq!(shape.last_reported_before(10), 9);
         // mid-epoch (a preemption at 17): lines at 3, 7, 9 (epoch end), 11, 15

@@ -33,6 +33,11 @@ const RULES: &[(&str, &str, &str)] = &[
     ("get", "/v1/jobs/{id}/checkpoints", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/checkpoints/{checkpoint}/archive", "nyyyfnuu"),
     ("post", "/v1/schedules/preview", "yyyyfyuu"),
+    ("post", "/v1/studies", "yyyffyuu"),
+    ("get", "/v1/studies", "yyyyfyuu"),
+    ("get", "/v1/studies/{id}", "nyyyfnuu"),
+    ("get", "/v1/studies/{id}/plot.svg", "nyyyfnuu"),
+    ("post", "/v1/studies/{id}/cancel", "nyyffnuu"),
     ("post", "/v1/datasets", "yyyffyuu"),
     ("get", "/v1/datasets", "yyyyfyuu"),
     ("delete", "/v1/datasets/{id}", "nyyffnuu"),
@@ -77,6 +82,8 @@ struct Fixture {
     /// A queued job of team A: deleting its checkpoints is refused (409) to those allowed, so no call of
     /// the matrix removes the checkpoint the download routes ask for.
     queued_job: String,
+    /// A study of team A.
+    study: String,
 }
 
 async fn fixture(app: &TestApp) -> Fixture {
@@ -91,6 +98,8 @@ async fn fixture(app: &TestApp) -> Fixture {
     on_dataset["workers"] = json!(1);
     let job = app.submit(&a.member, &on_dataset).await;
     let queued_job = app.submit(&a.member, &spec("waits")).await;
+    let study = app.post("/v1/studies", &a.member, &json!({"base": spec("s"), "points": [{}]})).await;
+    let study = study.body["id"].as_str().unwrap().to_string();
     let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
     let node =
         app.post("/v1/agent/nodes", &agent, &json!({"name": "n0", "address": "127.0.0.1", "devices": devices})).await;
@@ -129,6 +138,7 @@ async fn fixture(app: &TestApp) -> Fixture {
         dataset,
         admin_a: a.admin,
         queued_job,
+        study,
     }
 }
 
@@ -146,6 +156,8 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         fx.assignment.clone()
     } else if (method, path) == ("delete", "/v1/jobs/{id}/artifacts") {
         fx.queued_job.clone()
+    } else if path.starts_with("/v1/studies/") {
+        fx.study.clone()
     } else if path.starts_with("/v1/agent/datasets/") || path.starts_with("/v1/datasets/") {
         fx.dataset.clone()
     } else {
@@ -155,6 +167,8 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
     let attempt = fx.attempt;
     let body: Option<Value> = match (method, path) {
         ("post", "/v1/jobs") | ("post", "/v1/schedules/preview") => Some(spec("m")),
+        ("post", "/v1/studies") => Some(json!({"base": spec("m"), "points": [{}]})),
+        ("post", "/v1/studies/{id}/cancel") => Some(json!({})),
         ("post", "/v1/teams") => {
             Some(json!({"name": format!("t{}", uuid::Uuid::new_v4().simple()), "gpu_quota": 0, "cpu_quota": 1}))
         }

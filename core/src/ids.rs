@@ -82,4 +82,6 @@ id_type! {
     AssignmentId;
     /// A bearer token (`tokens.id`; never the token itself).
     TokenId;
+    /// A study: jobs made from one base spec (`studies.id`).
+    StudyId;
 }

@@ -11,13 +11,14 @@ pub mod job;
 pub mod memory;
 pub mod schedule;
 pub mod spec;
+pub mod study;
 pub mod validate;
 
 pub use cluster::{AssignmentState, NodeState};
 pub use dataset::DatasetRef;
 pub use error::FieldError;
 pub use hex::hex;
-pub use ids::{AssignmentId, DeviceId, JobId, NodeId, TeamId, TokenId};
+pub use ids::{AssignmentId, DeviceId, JobId, NodeId, StudyId, TeamId, TokenId};
 pub use job::JobState;
 pub use schedule::{Effective, ScheduleView};
 pub use spec::JobSpec;

@@ -161,6 +161,7 @@ pub fn count(model: &ModelSpec, shape: &SampleShape) -> Option<Counts> {
                 + classes;
             Counts { parameters, activations }
         }
+        ModelName::Resnet8 => cifar_resnet(image()?, 1, classes),
         ModelName::Resnet20 => cifar_resnet(image()?, 3, classes),
         ModelName::Resnet56 => cifar_resnet(image()?, 9, classes),
         ModelName::Resnet50 => resnet50(image()?, classes),

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::DatasetRef;
 use crate::error::FieldError;
+use crate::ids::JobId;
 
 /// A training job: what to train, on what, with which recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,9 +25,15 @@ pub struct JobSpec {
     /// Evaluate on only the first N test samples; all of them when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_samples: Option<u64>,
-    /// k: the number of ranks (devices) trained on in data parallel.
+    /// k: the number of ranks trained in data parallel; the math of the run (global batch kn, the lr it
+    /// scales to, BatchNorm over n per rank) depends on it alone.
     #[serde(default = "defaults::workers")]
     pub workers: u32,
+    /// The devices the job holds (default: `workers`, one rank each). Must divide `workers`: each device's
+    /// process then plays workers/devices virtual ranks (micro-batches of n with their own BatchNorm
+    /// statistics, gradients accumulated), so the run is the k-worker run on fewer devices, only slower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<u32>,
     /// n: samples per rank per iteration. BatchNorm statistics are computed over these n samples.
     #[serde(default = "defaults::per_worker_batch")]
     pub per_worker_batch: u32,
@@ -74,11 +81,23 @@ pub struct GuardSpec {
     /// typically every ReLU dead after too large an lr, with a finite loss. The last checkpoint is kept.
     #[serde(default = "defaults::yes")]
     pub collapse: bool,
+    /// A finished or running job of the same team whose training-error curve this run must stay near: at
+    /// each epoch (compared by epoch, as the global batches differ) the server checks this run's training
+    /// error against the reference's, and a run worse by more than `tolerance` stops (failed, not retried,
+    /// checkpoints kept). A study sets it on its points when asked to guard them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_job: Option<JobId>,
+    /// How much worse than the reference's training error (absolute, 0 to 1) an epoch may end.
+    #[serde(default = "defaults::guard_tolerance")]
+    pub tolerance: f64,
+    /// Compare only epochs that end after the warmup (during it, a large-batch run is expected to trail).
+    #[serde(default = "defaults::yes")]
+    pub after_warmup: bool,
 }
 
 impl Default for GuardSpec {
     fn default() -> Self {
-        GuardSpec { collapse: true }
+        GuardSpec { collapse: true, reference_job: None, tolerance: defaults::guard_tolerance(), after_warmup: true }
     }
 }
 
@@ -99,7 +118,9 @@ pub enum ModelName {
     /// Fully connected network with ReLU between layers.
     Mlp,
     Lenet5,
-    /// He et al. CIFAR-style ResNets (3 stages of basic blocks).
+    /// He et al. CIFAR-style ResNets (3 stages of basic blocks; 1, 3 or 9 blocks per stage). ResNet-8 is
+    /// the smallest with BatchNorm: what the Goyal study template trains on a CPU.
+    Resnet8,
     Resnet20,
     Resnet56,
     /// ImageNet-style ResNet with bottleneck blocks.
@@ -121,7 +142,7 @@ impl ModelSpec {
 
     /// Whether the model has BatchNorm layers (and so per-rank statistics).
     pub fn has_batch_norm(&self) -> bool {
-        matches!(self.name, ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet50)
+        matches!(self.name, ModelName::Resnet8 | ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet50)
     }
 }
 
@@ -356,6 +377,9 @@ mod defaults {
     pub fn weight_decay() -> f64 {
         1e-4
     }
+    pub fn guard_tolerance() -> f64 {
+        0.02
+    }
 }
 
 impl JobSpec {
@@ -385,9 +409,19 @@ impl JobSpec {
         u64::from(self.workers) * u64::from(self.per_worker_batch)
     }
 
-    /// This spec with another world size k (for "what if k changes" previews).
+    /// The devices the job holds: `devices`, or one per worker.
+    pub fn device_count(&self) -> u32 {
+        self.devices.unwrap_or(self.workers)
+    }
+
+    /// The ranks each device's process plays (workers / devices; 1 unless `devices` is set below `workers`).
+    pub fn virtual_ranks(&self) -> u32 {
+        (self.workers / self.device_count().max(1)).max(1)
+    }
+
+    /// This spec with another world size k (for "what if k changes" previews), on one device per worker.
     pub fn with_workers(&self, workers: u32) -> JobSpec {
-        JobSpec { workers, ..self.clone() }
+        JobSpec { workers, devices: None, ..self.clone() }
     }
 }
 

@@ -80,6 +80,15 @@ impl JobSpec {
             p.check(n >= 1, "test_samples", || "must be at least 1 (got 0)".into());
         }
         p.int_range("workers", self.workers, 1, MAX_WORKERS);
+        if let Some(devices) = self.devices {
+            p.int_range("devices", devices, 1, self.workers.max(1));
+            p.check(devices == 0 || self.workers % devices == 0, "devices", || {
+                format!(
+                    "must divide workers = {} (each device plays workers / devices virtual ranks; got {devices})",
+                    self.workers
+                )
+            });
+        }
         p.int_range("per_worker_batch", self.per_worker_batch, 1, MAX_PER_WORKER_BATCH);
         p.int_range("epochs", self.epochs, 1, MAX_EPOCHS);
         if let Some(size) = self.effective_train_size(dataset_size) {
@@ -112,6 +121,7 @@ impl JobSpec {
         p.int_range("log_every_iterations", self.log_every_iterations, 1, 1_000_000);
         p.int_range("max_restarts", self.max_restarts, 0, MAX_RESTARTS);
         p.int_range("priority", self.priority, -MAX_PRIORITY, MAX_PRIORITY);
+        p.float("guard.tolerance", self.guard.tolerance, |t| (0.0..=1.0).contains(&t), "in [0, 1]");
 
         if p.0.is_empty() {
             Ok(())

@@ -10,6 +10,7 @@ pub mod login;
 pub mod pool;
 pub mod schedule;
 pub mod serve;
+pub mod study;
 pub mod train;
 pub mod up;
 

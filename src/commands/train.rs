@@ -38,9 +38,10 @@ pub struct Args {
     /// Resume from the newest checkpoint in this folder (an earlier run's OUT/checkpoints).
     #[arg(long)]
     resume: Option<PathBuf>,
-    /// Ranks each process plays (micro-batches with their own BN statistics, gradients accumulated).
-    #[arg(long, default_value_t = 1)]
-    virtual_ranks: usize,
+    /// Ranks each process plays (micro-batches with their own BN statistics, gradients accumulated). Default:
+    /// workers / devices when the processes are the spec's `devices`, else 1.
+    #[arg(long)]
+    virtual_ranks: Option<usize>,
     /// libtorch threads per rank process (default: 1 on CPU, so k ranks share the cores fairly).
     #[arg(long)]
     threads: Option<i32>,
@@ -156,7 +157,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     let options = TrainOptions {
         out_dir: args.out.clone(),
         resume_from: args.resume.clone(),
-        virtual_ranks: args.virtual_ranks,
+        virtual_ranks: virtual_ranks(args, &spec, config.world),
         bucket_bytes: args.bucket_mb.max(1) << 20,
         device,
         dataset_file: args.dataset_file.clone(),
@@ -176,6 +177,18 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     };
     trainer.run(&mut sink)?;
     Ok(())
+}
+
+/// The virtual ranks each of `processes` rank processes plays: as asked, or what the spec's `devices` implies
+/// when the processes are its devices (how agents start them), else 1.
+fn virtual_ranks(args: &Args, spec: &JobSpec, processes: usize) -> usize {
+    args.virtual_ranks.unwrap_or_else(|| {
+        if processes == spec.device_count() as usize {
+            spec.virtual_ranks() as usize
+        } else {
+            1
+        }
+    })
 }
 
 /// The placement's rendezvous secret, from the environment (the agent, or `--local`, put it there; never an
@@ -277,7 +290,9 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         let mut cmd = Command::new(&exe);
         cmd.arg("train").arg("--spec").arg(&args.spec);
         cmd.args(["--rank", &rank.to_string(), "--world", &k.to_string(), "--rendezvous", &rendezvous]);
-        cmd.args(["--virtual-ranks", &args.virtual_ranks.to_string()]);
+        if let Some(v) = args.virtual_ranks {
+            cmd.args(["--virtual-ranks", &v.to_string()]);
+        }
         cmd.args(["--comm-timeout-s", &args.comm_timeout_s.to_string()]);
         cmd.args(["--join-timeout-s", &args.join_timeout_s.to_string()]);
         cmd.args(["--bucket-mb", &args.bucket_mb.to_string()]);

@@ -65,15 +65,20 @@ macro_rules! impl_job_store {
             use crate::rows::{self, EventRow, JobRow, EVENT_COLUMNS, JOB_COLUMNS};
             use crate::{now, IdempotencyKey, Job, JobEvent, JobFilter, NewJob, StoreError, StoreResult, Submitted};
 
-            #[async_trait::async_trait]
-            impl JobStore for $store {
-                async fn submit_job(&self, job: NewJob, key: Option<IdempotencyKey>) -> StoreResult<Submitted> {
-                    let now = now();
-                    let mut tx = self.pool().begin().await?;
+            type Tx<'a> = sqlx::Transaction<'a, <$store as SqlBackend>::Db>;
+
+            impl $store {
+                /// Stores a `queued` job and its `submitted` event inside the caller's transaction (a single
+                /// submission, or every point of a study at once).
+                pub(crate) async fn insert_job_in(
+                    tx: &mut Tx<'_>,
+                    job: &NewJob,
+                    now: DateTime<Utc>,
+                ) -> StoreResult<JobRow> {
                     let sql = format!(
                         "INSERT INTO jobs (id, team_id, created_by, name, spec, effective, dataset_size, state, \
-                         priority, device, workers, max_restarts, created_at, updated_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', $8, $9, $10, $11, $12, $12) \
+                         priority, device, devices, max_restarts, created_at, updated_at, study_id, study_point) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued', $8, $9, $10, $11, $12, $12, $13, $14) \
                          RETURNING {JOB_COLUMNS}"
                     );
                     let row: JobRow = sqlx::query_as(&sql)
@@ -86,11 +91,31 @@ macro_rules! impl_job_store {
                         .bind(job.dataset_size)
                         .bind(job.priority)
                         .bind(job.device.as_str())
-                        .bind(job.workers)
+                        .bind(job.devices)
                         .bind(job.max_restarts)
                         .bind(now)
-                        .fetch_one(&mut *tx)
+                        .bind(job.study.map(|s| s.study_id.0))
+                        .bind(job.study.map(|s| s.point))
+                        .fetch_one(&mut **tx)
                         .await?;
+                    sqlx::query(
+                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, run_attempt, reason) \
+                         VALUES ($1, $2, 'state', NULL, 'queued', 0, 0, 'submitted')",
+                    )
+                    .bind(job.id.0)
+                    .bind(now)
+                    .execute(&mut **tx)
+                    .await?;
+                    Ok(row)
+                }
+            }
+
+            #[async_trait::async_trait]
+            impl JobStore for $store {
+                async fn submit_job(&self, job: NewJob, key: Option<IdempotencyKey>) -> StoreResult<Submitted> {
+                    let now = now();
+                    let mut tx = self.pool().begin().await?;
+                    let row = Self::insert_job_in(&mut tx, &job, now).await?;
                     if let Some(key) = &key {
                         // The first writer of (team, key) wins; a concurrent one waits for it to commit and then
                         // finds the key taken, drops its own job and replays the winner's.
@@ -124,14 +149,6 @@ macro_rules! impl_job_store {
                             });
                         }
                     }
-                    sqlx::query(
-                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, run_attempt, reason) \
-                         VALUES ($1, $2, 'state', NULL, 'queued', 0, 0, 'submitted')",
-                    )
-                    .bind(job.id.0)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
                     tx.commit().await?;
                     Ok(Submitted::Created(row.try_into()?))
                 }

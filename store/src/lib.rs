@@ -12,6 +12,7 @@
 //! | [`nodes`] | [`NodeStore`] | the worker pool: nodes, devices, heartbeats |
 //! | [`assignments`] | [`AssignmentStore`] | ranks placed on devices, moved along by agents |
 //! | [`artifacts`] | [`ArtifactStore`] | checkpoints and uploaded datasets |
+//! | [`studies`] | [`StudyStore`] | studies: one base spec, one job per point |
 //!
 //! Both databases run the same SQL text wherever the dialects agree (timestamps are bound from Rust, so no
 //! `now()`; placeholders are `$N`, which SQLite understands too): each aggregate's SQL is written once, as a
@@ -40,6 +41,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod postgres;
 pub mod sqlite;
+pub mod studies;
 pub mod teams;
 pub mod usage;
 
@@ -58,6 +60,7 @@ pub use model::*;
 pub use nodes::NodeStore;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use studies::StudyStore;
 pub use teams::TeamStore;
 pub use token::{generate_token, hash_token};
 pub use usage::{period_use, DeviceSpan, DeviceTotal, SpanFilter, UsageStore};
@@ -75,6 +78,7 @@ pub trait Store:
     + ArtifactStore
     + UsageStore
     + LogStore
+    + StudyStore
     + std::fmt::Debug
 {
     fn backend(&self) -> Backend;
@@ -108,6 +112,7 @@ macro_rules! impl_all_for {
         crate::artifacts::impl_artifact_store!($store);
         crate::usage::impl_usage_store!($store);
         crate::logs::impl_log_store!($store);
+        crate::studies::impl_study_store!($store);
     };
 }
 

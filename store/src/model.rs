@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{DeviceId, JobId, JobState, NodeId, TeamId, TokenId};
+use ringtrain_core::{DeviceId, JobId, JobState, NodeId, StudyId, TeamId, TokenId};
 pub use ringtrain_protocol::{Assignment, Checkpoint, Device, Node};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -216,7 +216,8 @@ pub struct Job {
     pub state: JobState,
     pub priority: i32,
     pub device: DeviceKind,
-    pub workers: i32,
+    /// The rank processes placed (the spec's `devices`), each on a device of its own.
+    pub devices: i32,
     /// Placements so far: every start (a claim) makes it one more, and it guards every agent report.
     pub attempt: i32,
     /// Placements that ended in a preemption: not failures, so they use none of the restart budget.
@@ -232,6 +233,43 @@ pub struct Job {
     pub error: Option<String>,
     /// Set while the job is queued and cannot be placed on the pool as it exists.
     pub unplaceable: Option<Unplaceable>,
+    /// The study this job is a point of.
+    pub study: Option<StudyPoint>,
+}
+
+/// A study as stored: what was asked, and which point is the reference. Its points are jobs
+/// ([`Job::study`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Study {
+    pub id: StudyId,
+    /// Insertion order: the list's sort key and cursor.
+    pub seq: i64,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
+    pub name: Option<String>,
+    /// The request as given (base spec, axes or points, reference).
+    pub definition: Value,
+    /// The point the others are compared with (the small-batch baseline).
+    pub reference_point: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewStudy {
+    pub id: StudyId,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
+    pub name: Option<String>,
+    pub definition: Value,
+    pub reference_point: i32,
+}
+
+/// Which point of which study a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StudyPoint {
+    pub study_id: StudyId,
+    /// 0-based, in the order the study's points were made.
+    pub point: i32,
 }
 
 /// Why a queued job cannot be placed on the pool as it exists, and since when.
@@ -273,8 +311,9 @@ pub struct NewJob {
     pub dataset_size: Option<i64>,
     pub priority: i32,
     pub device: DeviceKind,
-    pub workers: i32,
+    pub devices: i32,
     pub max_restarts: i32,
+    pub study: Option<StudyPoint>,
 }
 
 /// An `Idempotency-Key` and the hash of the request body it came with.

@@ -2,7 +2,7 @@
 //! only types that decode the same way on Postgres and SQLite (states are TEXT, JSON is `Json<Value>`).
 
 use chrono::{DateTime, Utc};
-use ringtrain_core::{AssignmentId, DeviceId, JobId, NodeId, TeamId, TokenId};
+use ringtrain_core::{AssignmentId, DeviceId, JobId, NodeId, StudyId, TeamId, TokenId};
 use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -12,8 +12,8 @@ use crate::model::*;
 
 /// The columns every job query returns, in [`JobRow`]'s order.
 pub(crate) const JOB_COLUMNS: &str = "seq, id, team_id, created_by, name, spec, effective, dataset_size, state, \
-     priority, device, workers, attempt, preemptions, max_restarts, lease_owner, lease_expires, created_at, updated_at, \
-     started_at, finished_at, result, error, unplaceable_since, unplaceable_reason";
+     priority, device, devices, attempt, preemptions, max_restarts, lease_owner, lease_expires, created_at, updated_at, \
+     started_at, finished_at, result, error, unplaceable_since, unplaceable_reason, study_id, study_point";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct JobRow {
@@ -28,7 +28,7 @@ pub(crate) struct JobRow {
     state: String,
     priority: i32,
     device: String,
-    workers: i32,
+    devices: i32,
     attempt: i32,
     preemptions: i32,
     max_restarts: i32,
@@ -42,6 +42,8 @@ pub(crate) struct JobRow {
     error: Option<String>,
     unplaceable_since: Option<DateTime<Utc>>,
     unplaceable_reason: Option<String>,
+    study_id: Option<Uuid>,
+    study_point: Option<i32>,
 }
 
 /// A stored state or kind name: one this build does not know is a corrupt row.
@@ -65,7 +67,7 @@ impl TryFrom<JobRow> for Job {
             state: parse(&row.state)?,
             priority: row.priority,
             device: parse(&row.device)?,
-            workers: row.workers,
+            devices: row.devices,
             attempt: row.attempt,
             preemptions: row.preemptions,
             max_restarts: row.max_restarts,
@@ -81,7 +83,40 @@ impl TryFrom<JobRow> for Job {
                 (Some(since), Some(reason)) => Some(Unplaceable { since, reason }),
                 _ => None,
             },
+            study: match (row.study_id, row.study_point) {
+                (Some(id), Some(point)) => Some(StudyPoint { study_id: StudyId(id), point }),
+                _ => None,
+            },
         })
+    }
+}
+
+pub(crate) const STUDY_COLUMNS: &str = "seq, id, team_id, created_by, name, definition, reference_point, created_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct StudyRow {
+    seq: i64,
+    id: Uuid,
+    team_id: Uuid,
+    created_by: Option<Uuid>,
+    name: Option<String>,
+    definition: Json<Value>,
+    reference_point: i32,
+    created_at: DateTime<Utc>,
+}
+
+impl From<StudyRow> for Study {
+    fn from(row: StudyRow) -> Self {
+        Study {
+            id: StudyId(row.id),
+            seq: row.seq,
+            team_id: TeamId(row.team_id),
+            created_by: row.created_by.map(TokenId),
+            name: row.name,
+            definition: row.definition.0,
+            reference_point: row.reference_point,
+            created_at: row.created_at,
+        }
     }
 }
 

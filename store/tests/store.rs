@@ -34,8 +34,9 @@ fn new_job(team: &Team, name: &str, priority: i32) -> NewJob {
         dataset_size: None,
         priority,
         device: DeviceKind::Cpu,
-        workers: 1,
+        devices: 1,
         max_restarts: 3,
+        study: None,
     }
 }
 

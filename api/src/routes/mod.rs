@@ -10,6 +10,7 @@ pub mod nodes;
 pub mod schedules;
 pub mod spec_schema;
 pub mod specs;
+pub mod studies;
 pub mod teams;
 pub mod tokens;
 pub mod transfers;
@@ -33,7 +34,7 @@ use crate::state::AppState;
         Every error is RFC 7807 application/problem+json; validation errors list each field's JSON path in `errors`."),
     modifiers(&BearerAuth),
     components(schemas(Problem, FieldErrorDoc)),
-    tags((name = "jobs"), (name = "schedules"), (name = "datasets"), (name = "teams"), (name = "tokens"), (name = "agent"), (name = "ops"))
+    tags((name = "jobs"), (name = "studies"), (name = "schedules"), (name = "datasets"), (name = "teams"), (name = "tokens"), (name = "agent"), (name = "ops"))
 )]
 struct ApiDoc;
 
@@ -147,6 +148,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::progress::job_checkpoints))
         .routes(routes!(jobs::progress::delete_job_artifacts))
         .routes(routes!(schedules::preview_schedule))
+        .routes(routes!(studies::create_study, studies::list_studies))
+        .routes(routes!(studies::get_study))
+        .routes(routes!(studies::study_plot))
+        .routes(routes!(studies::cancel_study))
         .routes(routes!(teams::create_team, teams::list_teams))
         .routes(routes!(teams::update_team))
         .routes(routes!(teams::team_storage))

@@ -76,7 +76,7 @@ fn job_spec() -> Value {
             "model": {
                 "type": "object", "additionalProperties": false, "required": ["name"],
                 "properties": {
-                    "name": {"type": "string", "enum": ["mlp", "lenet5", "resnet20", "resnet56", "resnet50"]},
+                    "name": {"type": "string", "enum": ["mlp", "lenet5", "resnet8", "resnet20", "resnet56", "resnet50"]},
                     "hidden": {"type": ["array", "null"], "maxItems": MAX_MLP_LAYERS,
                                "items": {"type": "integer", "minimum": 1, "maximum": MAX_MLP_WIDTH},
                                "description": "mlp only: the hidden layer widths (default [256, 128])."}
@@ -88,7 +88,9 @@ fn job_spec() -> Value {
                               "description": "Use only the first N training samples."},
             "test_samples": {"type": ["integer", "null"], "minimum": 1, "maximum": U64,
                              "description": "Evaluate on only the first N test samples."},
-            "workers": integer(1, i128::from(MAX_WORKERS), Some(1), "k: ranks (devices) trained on in data parallel."),
+            "workers": integer(1, i128::from(MAX_WORKERS), Some(1), "k: ranks trained in data parallel (the run's math: global batch k·n, lr, BatchNorm over n)."),
+            "devices": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_WORKERS,
+                        "description": "Devices the job holds (default: workers); must divide workers, each device's process playing workers/devices virtual ranks."},
             "per_worker_batch": integer(1, i128::from(MAX_PER_WORKER_BATCH), Some(32),
                 "n: samples per rank per iteration; k·n must not exceed the training samples."),
             "epochs": integer(1, i128::from(MAX_EPOCHS), Some(90),
@@ -144,7 +146,13 @@ fn job_spec() -> Value {
                 "type": "object", "additionalProperties": false,
                 "properties": {
                     "collapse": {"type": "boolean", "default": true,
-                        "description": "Stop (failed) when an epoch of at least 50 iterations, wholly after the warmup, ends with the training error at chance level."}
+                        "description": "Stop (failed) when an epoch of at least 50 iterations, wholly after the warmup, ends with the training error at chance level."},
+                    "reference_job": {"type": ["string", "null"], "format": "uuid",
+                        "description": "A job of the same team whose training error per epoch this run must stay within `tolerance` of."},
+                    "tolerance": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.02,
+                        "description": "How much worse (absolute) than the reference's training error an epoch may end."},
+                    "after_warmup": {"type": "boolean", "default": true,
+                        "description": "Compare only epochs that end after the warmup."}
                 }
             }
         }

@@ -1,8 +1,9 @@
-//! Turning a submitted spec into a validated [`JobSpec`] and its effective hyperparameters, shared by job
-//! submission and the schedule preview.
+//! Turning a submitted spec into a validated [`JobSpec`], its effective hyperparameters and the job to store,
+//! shared by job submission, studies and the schedule preview.
 
 use ringtrain_core::memory::{self, human_bytes, SampleShape};
-use ringtrain_core::{DatasetRef, Effective, FieldError, JobSpec};
+use ringtrain_core::{DatasetRef, Effective, FieldError, JobId, JobSpec};
+use ringtrain_store::{NewJob, StudyPoint};
 use serde_json::Value;
 
 use crate::auth::User;
@@ -49,6 +50,44 @@ pub async fn dataset_size(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
 
 /// Every validation problem of the spec for this dataset size, and the effective hyperparameters when the
 /// size is known.
+/// The job a submission stores for `spec` (as `spec_json`, its text as given), once checked against the
+/// team's datasets and the pool's memory: every check a single job and a study's point share.
+pub async fn checked_job(
+    state: &AppState,
+    user: &User,
+    spec: &JobSpec,
+    spec_json: Value,
+    study: Option<StudyPoint>,
+) -> ApiResult<NewJob> {
+    let dataset_size = dataset_size(state, user, spec).await?;
+    let effective = effective(spec, dataset_size)?;
+    check_memory(state, user, spec).await?;
+    let effective = effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?;
+    Ok(NewJob {
+        id: JobId::new(),
+        team_id: user.team_id,
+        created_by: Some(user.token.id),
+        name: spec.name.clone(),
+        spec: spec_json,
+        effective,
+        dataset_size: dataset_size.map(|n| n as i64),
+        priority: spec.priority,
+        device: spec.device,
+        devices: spec.device_count() as i32,
+        max_restarts: spec.max_restarts.min(i32::MAX as u32) as i32,
+        study,
+    })
+}
+
+/// A `guard.reference_job` must be a job of the caller's team (422 otherwise: the guard could never run).
+pub async fn check_reference(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<()> {
+    let Some(id) = spec.guard.reference_job else { return Ok(()) };
+    match state.store.get_job(id).await? {
+        Some(job) if user.owns(job.team_id) => Ok(()),
+        _ => Err(ApiError::validation(vec![FieldError::new("guard.reference_job", format!("no job {id}"))])),
+    }
+}
+
 pub fn effective(spec: &JobSpec, dataset_size: Option<u64>) -> ApiResult<Option<Effective>> {
     spec.validate_for_dataset(dataset_size).map_err(ApiError::validation)?;
     match dataset_size {

@@ -54,7 +54,7 @@ fn capacity(snapshot: &Snapshot, kind: DeviceKind) -> usize {
 }
 
 fn reason(job: &Job, capacity: usize) -> String {
-    let (k, kind) = (job.workers, job.device.as_str());
+    let (k, kind) = (job.devices, job.device.as_str());
     if capacity == 0 {
         format!("needs {k} {kind} devices; no node that is up offers any")
     } else {

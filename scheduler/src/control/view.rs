@@ -158,7 +158,7 @@ fn queued_job(job: &Job) -> QueuedJob {
         team: job.team_id,
         priority: job.priority,
         kind: job.device,
-        devices: job.workers.max(0) as u32,
+        devices: job.devices.max(0) as u32,
         submit_seq: job.seq.max(0) as u64,
     }
 }

@@ -115,6 +115,7 @@ pub fn build(
             }
             Box::new(LeNet5::new(p, c, h, w, classes))
         }
+        ModelName::Resnet8 => Box::new(ResNet::cifar(p, image("resnet8")?.0, 1, classes, bn_zero_init_last)),
         ModelName::Resnet20 => Box::new(ResNet::cifar(p, image("resnet20")?.0, 3, classes, bn_zero_init_last)),
         ModelName::Resnet56 => Box::new(ResNet::cifar(p, image("resnet56")?.0, 9, classes, bn_zero_init_last)),
         ModelName::Resnet50 => Box::new(ResNet::resnet50(p, image("resnet50")?.0, classes, bn_zero_init_last)),
@@ -131,6 +132,7 @@ mod tests {
         for (name, shape) in [
             (ModelName::Mlp, vec![1, 8, 8]),
             (ModelName::Lenet5, vec![1, 28, 28]),
+            (ModelName::Resnet8, vec![1, 28, 28]),
             (ModelName::Resnet20, vec![1, 28, 28]),
             (ModelName::Resnet56, vec![3, 16, 16]),
             (ModelName::Resnet50, vec![3, 32, 32]),
@@ -154,6 +156,7 @@ mod tests {
             (mlp, vec![100], 7),
             (ModelSpec::new(ModelName::Lenet5), vec![1, 28, 28], 10),
             (ModelSpec::new(ModelName::Lenet5), vec![3, 33, 20], 4),
+            (ModelSpec::new(ModelName::Resnet8), vec![1, 28, 28], 10),
             (ModelSpec::new(ModelName::Resnet20), vec![1, 28, 28], 10),
             (ModelSpec::new(ModelName::Resnet56), vec![3, 32, 32], 100),
             (ModelSpec::new(ModelName::Resnet50), vec![3, 64, 64], 1000),

@@ -118,7 +118,7 @@ async fn resume_checkpoint(state: &AppState, job: &Job) -> ApiResult<(Option<Che
         return Ok((None, reached));
     }
     let shape = ReportShape {
-        workers: job.workers,
+        ranks: job.devices,
         log_every: job.spec["log_every_iterations"].as_i64().unwrap_or(1),
         iterations_per_epoch: job.effective.as_ref().and_then(|e| e["iterations_per_epoch"].as_i64()).unwrap_or(1),
     };

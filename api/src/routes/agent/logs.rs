@@ -30,10 +30,10 @@ pub async fn report_logs(
 ) -> ApiResult<Json<LogAck>> {
     let job = assigned_job(&state, &agent, id, body.attempt).await?;
     let mut errors = Vec::new();
-    if !(0..job.workers).contains(&body.rank) {
+    if !(0..job.devices).contains(&body.rank) {
         errors.push(FieldError::new(
             "rank",
-            format!("must be 0 to {} (the job has {} ranks)", job.workers - 1, job.workers),
+            format!("must be 0 to {} (the job has {} ranks)", job.devices - 1, job.devices),
         ));
     }
     if body.lines.len() > MAX_BATCH_LINES {

@@ -58,7 +58,7 @@ pub const MAX_FIELD_NAME: usize = 64;
 pub fn parse_report(
     i: usize,
     attempt: i32,
-    workers: i32,
+    ranks: i32,
     total_iterations: Option<u64>,
     mut report: Map<String, Value>,
 ) -> Result<MetricPoint, Vec<FieldError>> {
@@ -82,7 +82,7 @@ pub fn parse_report(
             0
         }
     };
-    let rank = integer("rank", i64::from(workers.max(1) - 1));
+    let rank = integer("rank", i64::from(ranks.max(1) - 1));
     let epoch = integer("epoch", i64::from(i32::MAX));
     let last_iteration = total_iterations.map_or(i64::MAX / 2, |total| i64::try_from(total).unwrap_or(i64::MAX));
     let iteration = integer("iteration", last_iteration);
@@ -131,7 +131,7 @@ pub async fn report_metrics(
     let mut points = Vec::with_capacity(body.reports.len());
     let mut errors = Vec::new();
     for (i, report) in body.reports.into_iter().enumerate() {
-        match parse_report(i, body.attempt, job.workers, total_iterations, report) {
+        match parse_report(i, body.attempt, job.devices, total_iterations, report) {
             Ok(point) => points.push(point),
             Err(mut e) => errors.append(&mut e),
         }
@@ -141,6 +141,7 @@ pub async fn report_metrics(
     }
     let thinned = state.metric_budgets.thin(job.id, points, std::time::Instant::now());
     state.store.record_metrics(job.id, &thinned.kept).await?;
+    crate::reference_guard::after_report(&state, &job, &thinned.kept).await?;
     Ok(Json(MetricsAck { accepted: thinned.kept.len(), downsampled: thinned.dropped, stride: thinned.stride }))
 }
 

@@ -73,7 +73,7 @@ pub async fn answer(state: &AppState, user: &User, spec: &JobSpec, effective: Op
         team: user.team_id,
         priority: spec.priority,
         kind: spec.device,
-        devices: spec.workers,
+        devices: spec.device_count(),
         // submitted after every job already queued
         submit_seq: u64::MAX,
     };

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{JobId, JobState, TeamId};
-use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, NewJob, RankLogLine, Submitted, Unplaceable};
+use ringtrain_core::{JobState, StudyId, TeamId};
+use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, RankLogLine, Submitted, Unplaceable};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -40,7 +40,13 @@ pub struct JobView {
     /// `cpu` or `gpu`.
     #[schema(value_type = String, example = "cpu")]
     pub device: DeviceKind,
+    /// k: the ranks of the run's math (global batch workers × per_worker_batch).
     pub workers: i32,
+    /// The devices it holds when placed, each playing workers / devices virtual ranks (the spec's `devices`,
+    /// by default `workers`).
+    pub devices: i32,
+    /// The study this job is a point of, and which point (0-based).
+    pub study: Option<StudyMembership>,
     /// The attempt: 0 until first placed, 1 for the first run, one more per restart after a failure. A run
     /// that was preempted and resumes elsewhere continues the same attempt.
     pub attempt: i32,
@@ -89,6 +95,12 @@ pub struct JobView {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+pub struct StudyMembership {
+    pub id: StudyId,
+    pub point: i32,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct JobLinks {
     #[serde(rename = "self")]
     pub this: String,
@@ -109,7 +121,9 @@ impl From<&Job> for JobView {
             team_id: job.team_id,
             priority: job.priority,
             device: job.device,
-            workers: job.workers,
+            workers: job.spec["workers"].as_i64().map_or(1, |k| k as i32),
+            devices: job.devices,
+            study: job.study.map(|s| StudyMembership { id: s.study_id, point: s.point }),
             attempt: job.user_attempt(),
             preemptions: job.preemptions,
             max_restarts: job.max_restarts,
@@ -263,26 +277,11 @@ pub async fn submit_job(
             60,
         ));
     }
-    let dataset_size = specs::dataset_size(&state, &user, &spec).await?;
-    let effective = specs::effective(&spec, dataset_size)?;
-    specs::check_memory(&state, &user, &spec).await?;
-    let effective = effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?;
+    specs::check_reference(&state, &user, &spec).await?;
+    let new = specs::checked_job(&state, &user, &spec, spec_json, None).await?;
     if query.dry_run == Some(true) {
-        return Ok(Json(dry_run::answer(&state, &user, &spec, effective).await?).into_response());
+        return Ok(Json(dry_run::answer(&state, &user, &spec, new.effective).await?).into_response());
     }
-    let new = NewJob {
-        id: JobId::new(),
-        team_id: user.team_id,
-        created_by: Some(user.token.id),
-        name: spec.name.clone(),
-        spec: spec_json,
-        effective,
-        dataset_size: dataset_size.map(|n| n as i64),
-        priority: spec.priority,
-        device: spec.device,
-        workers: spec.workers as i32,
-        max_restarts: spec.max_restarts.min(i32::MAX as u32) as i32,
-    };
     match state.store.submit_job(new, key).await? {
         Submitted::Created(job) => {
             state.changed().await;

@@ -1,0 +1,504 @@
+//! Studies (issue 16): one base spec, many points, each an ordinary job of the team (quota-scheduled,
+//! cancellable, with its own metrics), and one table that compares them. `POST /v1/studies` creates all the
+//! points' jobs in one transaction (or, with `?dry_run=true`, shows every point's schedule and stores
+//! nothing); `GET /v1/studies/{id}` is the table; `GET /v1/studies/{id}/plot.svg` draws error vs epoch per
+//! point (Goyal's Figure 2); cancelling a study cancels every point that has not ended.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use ringtrain_core::study::{self, PlannedPoint, StudyRequest};
+use ringtrain_core::{FieldError, JobId, JobSpec, JobState, StudyId, TeamId};
+use ringtrain_store::{Cancellation, Job, MetricsQuery, NewStudy, Study, StudyPoint};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::auth::User;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiPath, ApiQuery, JsonBytes};
+use crate::routes::specs;
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct StudySubmitQuery {
+    /// Plan every point (its spec, effective hyperparameters and lr schedule) and store nothing.
+    pub dry_run: Option<bool>,
+}
+
+/// One point of a study: what it changes, how it runs, and how it did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StudyPointView {
+    pub point: i32,
+    /// Its overrides in words (`workers=32 lr.warmup.kind=none`).
+    pub label: String,
+    /// Spec path → value, as the study made it.
+    #[schema(value_type = Object)]
+    pub overrides: Map<String, Value>,
+    pub job_id: JobId,
+    #[schema(value_type = String, example = "running")]
+    pub state: JobState,
+    pub is_reference: bool,
+    /// k, the devices it holds, and the global batch k·n.
+    pub workers: u32,
+    pub devices: i32,
+    pub global_batch: u64,
+    /// The lr after scaling (before any cap), and the warmup and scaling it used.
+    pub scaled_lr: Option<f64>,
+    pub warmup: Option<String>,
+    pub scaling: Option<String>,
+    /// Per finished epoch, in order.
+    pub train_error: Vec<f64>,
+    pub test_error: Vec<f64>,
+    /// The finished run's test error (its last epoch's).
+    pub final_test_error: Option<f64>,
+    /// final_test_error minus the reference's (positive: worse than the reference).
+    pub vs_reference: Option<f64>,
+    /// Seconds from start to finish (so far, while it runs).
+    pub wall_seconds: Option<f64>,
+    /// Training samples per second over the whole run (finished runs).
+    pub samples_per_s: Option<f64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StudyView {
+    pub id: StudyId,
+    pub name: Option<String>,
+    pub team_id: TeamId,
+    pub created_at: DateTime<Utc>,
+    /// The index of the reference point (the small-batch baseline).
+    pub reference_point: i32,
+    /// Points per state.
+    #[schema(value_type = Object)]
+    pub states: Map<String, Value>,
+    pub points: Vec<StudyPointView>,
+    /// The request as stored (a template written out).
+    #[schema(value_type = Object)]
+    pub definition: Value,
+    pub links: StudyLinks,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StudyLinks {
+    #[serde(rename = "self")]
+    pub this: String,
+    pub plot: String,
+    pub cancel: String,
+}
+
+/// A study in the list: no curves.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StudySummary {
+    pub id: StudyId,
+    pub name: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub points: usize,
+    #[schema(value_type = Object)]
+    pub states: Map<String, Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StudyPage {
+    pub studies: Vec<StudySummary>,
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A point of a dry run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlannedPointView {
+    pub point: usize,
+    pub label: String,
+    pub is_reference: bool,
+    /// The spec the point's job would be submitted with.
+    #[schema(value_type = Object)]
+    pub spec: Value,
+    /// Its ScheduleView (effective hyperparameters, per-epoch lr, change points); null while the dataset's
+    /// size is unknown (`idx:`).
+    #[schema(value_type = Option<Object>)]
+    pub schedule: Option<Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StudyDryRun {
+    /// Always true: nothing was stored.
+    pub dry_run: bool,
+    pub name: Option<String>,
+    pub reference_point: usize,
+    pub points: Vec<PlannedPointView>,
+}
+
+/// Create a study: a base spec and axes (every combination) or points (each a set of overrides), or a
+/// built-in `template` (`goyal`: Goyal et al.'s Table 1 in miniature). Every point is an ordinary job of the
+/// team. Points that do not set `devices` get the devices that fit the pool (k stays the math; each device
+/// plays k/devices virtual ranks).
+#[utoipa::path(post, path = "/v1/studies", tag = "studies", params(StudySubmitQuery),
+    request_body(content = Object, content_type = "application/json",
+        description = "{name?, template?: \"goyal\", base?: spec, axes?: {path: [values]}, points?: [{path: value}], reference?: index, guard_points?: bool}"),
+    responses((status = 201, body = StudyView, description = "Created: every point's job is queued"),
+        (status = 200, body = StudyDryRun, description = "dry_run=true: the plan; nothing stored"),
+        (status = 403),
+        (status = 422),
+        (status = 429, description = "The team's queue cannot take this many more jobs")),
+    security(("bearer" = [])))]
+pub async fn create_study(
+    State(state): State<AppState>,
+    user: User,
+    ApiQuery(query): ApiQuery<StudySubmitQuery>,
+    JsonBytes(body): JsonBytes,
+) -> ApiResult<Response> {
+    user.require_write()?;
+    let request = parse_request(&body)?;
+    let request = request.resolved().map_err(|e| ApiError::validation(vec![e]))?;
+    if let Some(name) = &request.name {
+        check_name(name)?;
+    }
+    let mut points = request.plan().map_err(ApiError::validation)?;
+    let reference = study::reference_point(&request, &points);
+    fit_devices(&state, &mut points).await?;
+    if query.dry_run == Some(true) {
+        let planned = dry_run(&state, &user, &request, &points, reference).await?;
+        return Ok(Json(planned).into_response());
+    }
+    let queued = state.store.count_queued(user.team_id).await?;
+    let limit = state.config.max_queued_per_team;
+    if queued + points.len() as i64 > limit {
+        return Err(ApiError::too_many(
+            "queue-full",
+            format!(
+                "the study's {} points would make {} queued jobs; your team may have {limit}",
+                points.len(),
+                queued + points.len() as i64
+            ),
+            60,
+        ));
+    }
+    let study_id = StudyId::new();
+    let ids: Vec<JobId> = points.iter().map(|_| JobId::new()).collect();
+    let mut jobs = Vec::with_capacity(points.len());
+    let mut errors = Vec::new();
+    for (i, point) in points.iter_mut().enumerate() {
+        point.spec_json["name"] = study::point_name(request.name.as_deref(), i, &point.overrides).into();
+        if request.guard_points && i != reference {
+            point.spec_json["guard"]["reference_job"] = ids[reference].to_string().into();
+        }
+        let spec = JobSpec::from_json(&point.spec_json.to_string()).map_err(ApiError::validation)?;
+        let membership = StudyPoint { study_id, point: i as i32 };
+        match specs::checked_job(&state, &user, &spec, point.spec_json.clone(), Some(membership)).await {
+            Ok(mut job) => {
+                job.id = ids[i];
+                jobs.push(job);
+            }
+            // name the point each problem belongs to
+            Err(err) if err.status() == StatusCode::UNPROCESSABLE_ENTITY => {
+                errors.extend(err.problem().errors.into_iter().map(|e| {
+                    let at = if e.path.is_empty() { format!("points[{i}]") } else { format!("points[{i}].{}", e.path) };
+                    FieldError::new(at, e.reason)
+                }))
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::validation(errors));
+    }
+    let definition = serde_json::to_value(&request).map_err(ApiError::internal)?;
+    let new = NewStudy {
+        id: study_id,
+        team_id: user.team_id,
+        created_by: Some(user.token.id),
+        name: request.name.clone(),
+        definition,
+        reference_point: reference as i32,
+    };
+    let (study, jobs) = state.store.create_study(new, jobs).await?;
+    state.changed().await;
+    let view = view(&state, &study, jobs).await?;
+    let location = format!("/v1/studies/{}", study.id);
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(view)).into_response())
+}
+
+/// The request, with the JSON path of a wrong type or an unknown field.
+fn parse_request(body: &[u8]) -> ApiResult<StudyRequest> {
+    let value = crate::extract::parse_value(body)?;
+    crate::extract::require_object(&value)?;
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        ApiError::validation(vec![FieldError::new(path, err.inner().to_string())])
+    })
+}
+
+fn check_name(name: &str) -> ApiResult<()> {
+    let max = ringtrain_core::validate::limits::MAX_NAME_CHARS;
+    let bad = |reason: String| ApiError::validation(vec![FieldError::new("name", reason)]);
+    if name.trim().is_empty() || name.chars().any(char::is_control) {
+        return Err(bad("must be non-blank text without control characters".into()));
+    }
+    if name.chars().count() > max {
+        return Err(bad(format!("must be at most {max} characters")));
+    }
+    Ok(())
+}
+
+/// Points that leave `devices` unset and ask for more workers than the pool has devices of their kind get
+/// the most devices that fit and divide k: a study is meant to run, not to wait for a pool it cannot have.
+async fn fit_devices(state: &AppState, points: &mut [PlannedPoint]) -> ApiResult<()> {
+    if points.iter().all(|p| p.spec.devices.is_some()) {
+        return Ok(());
+    }
+    let insight = state.queue_insight().await?;
+    for point in points.iter_mut().filter(|p| p.spec.devices.is_none()) {
+        let capacity =
+            insight.read.view.nodes.iter().flat_map(|n| &n.devices).filter(|d| d.kind == point.spec.device).count();
+        let k = point.spec.workers;
+        if (k as usize) <= capacity || capacity == 0 {
+            continue;
+        }
+        let fits = (1..=capacity as u32).rev().find(|d| k % d == 0).unwrap_or(1);
+        point.spec.devices = Some(fits);
+        point.spec_json["devices"] = fits.into();
+    }
+    Ok(())
+}
+
+async fn dry_run(
+    state: &AppState,
+    user: &User,
+    request: &StudyRequest,
+    points: &[PlannedPoint],
+    reference: usize,
+) -> ApiResult<StudyDryRun> {
+    let mut planned = Vec::with_capacity(points.len());
+    for (i, point) in points.iter().enumerate() {
+        let size = specs::dataset_size(state, user, &point.spec).await?;
+        let effective = specs::effective(&point.spec, size)?;
+        let schedule =
+            effective.map(|e| serde_json::to_value(e.render(false))).transpose().map_err(ApiError::internal)?;
+        planned.push(PlannedPointView {
+            point: i,
+            label: study::label(&point.overrides),
+            is_reference: i == reference,
+            spec: point.spec_json.clone(),
+            schedule,
+        });
+    }
+    Ok(StudyDryRun { dry_run: true, name: request.name.clone(), reference_point: reference, points: planned })
+}
+
+/// The caller's team's study, or 404.
+async fn team_study(state: &AppState, user: &User, id: Uuid) -> ApiResult<Study> {
+    match state.store.get_study(StudyId(id)).await? {
+        Some(study) if user.owns(study.team_id) => Ok(study),
+        _ => Err(ApiError::not_found(format!("no study {id}"))),
+    }
+}
+
+/// One study: every point's state, error curves, final test error, time and throughput, and which is the
+/// reference.
+#[utoipa::path(get, path = "/v1/studies/{id}", tag = "studies", params(("id" = Uuid, Path)),
+    responses((status = 200, body = StudyView), (status = 404)),
+    security(("bearer" = [])))]
+pub async fn get_study(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<StudyView>> {
+    let study = team_study(&state, &user, id).await?;
+    let jobs = state.store.study_jobs(study.id).await?;
+    Ok(Json(view(&state, &study, jobs).await?))
+}
+
+/// Error vs epoch for every point (training error dashed, test error solid), as SVG: Goyal's Figure 2.
+#[utoipa::path(get, path = "/v1/studies/{id}/plot.svg", tag = "studies", params(("id" = Uuid, Path)),
+    responses((status = 200, content_type = "image/svg+xml", body = String), (status = 404)),
+    security(("bearer" = [])))]
+pub async fn study_plot(State(state): State<AppState>, user: User, ApiPath(id): ApiPath<Uuid>) -> ApiResult<Response> {
+    let study = team_study(&state, &user, id).await?;
+    let jobs = state.store.study_jobs(study.id).await?;
+    let view = view(&state, &study, jobs).await?;
+    let curves: Vec<study::plot::Curve> = view
+        .points
+        .iter()
+        .map(|p| study::plot::Curve {
+            label: format!("#{} {}{}", p.point, p.label, if p.is_reference { " (reference)" } else { "" }),
+            train_error: p.train_error.clone(),
+            test_error: p.test_error.clone(),
+        })
+        .collect();
+    let title = format!("{}: error vs epoch", view.name.as_deref().unwrap_or("study"));
+    let svg = study::plot::svg(&title, &curves);
+    Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListStudiesQuery {
+    /// `next_cursor` of the previous page.
+    #[param(pattern = "^-?[0-9]{1,18}$")]
+    pub cursor: Option<String>,
+    /// 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<u32>,
+}
+
+/// The team's studies, newest first.
+#[utoipa::path(get, path = "/v1/studies", tag = "studies", params(ListStudiesQuery),
+    responses((status = 200, body = StudyPage), (status = 400)),
+    security(("bearer" = [])))]
+pub async fn list_studies(
+    State(state): State<AppState>,
+    user: User,
+    ApiQuery(query): ApiQuery<ListStudiesQuery>,
+) -> ApiResult<Json<StudyPage>> {
+    let bad = |path: &str, reason: &str| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", path, reason);
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(bad("limit", "must be 1 to 100"));
+    }
+    let before = match &query.cursor {
+        None => None,
+        Some(cursor) => Some(cursor.parse::<i64>().map_err(|_| bad("cursor", "not a cursor this server issued"))?),
+    };
+    let mut studies = state.store.list_studies(user.team_id, before, i64::from(limit) + 1).await?;
+    let more = studies.len() > limit as usize;
+    studies.truncate(limit as usize);
+    let next_cursor = if more { studies.last().map(|s| s.seq.to_string()) } else { None };
+    let mut summaries = Vec::with_capacity(studies.len());
+    for study in studies {
+        let jobs = state.store.study_jobs(study.id).await?;
+        summaries.push(StudySummary {
+            id: study.id,
+            name: study.name,
+            created_at: study.created_at,
+            points: jobs.len(),
+            states: count_states(&jobs),
+        });
+    }
+    Ok(Json(StudyPage { studies: summaries, next_cursor }))
+}
+
+/// Cancel every point of the study that has not ended.
+#[utoipa::path(post, path = "/v1/studies/{id}/cancel", tag = "studies", params(("id" = Uuid, Path)),
+    responses((status = 200, body = StudyView), (status = 403), (status = 404)),
+    security(("bearer" = [])))]
+pub async fn cancel_study(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<StudyView>> {
+    let study = team_study(&state, &user, id).await?;
+    user.require_write()?;
+    let who = user.token.label.clone().unwrap_or_else(|| user.token.id.to_string());
+    let reason = format!("study {} cancelled by token {who}", study.id);
+    for job in state.store.study_jobs(study.id).await? {
+        if !job.state.is_terminal() {
+            match state.store.cancel_job(job.id, &reason).await? {
+                Some(Cancellation::Cancelled(_) | Cancellation::AlreadyEnded(_)) | None => {}
+            }
+        }
+    }
+    state.changed().await;
+    let jobs = state.store.study_jobs(study.id).await?;
+    Ok(Json(view(&state, &study, jobs).await?))
+}
+
+fn count_states(jobs: &[Job]) -> Map<String, Value> {
+    let mut states = Map::new();
+    for job in jobs {
+        let n = states.get(job.state.as_str()).and_then(Value::as_u64).unwrap_or(0);
+        states.insert(job.state.as_str().to_string(), (n + 1).into());
+    }
+    states
+}
+
+async fn view(state: &AppState, study: &Study, jobs: Vec<Job>) -> ApiResult<StudyView> {
+    let overrides: Vec<Map<String, Value>> = stored_points(&study.definition);
+    let mut points = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let index = job.study.map_or(0, |s| s.point);
+        let point_overrides = overrides.get(index as usize).cloned().unwrap_or_default();
+        points.push(point_view(state, job, index, point_overrides, index == study.reference_point).await?);
+    }
+    let reference = points.iter().find(|p| p.is_reference).and_then(|p| p.final_test_error);
+    for point in &mut points {
+        point.vs_reference = point.final_test_error.zip(reference).map(|(mine, theirs)| mine - theirs);
+    }
+    let base = format!("/v1/studies/{}", study.id);
+    Ok(StudyView {
+        id: study.id,
+        name: study.name.clone(),
+        team_id: study.team_id,
+        created_at: study.created_at,
+        reference_point: study.reference_point,
+        states: count_states(&jobs),
+        points,
+        definition: study.definition.clone(),
+        links: StudyLinks { plot: format!("{base}/plot.svg"), cancel: format!("{base}/cancel"), this: base },
+    })
+}
+
+/// Each point's overrides as the stored definition made them.
+fn stored_points(definition: &Value) -> Vec<Map<String, Value>> {
+    serde_json::from_value::<StudyRequest>(definition.clone())
+        .ok()
+        .and_then(|request| {
+            let points = request.plan().ok()?;
+            Some(points.into_iter().map(|p| p.overrides).collect())
+        })
+        .unwrap_or_default()
+}
+
+async fn point_view(
+    state: &AppState,
+    job: &Job,
+    point: i32,
+    overrides: Map<String, Value>,
+    is_reference: bool,
+) -> ApiResult<StudyPointView> {
+    let query =
+        MetricsQuery { kind: Some("epoch".into()), rank: Some(0), stride: 1, limit: 100_000, ..Default::default() };
+    let epochs = state.store.query_metrics(job.id, &query).await?;
+    let field = |name: &str| -> Vec<f64> { epochs.iter().filter_map(|p| p.fields.get(name)?.as_f64()).collect() };
+    let (train_error, test_error) = (field("train_error"), field("test_error"));
+    let effective = job.effective.as_ref();
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let result = job.result.as_ref();
+    let final_test_error = match job.state {
+        JobState::Succeeded => {
+            result.and_then(|r| r["final_test_error"].as_f64()).or_else(|| test_error.last().copied())
+        }
+        _ => None,
+    };
+    let wall_seconds = job.started_at.map(|start| {
+        let end = job.finished_at.unwrap_or_else(Utc::now);
+        (end - start).num_milliseconds() as f64 / 1000.0
+    });
+    Ok(StudyPointView {
+        point,
+        label: study::label(&overrides),
+        overrides,
+        job_id: job.id,
+        state: job.state,
+        is_reference,
+        workers: job.spec["workers"].as_u64().unwrap_or(1) as u32,
+        devices: job.devices,
+        global_batch: effective.and_then(|e| e["global_batch"].as_u64()).unwrap_or(0),
+        scaled_lr: effective.and_then(|e| e["scaled_lr"].as_f64()),
+        warmup: text(effective.map(|e| &e["warmup_kind"])),
+        scaling: text(effective.map(|e| &e["scaling"])),
+        train_error,
+        test_error,
+        final_test_error,
+        vs_reference: None,
+        wall_seconds,
+        samples_per_s: result.and_then(|r| r["samples_per_s"].as_f64()),
+        error: job.error.clone(),
+    })
+}

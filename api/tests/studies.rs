@@ -1,0 +1,251 @@
+//! Studies and the reference guard through the real router, on Postgres and on SQLite: one job per point
+//! in one transaction, the table, the plot, dry runs, cancel, every bad request named, other teams kept
+//! out, `devices` fitted to the pool; and a run stopped when its reported epochs fall off its reference's.
+
+mod common;
+
+use common::{spec, TestApp};
+use ringtrain_core::{DeviceId, JobId, NodeId};
+use serde_json::{json, Value};
+
+fn study(points: Value) -> Value {
+    json!({"name": "sweep", "base": spec("base"), "points": points})
+}
+
+async fn a_study_makes_one_job_per_point_and_a_table(app: TestApp) {
+    let team = app.team("alpha").await;
+    let request = json!({"name": "sweep", "base": spec("base"),
+        "axes": {"workers": [2, 1], "lr.warmup.kind": ["gradual", "constant"]}});
+    let created = app.post("/v1/studies", &team.member, &request).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.body["id"].as_str().unwrap();
+    assert_eq!(created.headers["location"], format!("/v1/studies/{id}"));
+    let points = created.body["points"].as_array().unwrap();
+    let labels: Vec<&str> = points.iter().map(|p| p["label"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        [
+            "lr.warmup.kind=gradual workers=2",
+            "lr.warmup.kind=gradual workers=1",
+            "lr.warmup.kind=constant workers=2",
+            "lr.warmup.kind=constant workers=1"
+        ]
+    );
+    // the reference is the smallest global batch, the first of them
+    assert_eq!(created.body["reference_point"], 1);
+    assert_eq!(points[1]["is_reference"], true);
+    assert_eq!(created.body["states"], json!({"queued": 4}));
+    assert_eq!(points[0]["global_batch"], 32);
+    assert_eq!(points[3]["warmup"], "constant");
+
+    // every point is an ordinary job of the team that names its study and point
+    let jobs = app.get("/v1/jobs?name_prefix=sweep", &team.viewer).await;
+    let jobs = jobs.body["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 4);
+    let first = jobs.iter().find(|j| j["study"]["point"] == 0).unwrap();
+    assert_eq!(first["study"]["id"], id);
+    assert_eq!(first["name"], "sweep #0: lr.warmup.kind=gradual workers=2");
+    assert_eq!((first["workers"].as_i64(), first["devices"].as_i64()), (Some(2), Some(2)));
+
+    let got = app.get(&format!("/v1/studies/{id}"), &team.viewer).await;
+    assert_eq!(got.status, 200, "{}", got.text);
+    assert_eq!(got.body["definition"]["axes"]["workers"], json!([2, 1]));
+    let listed = app.get("/v1/studies", &team.viewer).await;
+    assert_eq!(listed.body["studies"][0]["id"], id);
+    assert_eq!(listed.body["studies"][0]["points"], 4);
+    let (status, svg) = app.get_bytes(&format!("/v1/studies/{id}/plot.svg"), &team.viewer).await;
+    assert_eq!(status, 200);
+    assert!(String::from_utf8(svg).unwrap().starts_with("<svg"));
+
+    // cancel ends every point; a viewer may not
+    app.post(&format!("/v1/studies/{id}/cancel"), &team.viewer, &json!({})).await.problem(403);
+    let cancelled = app.post(&format!("/v1/studies/{id}/cancel"), &team.member, &json!({})).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+    assert_eq!(cancelled.body["states"], json!({"cancelled": 4}));
+}
+
+async fn a_dry_run_plans_every_point_and_stores_nothing(app: TestApp) {
+    let team = app.team("alpha").await;
+    let request = json!({"template": "goyal"});
+    let planned = app.post("/v1/studies?dry_run=true", &team.member, &request).await;
+    assert_eq!(planned.status, 200, "{}", planned.text);
+    assert_eq!(planned.body["dry_run"], true);
+    let points = planned.body["points"].as_array().unwrap();
+    assert_eq!(points.len(), 10);
+    assert_eq!(points[0]["is_reference"], true);
+    // kn = 1024 on Fashion-MNIST's 60,000: 58 iterations per epoch, lr 0.1 * 32
+    let kn1024 = &points[4]["schedule"]["effective"];
+    assert_eq!(kn1024["global_batch"], 1024);
+    assert_eq!(kn1024["iterations_per_epoch"], 58);
+    assert!((kn1024["scaled_lr"].as_f64().unwrap() - 3.2).abs() < 1e-12);
+    assert_eq!(points[4]["spec"]["devices"], 2);
+    assert_eq!(app.get("/v1/studies", &team.viewer).await.body["studies"], json!([]));
+    assert_eq!(app.get("/v1/jobs", &team.viewer).await.body["jobs"], json!([]));
+}
+
+async fn bad_study_requests_name_the_field(app: TestApp) {
+    let team = app.team("alpha").await;
+    let cases: Vec<(Value, Vec<&str>)> = vec![
+        (json!({"points": [{}]}), vec!["base"]),
+        (json!({"base": spec("b"), "axes": {"workers": [1]}, "points": [{}]}), vec!["points"]),
+        (json!({"base": spec("b")}), vec!["axes"]),
+        (json!({"base": spec("b"), "axes": {"workers": []}}), vec!["axes.workers"]),
+        (study(json!([{"workers": 1}, {"workers": 0, "lr.base": -1}])), vec!["points[1].lr.base", "points[1].workers"]),
+        (study(json!([{"workers": 4, "devices": 3}])), vec!["points[0].devices"]),
+        (study(json!([{"model.name.x": 1}])), vec!["points[0]"]),
+        (
+            study(json!([{}]))
+                .as_object()
+                .cloned()
+                .map(|mut s| {
+                    s.insert("reference".into(), json!(2));
+                    Value::Object(s)
+                })
+                .unwrap(),
+            vec!["reference"],
+        ),
+        (json!({"template": "nope"}), vec!["template"]),
+        (json!({"template": "goyal", "points": [{}]}), vec!["template"]),
+        (json!({"base": spec("b"), "points": [{}], "extra": 1}), vec!["extra"]),
+        (json!({"base": spec("b"), "points": "all"}), vec!["points"]),
+    ];
+    for (request, mut expected) in cases {
+        let reply = app.post("/v1/studies", &team.member, &request).await;
+        let mut paths = reply.problem(422);
+        paths.sort();
+        expected.sort();
+        assert_eq!(paths, expected, "{request}: {}", reply.text);
+    }
+    // a viewer may not create one; nothing was stored by any of the above
+    app.post("/v1/studies", &team.viewer, &study(json!([{}]))).await.problem(403);
+    assert_eq!(app.get("/v1/studies", &team.viewer).await.body["studies"], json!([]));
+    assert_eq!(app.get("/v1/jobs", &team.viewer).await.body["jobs"], json!([]));
+    // a job's reference must be a job of its team
+    let mut guarded = spec("g");
+    guarded["guard"] = json!({"reference_job": JobId::new().to_string()});
+    assert_eq!(app.post("/v1/jobs", &team.member, &guarded).await.problem(422), vec!["guard.reference_job"]);
+    // and a spec's devices must divide its workers
+    let mut uneven = spec("u");
+    uneven["workers"] = json!(4);
+    uneven["devices"] = json!(3);
+    assert_eq!(app.post("/v1/jobs", &team.member, &uneven).await.problem(422), vec!["devices"]);
+}
+
+async fn other_teams_studies_are_not_found(app: TestApp) {
+    let alpha = app.team("alpha").await;
+    let beta = app.team("beta").await;
+    let created = app.post("/v1/studies", &alpha.member, &study(json!([{}]))).await;
+    let id = created.body["id"].as_str().unwrap();
+    for path in [format!("/v1/studies/{id}"), format!("/v1/studies/{id}/plot.svg")] {
+        app.get(&path, &beta.viewer).await.problem(404);
+    }
+    app.post(&format!("/v1/studies/{id}/cancel"), &beta.member, &json!({})).await.problem(404);
+    assert_eq!(app.get("/v1/studies", &beta.viewer).await.body["studies"], json!([]));
+    // nor can a job of another team be a reference
+    let job = created.body["points"][0]["job_id"].as_str().unwrap();
+    let mut guarded = spec("g");
+    guarded["guard"] = json!({"reference_job": job});
+    assert_eq!(app.post("/v1/jobs", &beta.member, &guarded).await.problem(422), vec!["guard.reference_job"]);
+}
+
+/// A node offering `n` CPU slots: its id and devices.
+async fn node(app: &TestApp, agent: &str, n: u32) -> (NodeId, Vec<DeviceId>) {
+    let devices: Vec<Value> = (0..n).map(|i| json!({"index": i, "kind": "cpu", "name": format!("cpu {i}")})).collect();
+    let reply =
+        app.post("/v1/agent/nodes", agent, &json!({"name": "n", "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let ids = reply.body["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().parse().unwrap());
+    (reply.body["id"].as_str().unwrap().parse().unwrap(), ids.collect())
+}
+
+async fn points_get_the_devices_that_fit_the_pool(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    node(&app, &agent, 2).await;
+    let mut base = spec("b");
+    base["dataset"] = json!("synthetic:4096");
+    let request = json!({"base": base, "points": [{"workers": 1}, {"workers": 8}, {"workers": 6, "devices": 1}]});
+    let created = app.post("/v1/studies", &team.member, &request).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let devices: Vec<i64> =
+        created.body["points"].as_array().unwrap().iter().map(|p| p["devices"].as_i64().unwrap()).collect();
+    // 8 workers on a pool of 2: 2 devices of 4 virtual ranks each; an explicit choice is kept
+    assert_eq!(devices, [1, 2, 1]);
+    assert_eq!(created.body["points"][1]["workers"], 8);
+}
+
+/// Places `job` on `devices` and reports it running; its attempt.
+async fn run(app: &TestApp, agent: &str, job: &str, node: NodeId, devices: &[DeviceId]) -> i32 {
+    let ranks: Vec<ringtrain_store::NewAssignment> = devices
+        .iter()
+        .enumerate()
+        .map(|(rank, &device_id)| ringtrain_store::NewAssignment { node_id: node, device_id, rank: rank as i32 })
+        .collect();
+    let lease = std::time::Duration::from_secs(60);
+    let (placed, _) = app.store.start_job(JobId(job.parse().unwrap()), "s", lease, &ranks).await.unwrap().unwrap();
+    let running = app.post(&format!("/v1/agent/jobs/{job}/running"), agent, &json!({"attempt": placed.attempt})).await;
+    assert_eq!(running.status, 200, "{}", running.text);
+    placed.attempt
+}
+
+async fn report_epoch(app: &TestApp, agent: &str, job: &str, attempt: i32, epoch: i64, train_error: f64) {
+    let report = json!({"kind": "epoch", "rank": 0, "epoch": epoch, "iteration": (epoch + 1) * 16 - 1,
+        "train_error": train_error, "test_error": train_error, "test_loss": 1.0, "seconds": 30.0});
+    let sent = app
+        .post(&format!("/v1/agent/jobs/{job}/metrics"), agent, &json!({"attempt": attempt, "reports": [report]}))
+        .await;
+    assert_eq!(sent.status, 200, "{}", sent.text);
+}
+
+async fn a_run_that_falls_off_its_reference_stops_whichever_reports_first(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let (node_id, devices) = node(&app, &agent, 4).await;
+    let one_worker = |name: &str| {
+        let mut s = spec(name);
+        // kn = 32 = the reference batch: 16 iterations per epoch, and the warmup (1 epoch) is not skipped
+        s["workers"] = json!(1);
+        s["per_worker_batch"] = json!(32);
+        s["epochs"] = json!(4);
+        s
+    };
+    let reference = app.submit(&team.member, &one_worker("reference")).await;
+    let mut follower_spec = one_worker("follower");
+    follower_spec["guard"] = json!({"reference_job": reference, "tolerance": 0.05});
+    let follower = app.submit(&team.member, &follower_spec).await;
+    let ref_attempt = run(&app, &agent, &reference, node_id, &devices[..1]).await;
+    let attempt = run(&app, &agent, &follower, node_id, &devices[1..2]).await;
+
+    // epoch 0 lies in the warmup: not compared, however far behind
+    report_epoch(&app, &agent, &reference, ref_attempt, 0, 0.50).await;
+    report_epoch(&app, &agent, &follower, attempt, 0, 0.90).await;
+    // within the tolerance at epoch 1
+    report_epoch(&app, &agent, &reference, ref_attempt, 1, 0.30).await;
+    report_epoch(&app, &agent, &follower, attempt, 1, 0.34).await;
+    // the follower reports epoch 2 before its reference: nothing to compare yet...
+    report_epoch(&app, &agent, &follower, attempt, 2, 0.40).await;
+    assert_eq!(app.get(&format!("/v1/jobs/{follower}"), &team.viewer).await.body["state"], "running");
+    // ...until the reference reaches it
+    report_epoch(&app, &agent, &reference, ref_attempt, 2, 0.25).await;
+    let stopped = app.get(&format!("/v1/jobs/{follower}"), &team.viewer).await;
+    assert_eq!(stopped.body["state"], "failed", "{}", stopped.text);
+    let error = stopped.body["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("fell off its reference job {reference}: train error 0.40 at epoch 3 vs 0.25")),
+        "{error}"
+    );
+    assert!(error.contains("device-hours"), "{error}");
+    // not retried, and the reference runs on
+    assert_eq!(stopped.body["attempt"], 1);
+    assert_eq!(app.get(&format!("/v1/jobs/{reference}"), &team.viewer).await.body["state"], "running");
+}
+
+ringtrain_store::on_both_backends!(
+    setup = crate::common::TestApp::new;
+    a_study_makes_one_job_per_point_and_a_table,
+    a_dry_run_plans_every_point_and_stores_nothing,
+    bad_study_requests_name_the_field,
+    other_teams_studies_are_not_found,
+    points_get_the_devices_that_fit_the_pool,
+    a_run_that_falls_off_its_reference_stops_whichever_reports_first,
+);

@@ -1,0 +1,281 @@
+//! `ringtrain study ...`: studies from the terminal. `study goyal` runs Goyal et al.'s Table 1 in miniature
+//! through the API (the `goyal` template), follows it, and prints the measured table beside the paper's
+//! figures, writing the error-vs-epoch plot (SVG) and the study's JSON next to it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ringtrain_core::study::GOYAL_REPORTED;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::block_on;
+use crate::commands::connection::Connection;
+use crate::commands::jobs::table;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Study {
+    /// Goyal et al. 2017's Table 1 in miniature (Fashion-MNIST, a small ResNet with BatchNorm, ~1 hour on
+    /// 2 cores): submit, follow, print the table beside the paper's and write the plot.
+    Goyal(GoyalArgs),
+    /// Submit a study file ({name, base, axes | points, reference, guard_points}) and follow it.
+    Submit(SubmitArgs),
+    /// A study's table.
+    Show(ShowArgs),
+    /// Cancel every point of a study that has not ended.
+    Cancel(ShowArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FollowArgs {
+    /// Store nothing: print every point's spec and schedule.
+    #[arg(long)]
+    dry_run: bool,
+    /// Return once submitted instead of following the study to its end.
+    #[arg(long, conflicts_with = "dry_run")]
+    detach: bool,
+    /// Where the plot (`<name>.svg`) and the study (`<name>.json`) are written when it ends.
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GoyalArgs {
+    /// The study's name.
+    #[arg(long, default_value = "goyal-miniature")]
+    name: String,
+    /// Guard every point against the reference (a point that falls off its curve stops early).
+    #[arg(long)]
+    guard: bool,
+    #[command(flatten)]
+    follow: FollowArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// The study request, a JSON file.
+    file: PathBuf,
+    #[command(flatten)]
+    follow: FollowArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// The study's id.
+    id: Uuid,
+    #[command(flatten)]
+    connection: Connection,
+    /// Print the server's answer as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(study: Study) -> std::process::ExitCode {
+    match study {
+        Study::Goyal(args) => {
+            let request = json!({"template": "goyal", "name": args.name, "guard_points": args.guard});
+            block_on("study goyal", submit_and_follow(request, &args.follow))
+        }
+        Study::Submit(args) => block_on("study submit", async {
+            let text =
+                std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+            let request: Value =
+                serde_json::from_str(&text).with_context(|| format!("{} is not JSON", args.file.display()))?;
+            submit_and_follow(request, &args.follow).await
+        }),
+        Study::Show(args) => block_on("study show", async {
+            let view: Value = args.connection.client()?.get(&format!("/v1/studies/{}", args.id)).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else {
+                print!("{}", render(&view));
+            }
+            Ok(())
+        }),
+        Study::Cancel(args) => block_on("study cancel", async {
+            let view: Value =
+                args.connection.client()?.post(&format!("/v1/studies/{}/cancel", args.id), &json!({})).await?;
+            print!("{}", render(&view));
+            Ok(())
+        }),
+    }
+}
+
+/// How often a followed study is read again.
+const POLL: Duration = Duration::from_secs(10);
+
+async fn submit_and_follow(request: Value, args: &FollowArgs) -> Result<()> {
+    let api = args.connection.client()?;
+    if args.dry_run {
+        let plan: Value = api.post("/v1/studies?dry_run=true", &request).await?;
+        let rows: Vec<Vec<String>> = plan["points"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                let e = &p["schedule"]["effective"];
+                vec![
+                    format!("{}{}", p["point"], if p["is_reference"] == true { "*" } else { "" }),
+                    p["label"].as_str().unwrap_or("").to_string(),
+                    e["global_batch"].to_string(),
+                    format!("{:.4}", e["scaled_lr"].as_f64().unwrap_or(0.0)),
+                    e["warmup_iterations"].to_string(),
+                    e["iterations_per_epoch"].to_string(),
+                ]
+            })
+            .collect();
+        print!("{}", table(&["POINT", "OVERRIDES", "KN", "LR", "WARMUP ITERS", "ITERS/EPOCH"], &rows));
+        println!("(* the reference point; nothing was submitted)");
+        return Ok(());
+    }
+    let created: Value = api.post("/v1/studies", &request).await?;
+    let id = created["id"].as_str().context("the server's answer has no study id")?.to_string();
+    println!("study {id}: {} points queued", created["points"].as_array().map_or(0, Vec::len));
+    if args.detach {
+        println!("follow it with: ringtrain study show {id}");
+        return Ok(());
+    }
+    let mut last_line = String::new();
+    let view = loop {
+        let view: Value = api.get(&format!("/v1/studies/{id}")).await?;
+        let line = progress_line(&view);
+        if line != last_line {
+            println!("{line}");
+            last_line = line;
+        }
+        if ended(&view) {
+            break view;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    print!("{}", render(&view));
+    let name = view["name"].as_str().unwrap_or("study").replace(['/', ' '], "_");
+    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    let svg = api.send(api.request(reqwest::Method::GET, &format!("/v1/studies/{id}/plot.svg"))).await?;
+    let svg_path = args.out.join(format!("{name}.svg"));
+    std::fs::write(&svg_path, svg.bytes().await?).with_context(|| format!("cannot write {}", svg_path.display()))?;
+    let json_path = args.out.join(format!("{name}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&view)?)?;
+    println!("wrote {} and {}", svg_path.display(), json_path.display());
+    Ok(())
+}
+
+fn ended(view: &Value) -> bool {
+    let states = view["states"].as_object();
+    states.is_some_and(|s| s.keys().all(|k| matches!(k.as_str(), "succeeded" | "failed" | "cancelled")))
+}
+
+/// "3/10 ended; running: #3 workers=16 ... epoch 2/8".
+fn progress_line(view: &Value) -> String {
+    let points = view["points"].as_array().cloned().unwrap_or_default();
+    let done =
+        points.iter().filter(|p| matches!(p["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))).count();
+    let running: Vec<String> = points
+        .iter()
+        .filter(|p| p["state"] == "running")
+        .map(|p| {
+            format!(
+                "#{} {} (epoch {})",
+                p["point"],
+                p["label"].as_str().unwrap_or(""),
+                p["test_error"].as_array().map_or(0, Vec::len)
+            )
+        })
+        .collect();
+    format!(
+        "{done}/{} ended; running: {}",
+        points.len(),
+        if running.is_empty() { "none".into() } else { running.join(", ") }
+    )
+}
+
+fn percent(value: &Value) -> String {
+    value.as_f64().map_or_else(|| "-".into(), |v| format!("{:.2}", v * 100.0))
+}
+
+/// The study's table; for the Goyal template, with the paper's figure for each point beside the measured one.
+pub fn render(view: &Value) -> String {
+    let points = view["points"].as_array().cloned().unwrap_or_default();
+    let goyal = is_goyal(view);
+    let reference_paper = GOYAL_REPORTED[0].1;
+    let rows: Vec<Vec<String>> = points
+        .iter()
+        .map(|p| {
+            let i = p["point"].as_u64().unwrap_or(0) as usize;
+            let mut row = vec![
+                format!("{i}{}", if p["is_reference"] == true { "*" } else { "" }),
+                p["global_batch"].to_string(),
+                format!("{}/{}", p["workers"], p["devices"]),
+                p["warmup"].as_str().unwrap_or("-").to_string(),
+                p["scaling"].as_str().unwrap_or("-").to_string(),
+                p["scaled_lr"].as_f64().map_or_else(|| "-".into(), |lr| format!("{lr:.4}")),
+                percent(&p["train_error"].as_array().and_then(|a| a.last()).cloned().unwrap_or(Value::Null)),
+                percent(&p["final_test_error"]),
+                p["vs_reference"].as_f64().map_or_else(|| "-".into(), |d| format!("{:+.2}", d * 100.0)),
+                p["wall_seconds"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.0}")),
+                p["samples_per_s"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.0}")),
+                p["state"].as_str().unwrap_or("?").to_string(),
+            ];
+            if goyal {
+                if let Some((what, error)) = GOYAL_REPORTED.get(i) {
+                    row.push(what.to_string());
+                    row.push(format!("{error:.2}"));
+                    row.push(format!("{:+.2}", error - reference_paper));
+                }
+            }
+            row
+        })
+        .collect();
+    let mut headers = vec![
+        "POINT",
+        "KN",
+        "K/DEV",
+        "WARMUP",
+        "SCALING",
+        "LR",
+        "TRAIN ERR %",
+        "TEST ERR %",
+        "VS REF",
+        "WALL S",
+        "SAMPLES/S",
+        "STATE",
+    ];
+    if goyal {
+        headers.extend(["GOYAL (RESNET-50, IMAGENET)", "ERR %", "VS REF"]);
+    }
+    let mut out = format!("study {} ({})\n", view["id"].as_str().unwrap_or("?"), view["name"].as_str().unwrap_or(""));
+    out += &table(&headers, &rows);
+    out += "* the reference point; errors are the last epoch's (test: the finished run's); VS REF in points\n";
+    for p in points.iter().filter(|p| p["error"].is_string()) {
+        out += &format!("point {}: {}\n", p["point"], p["error"].as_str().unwrap_or(""));
+    }
+    out
+}
+
+/// Whether the study was made from the Goyal template (its points are the template's, in order).
+fn is_goyal(view: &Value) -> bool {
+    let template = ringtrain_core::study::goyal_template();
+    serde_json::to_value(&template.points).ok().as_ref() == Some(&view["definition"]["points"])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_goyal_study_is_printed_beside_the_paper() {
+        let definition = serde_json::to_value(ringtrain_core::study::goyal_template()).unwrap();
+        let view = json!({"id": "s", "name": "goyal-miniature", "definition": definition, "states": {"succeeded": 1},
+            "points": [{"point": 0, "is_reference": true, "global_batch": 32, "workers": 1, "devices": 1,
+                "warmup": "gradual", "scaling": "linear", "scaled_lr": 0.1, "train_error": [0.2, 0.1],
+                "final_test_error": 0.0912, "vs_reference": 0.0, "wall_seconds": 300.0, "samples_per_s": 1500.0,
+                "state": "succeeded"}]});
+        let text = render(&view);
+        assert!(text.contains("GOYAL (RESNET-50, IMAGENET)"), "{text}");
+        assert!(text.contains("9.12") && text.contains("23.60") && text.contains("kn=256 (reference)"), "{text}");
+        assert!(ended(&view));
+    }
+}
