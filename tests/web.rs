@@ -256,6 +256,33 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert!(chart(&browser, "compare-samples-chart", 2).await.contains("samples seen"));
     browser.screenshot(&shots.join("compare.png")).await;
 
+    // a study made over the API: its table and its plot on the Studies page
+    let base = json!({"model": {"name": "mlp", "hidden": [16]}, "dataset": "synthetic:2048", "workers": 1,
+        "per_worker_batch": 32, "epochs": 2, "lr": {"base": 0.1, "reference_batch": 32, "warmup": {"kind": "none"}}});
+    let study = reqwest::Client::new()
+        .post(format!("{url}/v1/studies"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"name": "web-study", "base": base, "axes": {"workers": [1, 2]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(study.status(), 201);
+    browser.click("#nav button[data-page=studies]").await;
+    browser.wait_text("#study-rows", "web-study", SHORT).await;
+    browser.click("#study-rows button").await;
+    browser.wait_text("#study-title", "web-study: 2 succeeded", LONG).await;
+    let table = browser.wait_text("#study-point-rows", "workers=2", SHORT).await;
+    assert!(table.contains("0*") && table.contains("2 / 2"), "the reference and the devices: {table}");
+    let curves = wait_for(
+        &browser,
+        "const svg = document.querySelector('#study-plot svg'); \
+         return svg && svg.querySelectorAll('polyline').length >= 4 ? svg.querySelectorAll('polyline').length : null;",
+        SHORT,
+    )
+    .await;
+    assert_eq!(curves, json!(4), "test and training error of both points");
+    browser.screenshot(&shots.join("study.png")).await;
+
     // the Team view: a new team, a viewer token for it (shown once), a second token revoked
     browser.click("#nav button[data-page=team]").await;
     browser.wait_text("#team-rows", "default", SHORT).await;

@@ -39,7 +39,7 @@ const EXAMPLES = {
 const PREVIEW_WORKERS = [1, 2, 8, 32];
 
 const $ = (id) => document.getElementById(id);
-const current = { page: "signin", job: null, compare: [], me: null, team: null };
+const current = { page: "signin", job: null, compare: [], me: null, team: null, study: null };
 /** The job list's paging: the cursors of the pages before this one, and this page's. */
 const paging = { before: [], cursor: null, next: null };
 const selected = new Set();
@@ -70,9 +70,16 @@ function request(path, options = {}) {
 
 function show(page) {
   current.page = page;
-  for (const id of ["signin", "jobs", "job", "submit", "compare", "cluster", "team"]) $(id).hidden = id !== page;
+  for (const id of ["signin", "jobs", "job", "submit", "studies", "compare", "cluster", "team"]) $(id).hidden = id !== page;
   clearInterval(timer);
-  const views = { jobs: renderJobs, job: renderJob, compare: renderCompare, cluster: renderCluster, team: renderTeam };
+  const views = {
+    jobs: renderJobs,
+    job: renderJob,
+    studies: renderStudies,
+    compare: renderCompare,
+    cluster: renderCluster,
+    team: renderTeam,
+  };
   const refresh = views[page];
   if (refresh) {
     const guarded = () => refresh().catch((error) => console.warn(`${page}: ${error.message}`));
@@ -411,6 +418,74 @@ async function renderCluster() {
   $("queue-empty").hidden = waiting.length > 0;
 }
 
+// ---- Studies: the team's studies, and one study's table and plot ----
+
+function statesText(states) {
+  return Object.entries(states || {})
+    .map(([state, n]) => `${n} ${state}`)
+    .join(", ");
+}
+
+async function renderStudies() {
+  const page = await api("/v1/studies?limit=100");
+  const rows = $("study-rows");
+  rows.replaceChildren();
+  for (const study of page.studies) {
+    const row = document.createElement("tr");
+    row.appendChild(document.createElement("td")).appendChild(
+      button(study.name || study.id, () => openStudy(study.id), { study: study.id }),
+    );
+    cell(row, study.points);
+    cell(row, statesText(study.states));
+    cell(row, clock(study.created_at));
+    rows.appendChild(row);
+  }
+  $("no-studies").hidden = page.studies.length > 0;
+  if (current.study) await renderStudy();
+}
+
+function openStudy(id) {
+  current.study = id;
+  current.plotDrawn = null;
+  renderStudy();
+}
+
+async function renderStudy() {
+  const study = await api(`/v1/studies/${current.study}`);
+  $("study-detail").hidden = false;
+  $("study-title").textContent = `${study.name || study.id}: ${statesText(study.states)}`;
+  const rows = $("study-point-rows");
+  rows.replaceChildren();
+  const orDash = (value, format) => (value === null || value === undefined ? "-" : format(value));
+  for (const p of study.points) {
+    const row = document.createElement("tr");
+    row.dataset.point = p.point;
+    cell(row, `${p.point}${p.is_reference ? "*" : ""}`);
+    cell(row, p.label);
+    cell(row, p.global_batch);
+    cell(row, `${p.workers} / ${p.devices}`);
+    cell(row, p.warmup);
+    cell(row, p.scaling);
+    cell(row, orDash(p.scaled_lr, (lr) => lr.toPrecision(4)));
+    cell(row, orDash(p.train_error[p.train_error.length - 1], percent));
+    cell(row, orDash(p.final_test_error ?? p.test_error[p.test_error.length - 1], percent));
+    cell(row, orDash(p.vs_reference, (d) => `${d >= 0 ? "+" : ""}${(d * 100).toFixed(2)}`));
+    cell(row, orDash(p.wall_seconds, (s) => s.toFixed(0)));
+    cell(row, orDash(p.samples_per_s, (s) => s.toFixed(0)));
+    const state = cell(row, p.state);
+    if (p.error) state.title = p.error;
+    rows.appendChild(row);
+  }
+  // The plot is redrawn only when a point finished another epoch.
+  const epochs = study.points.map((p) => p.test_error.length).join(",");
+  if (current.plotDrawn !== epochs) {
+    const svg = await (await request(study.links.plot)).text();
+    const parsed = new DOMParser().parseFromString(svg, "image/svg+xml").documentElement;
+    $("study-plot").replaceChildren(document.importNode(parsed, true));
+    current.plotDrawn = epochs;
+  }
+}
+
 // ---- Compare: 2 to 8 jobs' recipes side by side and their curves overlaid, one colour each ----
 
 async function renderCompare() {
@@ -695,6 +770,10 @@ document.addEventListener("DOMContentLoaded", () => {
     renderJob();
   });
   $("submit-again").addEventListener("click", submitAgain);
+  $("cancel-study").addEventListener("click", async () => {
+    await api(`/v1/studies/${current.study}/cancel`, { method: "POST" });
+    renderStudies();
+  });
   $("log-filters").addEventListener("submit", (event) => event.preventDefault());
   for (const id of ["log-search", "log-rank", "log-follow"]) {
     $(id).addEventListener("input", () => renderLogs(current.job));

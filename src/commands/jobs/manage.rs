@@ -116,7 +116,7 @@ pub async fn list(args: &ListArgs) -> Result<()> {
                 job["id"].as_str().unwrap_or("").to_string(),
                 job["name"].as_str().unwrap_or("").to_string(),
                 job["state"].as_str().unwrap_or("").to_string(),
-                format!("{} {}", job["workers"], job["device"].as_str().unwrap_or("")),
+                devices(&job),
                 job["created_at"].as_str().unwrap_or("").chars().take(19).collect(),
                 waits,
             ]
@@ -162,7 +162,7 @@ pub async fn show(args: &ShowArgs) -> Result<()> {
     let mut lines = vec![
         ("job", format!("{} ({})", field("id"), job["name"].as_str().unwrap_or("unnamed"))),
         ("state", field("state")),
-        ("devices", format!("{} {}", job["workers"], field("device"))),
+        ("devices", devices(&job)),
         ("attempt", format!("{} ({} preemptions)", job["attempt"], job["preemptions"])),
         (
             "recipe",
@@ -227,6 +227,16 @@ pub async fn cancel(args: &ShowArgs) -> Result<()> {
 }
 
 /// Left-aligned columns, two spaces apart.
+/// "2 cpu", or "2 cpu (8 workers as virtual ranks)" when the job plays more ranks than it holds devices.
+fn devices(job: &Value) -> String {
+    let kind = job["device"].as_str().unwrap_or("");
+    match (job["devices"].as_i64(), job["workers"].as_i64()) {
+        (Some(d), Some(k)) if k > d => format!("{d} {kind} ({k} workers as virtual ranks)"),
+        (Some(d), _) => format!("{d} {kind}"),
+        _ => format!("{} {kind}", job["workers"]),
+    }
+}
+
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -247,6 +257,13 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn devices_say_when_workers_are_virtual_ranks() {
+        let job = serde_json::json!({"device": "cpu", "workers": 8, "devices": 2});
+        assert_eq!(super::devices(&job), "2 cpu (8 workers as virtual ranks)");
+        assert_eq!(super::devices(&serde_json::json!({"device": "gpu", "workers": 2, "devices": 2})), "2 gpu");
+    }
+
     #[test]
     fn tables_align_their_columns() {
         let rows = vec![vec!["a".to_string(), "queued".to_string()], vec!["bbbb".to_string(), "ok".to_string()]];
