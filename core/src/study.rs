@@ -217,7 +217,8 @@ pub fn label(overrides: &Map<String, Value>) -> String {
 /// A job name for point `i` of study `study` (within the spec's name limit).
 pub fn point_name(study: Option<&str>, i: usize, overrides: &Map<String, Value>) -> String {
     let name = format!("{} #{i}: {}", study.unwrap_or("study"), label(overrides));
-    name.chars().take(crate::validate::limits::MAX_NAME_CHARS).collect()
+    // an override's text may hold anything; a job name may not hold control characters
+    name.chars().filter(|c| !c.is_control()).take(crate::validate::limits::MAX_NAME_CHARS).collect()
 }
 
 /// Goyal et al. 2017, Table 1 and Figure 2, in miniature: Fashion-MNIST with a small ResNet (BatchNorm),
@@ -361,6 +362,9 @@ mod tests {
         assert!(points.iter().all(|p| p.spec.device_count() <= 2));
         // Goyal's ratios: 8k / 256 = 32
         assert_eq!(points[4].spec.global_batch() / points[0].spec.global_batch(), 32);
+        let mut odd = Map::new();
+        odd.insert("name".into(), "a\nb".into());
+        assert_eq!(point_name(Some("s"), 2, &odd), "s #2: name=ab");
         let mixed = request(json!({"template": "goyal", "axes": {"seed": [1]}}));
         assert_eq!(mixed.resolved().unwrap_err().path, "template");
     }

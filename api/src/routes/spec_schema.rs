@@ -14,6 +14,8 @@ use utoipa::Modify;
 
 /// The name of the component.
 pub const JOB_SPEC: &str = "JobSpec";
+/// The name of the study request's component (`POST /v1/studies`), whose `base` is a [`JOB_SPEC`].
+pub const STUDY_REQUEST: &str = "StudyRequest";
 
 /// Operations whose JSON body is a job spec.
 const SPEC_BODIES: [&str; 2] = ["/v1/jobs", "/v1/schedules/preview"];
@@ -38,7 +40,41 @@ impl Modify for JobSpecSchema {
             let Some(body) = item.post.as_mut().and_then(|op| op.request_body.as_mut()) else { continue };
             body.content.insert("application/json".to_string(), Content::new(Some(Ref::from_schema_name(JOB_SPEC))));
         }
+        let Ok(study) = serde_json::from_value::<RefOr<Schema>>(study_request()) else {
+            tracing::error!("the study request's schema does not parse");
+            return;
+        };
+        openapi.components.get_or_insert_with(Default::default).schemas.insert(STUDY_REQUEST.to_string(), study);
+        let study_body = openapi.paths.paths.get_mut("/v1/studies").and_then(|item| item.post.as_mut());
+        if let Some(body) = study_body.and_then(|op| op.request_body.as_mut()) {
+            body.content
+                .insert("application/json".to_string(), Content::new(Some(Ref::from_schema_name(STUDY_REQUEST))));
+        }
     }
+}
+
+/// `POST /v1/studies`: what `ringtrain_core::study::StudyRequest` parses. Which of template, axes and points
+/// may go together, and how many points axes make, are the server's 422s.
+pub fn study_request() -> Value {
+    let max_points = ringtrain_core::study::MAX_POINTS;
+    json!({
+        "type": "object", "additionalProperties": false,
+        "properties": {
+            "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME_CHARS},
+            "template": {"type": ["string", "null"], "enum": ["goyal", null],
+                "description": "A built-in study instead of base and axes or points: goyal (Goyal et al.'s Table 1 in miniature)."},
+            "base": {"anyOf": [{"$ref": format!("#/components/schemas/{JOB_SPEC}")}, {"type": "null"}],
+                "description": "The spec every point starts from."},
+            "axes": {"type": ["object", "null"], "additionalProperties": {"type": "array", "minItems": 1},
+                "description": "Spec path (dotted) → values; the points are every combination, paths in sorted order."},
+            "points": {"type": ["array", "null"], "minItems": 1, "maxItems": max_points,
+                "items": {"type": "object"}, "description": "Instead of axes: each point's overrides (spec path → value)."},
+            "reference": {"type": ["integer", "null"], "minimum": 0, "maximum": max_points - 1,
+                "description": "The reference point's index (default: the smallest global batch)."},
+            "guard_points": {"type": "boolean", "default": false,
+                "description": "Set every other point's guard.reference_job to the reference's job."}
+        }
+    })
 }
 
 /// `integer` within a range, with a default.
