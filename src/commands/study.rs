@@ -177,12 +177,8 @@ fn progress_line(view: &Value) -> String {
         .iter()
         .filter(|p| p["state"] == "running")
         .map(|p| {
-            format!(
-                "#{} {} (epoch {})",
-                p["point"],
-                p["label"].as_str().unwrap_or(""),
-                p["test_error"].as_array().map_or(0, Vec::len)
-            )
+            let done = p["test_error"].as_array().map_or(0, Vec::len);
+            format!("#{} {} ({done} epochs done)", p["point"], p["label"].as_str().unwrap_or(""))
         })
         .collect();
     format!(
@@ -200,7 +196,7 @@ fn percent(value: &Value) -> String {
 pub fn render(view: &Value) -> String {
     let points = view["points"].as_array().cloned().unwrap_or_default();
     let goyal = is_goyal(view);
-    let reference_paper = GOYAL_REPORTED[0].1;
+    let reference_paper = GOYAL_REPORTED[0].1.unwrap_or_default();
     let rows: Vec<Vec<String>> = points
         .iter()
         .map(|p| {
@@ -220,10 +216,14 @@ pub fn render(view: &Value) -> String {
                 p["state"].as_str().unwrap_or("?").to_string(),
             ];
             if goyal {
-                if let Some((what, error)) = GOYAL_REPORTED.get(i) {
-                    row.push(what.to_string());
-                    row.push(format!("{error:.2}"));
-                    row.push(format!("{:+.2}", error - reference_paper));
+                match GOYAL_REPORTED.get(i) {
+                    Some((what, Some(error))) => row.extend([
+                        what.to_string(),
+                        format!("{error:.2}"),
+                        format!("{:+.2}", error - reference_paper),
+                    ]),
+                    Some((what, None)) => row.extend([what.to_string(), "≈ ref".into(), "(Fig. 1)".into()]),
+                    None => {}
                 }
             }
             row

@@ -327,7 +327,7 @@ pub async fn study_plot(State(state): State<AppState>, user: User, ApiPath(id): 
         .points
         .iter()
         .map(|p| study::plot::Curve {
-            label: format!("#{} {}{}", p.point, p.label, if p.is_reference { " (reference)" } else { "" }),
+            label: plot_label(p),
             train_error: p.train_error.clone(),
             test_error: p.test_error.clone(),
         })
@@ -335,6 +335,13 @@ pub async fn study_plot(State(state): State<AppState>, user: User, ApiPath(id): 
     let title = format!("{}: error vs epoch", view.name.as_deref().unwrap_or("study"));
     let svg = study::plot::svg(&title, &curves);
     Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
+}
+
+/// A point in the plot's legend, short enough to read beside it: "#4 kn=1024, gradual, linear (reference)".
+fn plot_label(p: &StudyPointView) -> String {
+    let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
+    let reference = if p.is_reference { " (reference)" } else { "" };
+    format!("#{} kn={}, {}, {}{reference}", p.point, p.global_batch, or_dash(&p.warmup), or_dash(&p.scaling))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

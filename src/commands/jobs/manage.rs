@@ -116,7 +116,7 @@ pub async fn list(args: &ListArgs) -> Result<()> {
                 job["id"].as_str().unwrap_or("").to_string(),
                 job["name"].as_str().unwrap_or("").to_string(),
                 job["state"].as_str().unwrap_or("").to_string(),
-                devices(&job),
+                devices(job),
                 job["created_at"].as_str().unwrap_or("").chars().take(19).collect(),
                 waits,
             ]
