@@ -11,7 +11,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::study::{self, PlannedPoint, StudyRequest};
 use ringtrain_core::{FieldError, JobId, JobSpec, JobState, StudyId, TeamId};
-use ringtrain_store::{Cancellation, Job, MetricsQuery, NewStudy, Study, StudyPoint};
+use ringtrain_store::{Job, MetricsQuery, NewStudy, Study, StudyPoint};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -405,10 +405,9 @@ pub async fn cancel_study(
     let who = user.token.label.clone().unwrap_or_else(|| user.token.id.to_string());
     let reason = format!("study {} cancelled by token {who}", study.id);
     for job in state.store.study_jobs(study.id).await? {
+        // a point that ended meanwhile stays as it ended
         if !job.state.is_terminal() {
-            match state.store.cancel_job(job.id, &reason).await? {
-                Some(Cancellation::Cancelled(_) | Cancellation::AlreadyEnded(_)) | None => {}
-            }
+            state.store.cancel_job(job.id, &reason).await?;
         }
     }
     state.changed().await;
