@@ -76,9 +76,7 @@ fn guard_of(job: &Job) -> Option<GuardSpec> {
 }
 
 async fn epoch_ends(state: &AppState, job: &Job) -> ApiResult<Vec<EpochEnd>> {
-    let query =
-        MetricsQuery { kind: Some("epoch".into()), rank: Some(0), stride: 1, limit: 100_000, ..Default::default() };
-    let points = state.store.query_metrics(job.id, &query).await?;
+    let points = state.store.query_metrics(job.id, &MetricsQuery::epoch_curve()).await?;
     Ok(points
         .iter()
         .filter_map(|p| {

@@ -441,6 +441,14 @@ pub struct MetricsQuery {
     pub limit: i64,
 }
 
+impl MetricsQuery {
+    /// Every epoch report of rank 0, in epoch order: a job's curve (epoch reports are all-reduced, the same on
+    /// every rank).
+    pub fn epoch_curve() -> MetricsQuery {
+        MetricsQuery { kind: Some("epoch".into()), rank: Some(0), stride: 1, limit: 100_000, ..Default::default() }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct NodeRegistration {
     pub name: String,

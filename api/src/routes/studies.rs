@@ -468,9 +468,7 @@ async fn point_view(
     overrides: Map<String, Value>,
     is_reference: bool,
 ) -> ApiResult<StudyPointView> {
-    let query =
-        MetricsQuery { kind: Some("epoch".into()), rank: Some(0), stride: 1, limit: 100_000, ..Default::default() };
-    let epochs = state.store.query_metrics(job.id, &query).await?;
+    let epochs = state.store.query_metrics(job.id, &MetricsQuery::epoch_curve()).await?;
     let field = |name: &str| -> Vec<f64> { epochs.iter().filter_map(|p| p.fields.get(name)?.as_f64()).collect() };
     let (train_error, test_error) = (field("train_error"), field("test_error"));
     let effective = job.effective.as_ref();
