@@ -42,6 +42,9 @@ enum Command {
     /// miniature).
     #[command(subcommand)]
     Study(commands::study::Study),
+    /// Uploaded TorchScript models: check one against a data set before (or as the server does on) upload.
+    #[command(subcommand)]
+    Models(commands::models::Models),
     /// A spec's schedule for several worker counts side by side (nothing is submitted).
     Preview(commands::pool::PreviewArgs),
     /// The worker pool.
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Login(args) => commands::block_on("login", commands::login::run(args)),
         Command::Jobs(jobs) => commands::jobs::run(jobs),
         Command::Study(study) => commands::study::run(study),
+        Command::Models(models) => commands::models::run(models),
         Command::Preview(args) => commands::block_on("preview", commands::pool::preview(&args)),
         Command::Nodes(nodes) => commands::block_on("nodes", commands::pool::nodes(&nodes)),
         Command::Teams(teams) => commands::block_on("teams", commands::pool::teams(&teams)),

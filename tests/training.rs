@@ -104,7 +104,7 @@ fn reference_large_batch(spec: &JobSpec) -> Vec<(String, Tensor)> {
     let eff = Effective::new(spec, data.train.len() as u64).unwrap();
     tch::manual_seed(spec.seed as i64);
     let vs = VarStore::new(Device::Cpu);
-    let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes, true).unwrap();
+    let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes(), true).unwrap();
     let mut opt = Sgd::new(&vs, SgdConfig::from_effective(&eff));
     let (k, n) = (spec.workers as usize, spec.per_worker_batch as usize);
     for epoch in 0..u64::from(eff.epochs) {
@@ -113,7 +113,7 @@ fn reference_large_batch(spec: &JobSpec) -> Vec<(String, Tensor)> {
             let indices: Vec<i64> = (0..k).flat_map(|r| batch_indices(&perm, k, r, t, n).to_vec()).collect();
             let (x, y) = data.train_batch(&indices, Device::Cpu);
             opt.zero_grad();
-            model.forward_t(&x, true).cross_entropy_for_logits(&y).backward();
+            model.forward_t(&x[0], true).cross_entropy_for_logits(&y).backward();
             let grads = opt.local_gradients();
             opt.step(eff.lr_at(epoch * eff.iterations_per_epoch + t as u64), &grads);
         }

@@ -126,7 +126,7 @@ pub fn count(model: &ModelSpec, shape: &SampleShape) -> Option<Counts> {
         [c, h, w] => Some((*c, *h, *w)),
         _ => None,
     };
-    Some(match model.name {
+    Some(match model.name? {
         ModelName::Mlp => {
             let mut widths: Vec<u64> = vec![shape.dims.iter().product()];
             widths.extend(model.hidden_widths().into_iter().map(u64::from));
@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_huge_mlp_needs_terabytes_and_blames_the_model() {
-        let model = ModelSpec { name: ModelName::Mlp, hidden: Some(vec![65_536; 32]) };
+        let model = ModelSpec { hidden: Some(vec![65_536; 32]), ..ModelSpec::new(ModelName::Mlp) };
         let estimate = estimate(&model, &image(1, 16, 16), 32, 10 << 20).unwrap();
         assert!(estimate.total > 1 << 40, "{estimate:?}");
         assert_eq!(estimate.largest_part(), "model");

@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use uuid::Uuid;
+
 use crate::dataset::DatasetRef;
 use crate::error::FieldError;
 use crate::ids::JobId;
@@ -69,6 +71,9 @@ pub struct JobSpec {
     /// Stops a run that has gone wrong early (see [`GuardSpec`]).
     #[serde(default)]
     pub guard: GuardSpec,
+    /// The training loss (see [`Loss`]); default: `cross_entropy` for class labels, `mse` for values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<Loss>,
 }
 
 /// Early stops for runs that cannot recover, so they do not hold devices to the end.
@@ -101,15 +106,20 @@ impl Default for GuardSpec {
     }
 }
 
-/// A built-in model and its options. (A flat struct rather than a tagged enum, so errors inside the
-/// options keep their exact path.)
+/// The model: a built-in one by `name` (with its options), or a team's uploaded TorchScript model by
+/// `uploaded` (its id from POST /v1/models). Exactly one of the two. (A flat struct rather than a tagged
+/// enum, so errors inside the options keep their exact path.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
-    pub name: ModelName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<ModelName>,
     /// `mlp` only: the hidden layer widths (default [256, 128]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hidden: Option<Vec<u32>>,
+    /// An uploaded TorchScript model of the team (trained on an uploaded dataset holding its inputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploaded: Option<Uuid>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,20 +139,54 @@ pub enum ModelName {
 
 impl ModelSpec {
     pub fn new(name: ModelName) -> Self {
-        ModelSpec { name, hidden: None }
+        ModelSpec { name: Some(name), hidden: None, uploaded: None }
+    }
+
+    /// An uploaded model.
+    pub fn uploaded(id: Uuid) -> Self {
+        ModelSpec { name: None, hidden: None, uploaded: Some(id) }
     }
 
     /// The MLP's hidden widths once the default is applied (empty for other models).
     pub fn hidden_widths(&self) -> Vec<u32> {
         match self.name {
-            ModelName::Mlp => self.hidden.clone().unwrap_or_else(defaults::mlp_hidden),
+            Some(ModelName::Mlp) => self.hidden.clone().unwrap_or_else(defaults::mlp_hidden),
             _ => Vec::new(),
         }
     }
 
-    /// Whether the model has BatchNorm layers (and so per-rank statistics).
+    /// Whether a built-in model has BatchNorm layers (and so per-rank statistics); an uploaded model's
+    /// are found when it is loaded.
     pub fn has_batch_norm(&self) -> bool {
-        matches!(self.name, ModelName::Resnet8 | ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet50)
+        matches!(self.name, Some(ModelName::Resnet8 | ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet50))
+    }
+
+    /// What to call the model in logs and tables: the built-in name, or `uploaded:ID`.
+    pub fn label(&self) -> String {
+        match (self.name, self.uploaded) {
+            (Some(name), _) => {
+                serde_json::to_value(name).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+            }
+            (None, Some(id)) => format!("uploaded:{id}"),
+            (None, None) => "none".to_string(),
+        }
+    }
+}
+
+/// The training loss. Class labels (integers) take `cross_entropy` and report the error rate; value labels
+/// (floats) take `mse` or `huber` (delta 1) and report the root mean squared error in the error fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    CrossEntropy,
+    Mse,
+    Huber,
+}
+
+impl Loss {
+    /// Whether this loss regresses values (rather than classifying).
+    pub fn regresses(self) -> bool {
+        matches!(self, Loss::Mse | Loss::Huber)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Range and consistency checks of a parsed [`JobSpec`]: every problem at once, each with its path.
 
 use crate::error::FieldError;
-use crate::spec::{DecayKind, JobSpec, ModelName, WarmupKind};
+use crate::spec::{DecayKind, JobSpec, Loss, ModelName, WarmupKind};
 
 /// Limits that keep a spec sane; beyond them a job is a typo, not a plan.
 pub mod limits {
@@ -59,8 +59,23 @@ impl JobSpec {
             });
             p.check(!name.chars().any(char::is_control), "name", || "must not contain control characters".into());
         }
+        match (self.model.name, self.model.uploaded) {
+            (Some(_), Some(_)) => p.check(false, "model.uploaded", || {
+                "give either name (a built-in model) or uploaded (a model id), not both".into()
+            }),
+            (None, None) => p.check(false, "model.name", || {
+                "missing: name a built-in model or give uploaded (a model id from POST /v1/models)".into()
+            }),
+            _ => {}
+        }
+        if self.model.uploaded.is_some() && !matches!(self.dataset, crate::DatasetRef::Uploaded(_)) {
+            p.check(false, "dataset", || "an uploaded model trains on an uploaded dataset (its id)".into());
+        }
+        if self.model.uploaded.is_none() && self.loss.is_some_and(Loss::regresses) {
+            p.check(false, "loss", || "the built-in models classify: only cross_entropy applies".into());
+        }
         match (&self.model.hidden, self.model.name) {
-            (Some(hidden), ModelName::Mlp) => {
+            (Some(hidden), Some(ModelName::Mlp)) => {
                 p.check(hidden.len() <= MAX_MLP_LAYERS, "model.hidden", || {
                     format!("at most {MAX_MLP_LAYERS} hidden layers (got {})", hidden.len())
                 });
@@ -68,9 +83,9 @@ impl JobSpec {
                     p.int_range(&format!("model.hidden[{i}]"), width, 1, MAX_MLP_WIDTH);
                 }
             }
-            (Some(_), other) => p.check(false, "model.hidden", || {
-                format!("only applies to mlp (model is {})", serde_json::to_string(&other).unwrap_or_default())
-            }),
+            (Some(_), _) => {
+                p.check(false, "model.hidden", || format!("only applies to mlp (model is {})", self.model.label()))
+            }
             (None, _) => {}
         }
         if let Some(n) = self.train_samples {

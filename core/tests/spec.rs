@@ -50,7 +50,7 @@ fn model_options_parse() {
     let spec =
         JobSpec::from_json(r#"{"model": {"name": "mlp", "hidden": [64, 32]}, "dataset": "synthetic", "epochs": 20}"#)
             .unwrap();
-    assert_eq!(spec.model.name, ModelName::Mlp);
+    assert_eq!(spec.model.name, Some(ModelName::Mlp));
     assert_eq!(spec.model.hidden_widths(), vec![64, 32]);
 }
 
@@ -211,4 +211,33 @@ fn default_milestones_inside_the_default_warmup_say_they_are_defaults() {
         "lr.decay.milestones[0]: must not fall inside the warmup (got 3, the default for 10 epochs; \
          warmup ends at epoch 5)"
     );
+}
+
+#[test]
+fn a_model_is_a_built_in_name_or_an_upload_with_its_own_data() {
+    let id = "0b4f8f36-44d2-4b3e-9a43-6f6d0d1c4c15";
+    let uploaded = format!(r#"{{"model": {{"uploaded": "{id}"}}, "dataset": "{id}", "loss": "huber"}}"#);
+    let spec = JobSpec::from_json(&uploaded).unwrap();
+    assert_eq!((spec.model.name, spec.model.label()), (None, format!("uploaded:{id}")));
+    let cases = [
+        (
+            format!(r#"{{"model": {{"name": "mlp", "uploaded": "{id}"}}, "dataset": "{id}"}}"#),
+            "model.uploaded",
+            "not both",
+        ),
+        (r#"{"model": {}, "dataset": "fashion-mnist"}"#.to_string(), "model.name", "missing"),
+        (format!(r#"{{"model": {{"uploaded": "{id}"}}, "dataset": "fashion-mnist"}}"#), "dataset", "uploaded dataset"),
+        (r#"{"model": {"name": "mlp"}, "dataset": "fashion-mnist", "loss": "mse"}"#.to_string(), "loss", "classify"),
+        (
+            r#"{"model": {"name": "mlp"}, "dataset": "fashion-mnist", "loss": "l1"}"#.to_string(),
+            "loss",
+            "unknown variant",
+        ),
+    ];
+    for (json, path, reason) in cases {
+        let err = errors(&json);
+        assert_eq!(err.len(), 1, "{json}: {err:?}");
+        assert_eq!(err[0].path, path, "{json}: {}", err[0]);
+        assert!(err[0].reason.contains(reason), "{json}: {}", err[0]);
+    }
 }

@@ -6,10 +6,12 @@
 //! - [`agent`]: the bodies and queries of each call, in the order an agent makes them;
 //! - [`rank`]: how a rank process tells its agent how it ended, and where its checkpoints are;
 //! - [`timing`]: the heartbeat, lease and long-poll durations both sides must agree on;
-//! - [`doctor`]: what a ringtrain binary and its machine can do, as the rank binary reports it to its agent.
+//! - [`doctor`]: what a ringtrain binary and its machine can do, as the rank binary reports it to its agent;
+//! - [`model`]: what `ringtrain model check` says of an uploaded TorchScript model, to the server.
 
 pub mod agent;
 pub mod doctor;
+pub mod model;
 pub mod rank;
 pub mod records;
 pub mod timing;

@@ -7,6 +7,7 @@ pub mod latency;
 pub mod launch;
 pub mod limits;
 pub mod login;
+pub mod models;
 pub mod pool;
 pub mod schedule;
 pub mod serve;

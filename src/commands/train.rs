@@ -57,6 +57,13 @@ pub struct Args {
     /// The safetensors file of an uploaded dataset.
     #[arg(long)]
     dataset_file: Option<PathBuf>,
+    /// The TorchScript file of the spec's uploaded model (`model.uploaded`).
+    #[arg(long, requires = "dataset_file")]
+    model_file: Option<PathBuf>,
+    /// The uploaded model's inputs in `forward`'s order, comma-separated: the dataset's tensors x.NAME.
+    /// Default: the dataset's one x.
+    #[arg(long, requires = "model_file", value_delimiter = ',')]
+    model_inputs: Option<Vec<String>>,
     /// Exit as soon as the process that started this one is gone (agents set it, so a killed agent leaves no
     /// ranks behind).
     #[arg(long)]
@@ -151,7 +158,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         std::io::stderr(),
         "rank {rank} of {}: {} on {device:?}, {threads} threads, all-reduce: {}, {resume}",
         config.world,
-        serde_json::to_value(spec.model.name).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+        spec.model.label(),
         args.collective.name()
     );
     let options = TrainOptions {
@@ -161,6 +168,8 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         bucket_bytes: args.bucket_mb.max(1) << 20,
         device,
         dataset_file: args.dataset_file.clone(),
+        model_file: args.model_file.clone(),
+        model_inputs: args.model_inputs.clone(),
         stop_file: args.stop_file.clone(),
         ..Default::default()
     };
@@ -306,11 +315,19 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         if let Some(threads) = args.threads {
             cmd.args(["--threads", &threads.to_string()]);
         }
-        for (flag, value) in [("--out", &args.out), ("--resume", &args.resume), ("--dataset-file", &args.dataset_file)]
-        {
+        let files = [
+            ("--out", &args.out),
+            ("--resume", &args.resume),
+            ("--dataset-file", &args.dataset_file),
+            ("--model-file", &args.model_file),
+        ];
+        for (flag, value) in files {
             if let Some(value) = value {
                 cmd.arg(flag).arg(value);
             }
+        }
+        if let Some(inputs) = &args.model_inputs {
+            cmd.arg("--model-inputs").arg(inputs.join(","));
         }
         children.push((rank, cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?));
     }

@@ -24,6 +24,7 @@ use tch::{Kind, Tensor};
 use crate::batch_norm::BatchNormState;
 use crate::collective::{from_host, to_host, Collective, CommResult};
 use crate::metrics::EpochRecord;
+use crate::models::scripted::ScriptModule;
 use crate::optim::Sgd;
 
 /// The file naming the newest complete checkpoint folder: the agent reads it too, so it is the protocol's.
@@ -74,7 +75,21 @@ fn dir_name(state: &CheckpointState) -> String {
     }
 }
 
+/// The TorchScript file of an uploaded model's weights in a checkpoint folder (with rank 0's BatchNorm
+/// statistics), loadable with `torch.jit.load`.
+pub const SCRIPT_FILE: &str = "model.pt";
+
 pub fn write(root: &Path, state: &CheckpointState, tensors: &CheckpointTensors) -> Result<PathBuf> {
+    write_with(root, state, tensors, &|_| Ok(()))
+}
+
+/// [`write`], with `extra` writing more files into the folder before it is complete.
+pub fn write_with(
+    root: &Path,
+    state: &CheckpointState,
+    tensors: &CheckpointTensors,
+    extra: &dyn Fn(&Path) -> Result<()>,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
     let name = dir_name(state);
     let tmp = root.join(format!("{name}.tmp"));
@@ -92,6 +107,7 @@ pub fn write(root: &Path, state: &CheckpointState, tensors: &CheckpointTensors) 
             Tensor::write_safetensors(named, tmp.join(file)).with_context(|| format!("cannot write {file}"))?;
         }
     }
+    extra(&tmp)?;
     std::fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(state)?)?;
     if done.exists() {
         std::fs::remove_dir_all(&done)?;
@@ -183,6 +199,8 @@ pub(crate) struct Replica<'a> {
     pub total_ranks: usize,
     pub seed: u64,
     pub effective: &'a Effective,
+    /// An uploaded model, saved as TorchScript in each checkpoint besides the safetensors weights.
+    pub script: Option<&'a ScriptModule>,
 }
 
 impl Replica<'_> {
@@ -293,7 +311,19 @@ impl Replica<'_> {
             partial,
         };
         let tensors = CheckpointTensors { model, optimizer: self.opt.state(), batch_norm };
-        write(&out.join("checkpoints"), &state, &tensors)?;
+        let bn = &*self.bn;
+        let script = self.script;
+        // the TorchScript file carries rank 0's statistics, as model.safetensors does; this rank's own are
+        // put back afterwards
+        let save_script = |dir: &Path| -> Result<()> {
+            let Some(module) = script else { return Ok(()) };
+            let own = bn.snapshot();
+            bn.restore(&all_bn[..b]);
+            let saved = module.save(&dir.join(SCRIPT_FILE));
+            bn.restore(&own);
+            saved
+        };
+        write_with(&out.join("checkpoints"), &state, &tensors, &save_script)?;
         Ok(())
     }
 }

@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod faults;
 pub mod gradients;
 pub mod metrics;
+pub mod model_check;
 pub mod models;
 pub mod optim;
 pub mod precision;

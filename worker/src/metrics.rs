@@ -60,4 +60,18 @@ pub struct RunResult {
     /// How many processes and virtual ranks per process made up the k ranks.
     pub processes: usize,
     pub virtual_ranks: usize,
+    /// What the error fields hold.
+    #[serde(default)]
+    pub error_metric: ErrorMetric,
+}
+
+/// What a run's error fields (`train_error`, `test_error`, `final_test_error`) measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorMetric {
+    /// The share of misclassified samples (class labels).
+    #[default]
+    ErrorRate,
+    /// The root mean squared error (value labels).
+    Rmse,
 }

@@ -47,20 +47,39 @@ impl SgdConfig {
     }
 }
 
+/// What a parameter is, for the weight-decay rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A BatchNorm gamma or beta: decayed only with `bn_weight_decay`.
+    BatchNorm,
+    /// A bias (for uploaded models: any 1-D parameter not of a BatchNorm): decayed only with `bias_weight_decay`.
+    Bias,
+    Weight,
+}
+
+/// The built-in models' rule: by name (their BatchNorms are named `bn*`, biases `*.bias`).
+pub fn kind_by_name(name: &str, _tensor: &Tensor) -> ParamKind {
+    if is_batch_norm_param(name) {
+        ParamKind::BatchNorm
+    } else if is_bias(name) {
+        ParamKind::Bias
+    } else {
+        ParamKind::Weight
+    }
+}
+
 /// The trainable variables of a VarStore, sorted by name: the one order every rank agrees on (for gradient
-/// buckets, checkpoints and optimizer state).
-pub fn trainable_params(vs: &VarStore, config: &SgdConfig) -> Vec<Param> {
+/// buckets, checkpoints and optimizer state). `kind_of` says which weight-decay rule each follows.
+pub fn trainable_params(vs: &VarStore, config: &SgdConfig, kind_of: &dyn Fn(&str, &Tensor) -> ParamKind) -> Vec<Param> {
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     named
         .into_iter()
         .map(|(name, tensor)| {
-            let decay = if is_batch_norm_param(&name) {
-                config.bn_weight_decay
-            } else if is_bias(&name) {
-                config.bias_weight_decay
-            } else {
-                true
+            let decay = match kind_of(&name, &tensor) {
+                ParamKind::BatchNorm => config.bn_weight_decay,
+                ParamKind::Bias => config.bias_weight_decay,
+                ParamKind::Weight => true,
             };
             Param { name, tensor, decay }
         })
@@ -89,8 +108,14 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// SGD over the built-in models' parameters (weight-decay rules by name).
     pub fn new(vs: &VarStore, config: SgdConfig) -> Sgd {
-        let params = trainable_params(vs, &config);
+        Sgd::with_rules(vs, config, &kind_by_name)
+    }
+
+    /// SGD whose weight-decay rules come from `kind_of`.
+    pub fn with_rules(vs: &VarStore, config: SgdConfig, kind_of: &dyn Fn(&str, &Tensor) -> ParamKind) -> Sgd {
+        let params = trainable_params(vs, &config, kind_of);
         let momentum = params.iter().map(|p| p.tensor.zeros_like().detach()).collect();
         Sgd { config, params, momentum, last_lr: None, corrections: 0 }
     }

@@ -13,20 +13,21 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Result};
+use ringtrain_core::spec::Loss;
 use ringtrain_core::{Effective, JobSpec};
-use tch::nn::{ModuleT, VarStore};
-use tch::{Device, Kind, Tensor};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::batch_norm::BatchNormState;
 use crate::checkpoint::{PartialEpoch, Replica, StartPoint};
 use crate::collective::Collective;
 use crate::data::shuffle::batch_indices;
-use crate::data::Dataset;
+use crate::data::{Dataset, Labels};
 use crate::faults::FaultInjection;
 use crate::gradients::{GradientReducer, DEFAULT_BUCKET_BYTES};
 use crate::metrics::EpochRecord;
-use crate::models;
+use crate::models::{self, Network, Scripted};
 use crate::optim::{Sgd, SgdConfig};
 use crate::precision;
 
@@ -68,6 +69,11 @@ pub struct TrainOptions {
     pub device: Device,
     /// The file of an uploaded (safetensors) dataset.
     pub dataset_file: Option<PathBuf>,
+    /// The TorchScript file of the spec's uploaded model (`model.uploaded`).
+    pub model_file: Option<PathBuf>,
+    /// The uploaded model's inputs in `forward`'s order: the dataset's tensors `x.NAME` (and `x_test.NAME`).
+    /// None: the dataset's one `x`.
+    pub model_inputs: Option<Vec<String>>,
     /// Samples per forward pass when evaluating.
     pub eval_batch: usize,
     /// When this file exists, this rank asks every rank to stop after the current iteration with a
@@ -87,6 +93,8 @@ impl Default for TrainOptions {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             device: Device::Cpu,
             dataset_file: None,
+            model_file: None,
+            model_inputs: None,
             eval_batch: 1000,
             stop_file: None,
             sync_phases: false,
@@ -118,7 +126,8 @@ pub struct StepOutcome {
     pub loss: f64,
     /// This process's mean loss over its v micro-batches.
     pub rank_loss: f64,
-    /// Misclassified samples over all k ranks.
+    /// The error tally over all k ranks: misclassified samples, or for value labels the sum over samples of
+    /// each sample's mean squared error.
     pub wrong: f64,
     pub allreduce: Duration,
     /// Some rank asked to stop after this iteration (the same answer on every rank).
@@ -130,7 +139,8 @@ pub struct Trainer<'c> {
     effective: Effective,
     data: Dataset,
     _vs: VarStore,
-    model: Box<dyn ModuleT>,
+    model: Network,
+    loss: Loss,
     opt: Sgd,
     reducer: GradientReducer,
     bn: BatchNormState,
@@ -166,7 +176,9 @@ impl<'c> Trainer<'c> {
         // The data set and the model are the job's own: if they cannot be loaded or built, another attempt
         // on other devices fails the same way (a job error, not retried).
         let loaded = match &options.dataset_file {
-            Some(path) => Dataset::load_safetensors(path, spec.train_samples, spec.test_samples),
+            Some(path) => {
+                Dataset::load_safetensors(path, options.model_inputs.as_deref(), spec.train_samples, spec.test_samples)
+            }
             None => Dataset::load(&spec.dataset, spec.train_samples, spec.test_samples),
         };
         let mut data = loaded.map_err(|e| JobError(format!("the data set cannot be used: {e:#}")))?;
@@ -174,11 +186,25 @@ impl<'c> Trainer<'c> {
         let effective = Effective::new(spec, data.train.len() as u64)
             .map_err(|errors| JobError(format!("invalid spec for this dataset: {}", join(&errors))))?;
 
+        let loss = training_loss(spec.loss, data.labels).map_err(JobError)?;
+
         tch::manual_seed(spec.seed as i64);
         let vs = VarStore::new(options.device);
-        let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes, spec.bn_zero_init_last)
-            .map_err(|e| JobError(format!("the model cannot be built for this data: {e:#}")))?;
-        let mut opt = Sgd::new(&vs, SgdConfig::from_effective(&effective));
+        let model = match (spec.model.uploaded, &options.model_file) {
+            (Some(_), Some(file)) => Network::Scripted(
+                Scripted::load(file, &vs.root())
+                    .map_err(|e| JobError(format!("the uploaded model cannot be used: {e:#}")))?,
+            ),
+            (Some(id), None) => {
+                let why = format!("model {id} is an upload: pass its file with --model-file (the agent does this)");
+                return Err(JobError(why).into());
+            }
+            (None, _) => Network::BuiltIn(
+                models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes(), spec.bn_zero_init_last)
+                    .map_err(|e| JobError(format!("the model cannot be built for this data: {e:#}")))?,
+            ),
+        };
+        let mut opt = Sgd::with_rules(&vs, SgdConfig::from_effective(&effective), &|name, t| model.param_kind(name, t));
         let reducer = GradientReducer::new(opt.params(), options.bucket_bytes);
         let mut bn = BatchNormState::new(&vs, v);
         let (start, history) = Replica {
@@ -188,6 +214,7 @@ impl<'c> Trainer<'c> {
             total_ranks,
             seed: spec.seed,
             effective: &effective,
+            script: None,
         }
         .agree_on_start(options.resume_from.as_deref())?;
         Ok(Trainer {
@@ -196,6 +223,7 @@ impl<'c> Trainer<'c> {
             data,
             _vs: vs,
             model,
+            loss,
             opt,
             reducer,
             bn,
@@ -245,11 +273,11 @@ impl<'c> Trainer<'c> {
         let device = self.options.device;
         // f64 sums, as the ranks' f32 values would be summed on the host
         let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
-        let mut wrong = Tensor::zeros([], (Kind::Int64, device));
+        let mut wrong = Tensor::zeros([], (Kind::Double, device));
         for j in 0..self.virtual_ranks() {
-            let (loss, misclassified) = self.micro_batch(iteration, j, step_in_epoch, permutation);
+            let (loss, tally) = self.micro_batch(iteration, j, step_in_epoch, permutation)?;
             loss_sum += loss.to_kind(Kind::Double);
-            wrong += misclassified;
+            wrong += tally.to_kind(Kind::Double);
         }
         let stop = self.stop_requested(iteration);
         let extras = StepTally::pack_on_device(&loss_sum, &wrong, stop);
@@ -274,28 +302,34 @@ impl<'c> Trainer<'c> {
     }
 
     /// Forward and backward of virtual rank j's micro-batch, with that rank's BatchNorm statistics; returns
-    /// its mean loss and how many of its samples it misclassified, as scalars on the device.
-    fn micro_batch(&mut self, iteration: u64, j: usize, step_in_epoch: usize, permutation: &[i64]) -> (Tensor, Tensor) {
+    /// its mean loss and its error tally (see [`StepOutcome::wrong`]), as scalars on the device.
+    fn micro_batch(
+        &mut self,
+        iteration: u64,
+        j: usize,
+        step_in_epoch: usize,
+        permutation: &[i64],
+    ) -> Result<(Tensor, Tensor)> {
         let virtual_rank = self.comm.rank() * self.virtual_ranks() + j;
         self.bn.swap_in(j);
         let n = self.spec.per_worker_batch as usize;
         let indices = batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n);
         let device = self.options.device;
         let (mut x, y) = self.data.train_batch(indices, device);
-        self.faults.poison_if_due(iteration, &mut x);
+        self.faults.poison_if_due(iteration, &mut x[0]);
         let started = self.clock();
-        let (logits, loss) = precision::forward_in(self.spec.precision, device, || {
-            let logits = self.model.forward_t(&x, true);
-            let loss = logits.cross_entropy_for_logits(&y);
-            (logits, loss)
-        });
+        let (model, loss_kind) = (&mut self.model, self.loss);
+        let (loss, tally) = precision::forward_in(self.spec.precision, device, || {
+            let out = model.forward(&x, true)?;
+            loss_and_tally(loss_kind, &out, &y)
+        })
+        .map_err(|e| JobError(format!("{e:#}")))?;
         let forwarded = self.clock();
         self.times.forward += forwarded - started;
         loss.backward();
         self.times.backward += self.clock() - forwarded;
-        let wrong = logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64);
         self.bn.swap_out(j);
-        (loss.detach(), wrong)
+        Ok((loss.detach(), tally))
     }
 
     /// Now, for phase times: after waiting for the GPU when `sync_phases` asks for GPU times.
@@ -319,28 +353,39 @@ impl<'c> Trainer<'c> {
         let len = self.data.test.len();
         let range = p * len / world..(p + 1) * len / world;
         let mut mine = EvalTally::default();
-        tch::no_grad(|| {
+        let evaluated = tch::no_grad(|| -> Result<()> {
             let mut start = range.start;
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
                 let (x, y) = self.data.test_batch(start, size, self.options.device);
-                let (logits, loss) = precision::forward_in(self.spec.precision, self.options.device, || {
-                    let logits = self.model.forward_t(&x, false);
-                    let loss = logits.cross_entropy_for_logits(&y);
-                    (logits, loss)
-                });
-                mine.wrong += logits.argmax(-1, false).ne_tensor(&y).sum(Kind::Int64).int64_value(&[]) as f32;
+                let (model, loss_kind) = (&mut self.model, self.loss);
+                let (loss, tally) = precision::forward_in(self.spec.precision, self.options.device, || {
+                    loss_and_tally(loss_kind, &model.forward(&x, false)?, &y)
+                })
+                .map_err(|e| JobError(format!("{e:#}")))?;
+                mine.wrong += tally.double_value(&[]) as f32;
                 mine.seen += size as f32;
                 mine.loss_sum += loss.double_value(&[]) as f32 * size as f32;
                 start += size;
             }
+            Ok(())
         });
+        evaluated?;
         let mut counts = mine.pack();
         self.comm.all_reduce_sum(&mut counts)?;
         let all = EvalTally::unpack(counts);
         self.bn.restore(&own);
         let seen = f64::from(all.seen).max(1.0);
-        Ok((f64::from(all.wrong) / seen, f64::from(all.loss_sum) / seen))
+        Ok((self.error_from(f64::from(all.wrong), seen), f64::from(all.loss_sum) / seen))
+    }
+
+    /// The error reported for an error tally over `samples`: the error rate for class labels, the root mean
+    /// squared error for values.
+    fn error_from(&self, tally: f64, samples: f64) -> f64 {
+        match self.data.labels {
+            Labels::Classes(_) => tally / samples.max(1.0),
+            Labels::Values { .. } => (tally / samples.max(1.0)).sqrt(),
+        }
     }
 
     /// Every rank's BatchNorm running statistics (name-sorted buffers, flattened), gathered on all ranks.
@@ -358,6 +403,10 @@ impl<'c> Trainer<'c> {
             total_ranks: self.total_ranks,
             seed: self.spec.seed,
             effective: &self.effective,
+            script: match &self.model {
+                Network::Scripted(scripted) => Some(&scripted.module),
+                Network::BuiltIn(_) => None,
+            },
         };
         replica.save(self.options.out_dir.as_deref(), next_iteration, partial, &self.history)
     }
@@ -402,6 +451,59 @@ impl EvalTally {
 
     fn unpack(summed: [f32; 3]) -> EvalTally {
         EvalTally { wrong: summed[0], seen: summed[1], loss_sum: summed[2] }
+    }
+}
+
+/// The loss the spec asks for, or the labels' default; a loss that does not fit the labels is the job's error.
+pub(crate) fn training_loss(asked: Option<Loss>, labels: Labels) -> Result<Loss, String> {
+    match (asked, labels) {
+        (None, Labels::Classes(_)) => Ok(Loss::CrossEntropy),
+        (None, Labels::Values { .. }) => Ok(Loss::Mse),
+        (Some(Loss::CrossEntropy), Labels::Classes(_)) => Ok(Loss::CrossEntropy),
+        (Some(loss @ (Loss::Mse | Loss::Huber)), Labels::Values { .. }) => Ok(loss),
+        (Some(Loss::CrossEntropy), Labels::Values { .. }) => {
+            Err("loss cross_entropy needs class labels (integers); this dataset's y holds values: use mse or huber"
+                .into())
+        }
+        (Some(_), Labels::Classes(_)) => {
+            Err("loss mse and huber need value labels (floats); this dataset's y holds class indices".into())
+        }
+    }
+}
+
+/// A batch's mean loss, and its error tally: misclassified samples for class labels; for values, the sum
+/// over samples of each sample's mean squared error. A model whose output does not fit the labels is an error
+/// that names both shapes.
+pub(crate) fn loss_and_tally(loss: Loss, out: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
+    let batch = y.size()[0];
+    match loss {
+        Loss::CrossEntropy => {
+            let labels = y.max().int64_value(&[]) + 1;
+            let fits = out.dim() == 2 && out.size()[0] == batch && out.size()[1] >= labels;
+            if !fits {
+                bail!(
+                    "the model's output has shape {:?}; class scores for {batch} samples must be [{batch}, C] with C \
+                     above every label",
+                    out.size()
+                );
+            }
+            let value = out.log_softmax(-1, Kind::Float).nll_loss(y);
+            let wrong = out.argmax(-1, false).ne_tensor(y).sum(Kind::Double);
+            Ok((value, wrong))
+        }
+        Loss::Mse | Loss::Huber => {
+            if out.numel() != y.numel() {
+                bail!("the model's output has shape {:?} where the labels have {:?}", out.size(), y.size());
+            }
+            let out = out.to_kind(Kind::Float).reshape(y.size().as_slice());
+            let value = match loss {
+                Loss::Huber => out.huber_loss(y, Reduction::Mean, 1.0),
+                _ => out.mse_loss(y, Reduction::Mean),
+            };
+            let outputs = (y.numel() as i64 / batch.max(1)) as f64;
+            let squared = (out.detach() - y).square().sum(Kind::Double) / outputs;
+            Ok((value, squared))
+        }
     }
 }
 

@@ -14,20 +14,39 @@ use shuffle::SplitMix64;
 /// Where Debian's `dataset-fashion-mnist` installs Fashion-MNIST.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
-/// One split of a dataset: inputs `x` (N×C×H×W or N×D, u8 or f32, as stored) and labels `y` (N, i64).
+/// One split of a dataset: its inputs (one `x`, N×C×H×W or N×D, u8 or f32, for the built-in models; or the
+/// named inputs of an uploaded model, each [N, ...], in the model's order) and labels `y`: class indices
+/// (N, i64) or values to regress (N or N×M, f32).
 #[derive(Debug)]
 pub struct Split {
-    pub x: Tensor,
+    pub inputs: Vec<Tensor>,
     pub y: Tensor,
 }
 
 impl Split {
+    /// A split of one input `x` and class labels (the built-in models' data).
     pub fn new(x: Tensor, y: Tensor) -> Result<Split> {
         ensure!(y.dim() == 1, "labels must be one-dimensional, got shape {:?}", y.size());
         ensure!(x.dim() == 2 || x.dim() == 4, "inputs must be N×D or N×C×H×W, got shape {:?}", x.size());
         ensure!(x.size()[0] == y.size()[0], "{} inputs but {} labels", x.size()[0], y.size()[0]);
         ensure!(matches!(x.kind(), Kind::Uint8 | Kind::Float), "inputs must be u8 or f32, got {:?}", x.kind());
-        Ok(Split { x, y: y.to_kind(Kind::Int64) })
+        Ok(Split { inputs: vec![x], y: y.to_kind(Kind::Int64) })
+    }
+
+    /// A split of named inputs (as stored: floats, integers, masks) and labels that are class indices
+    /// (integers) or values (floats).
+    pub fn named(inputs: Vec<(String, Tensor)>, y: Tensor) -> Result<Split> {
+        let n = y.size().first().copied().unwrap_or(0);
+        ensure!(
+            y.dim() == 1 || (y.dim() == 2 && !is_integer(y.kind())),
+            "y must be [N] (or [N, M] values), got {:?}",
+            y.size()
+        );
+        for (name, t) in &inputs {
+            ensure!(t.dim() >= 1 && t.size()[0] == n, "{name} has {:?} samples for {n} labels", t.size().first());
+        }
+        let y = if is_integer(y.kind()) { y.to_kind(Kind::Int64) } else { y.to_kind(Kind::Float) };
+        Ok(Split { inputs: inputs.into_iter().map(|(_, t)| t).collect(), y })
     }
 
     pub fn len(&self) -> usize {
@@ -38,15 +57,36 @@ impl Split {
         self.len() == 0
     }
 
+    /// Samples `start..start + len` of every tensor.
+    fn narrow(&self, start: i64, len: i64) -> Split {
+        Split { inputs: self.inputs.iter().map(|t| t.narrow(0, start, len)).collect(), y: self.y.narrow(0, start, len) }
+    }
+
     /// The first `n` samples (all when `n` is None or larger).
     pub fn truncated(self, n: Option<u64>) -> Split {
         match n {
-            Some(n) if (n as usize) < self.len() => {
-                Split { x: self.x.narrow(0, 0, n as i64), y: self.y.narrow(0, 0, n as i64) }
-            }
+            Some(n) if (n as usize) < self.len() => self.narrow(0, n as i64),
             _ => self,
         }
     }
+
+    /// Whether the labels are values to regress rather than class indices.
+    fn has_values(&self) -> bool {
+        !is_integer(self.y.kind())
+    }
+}
+
+fn is_integer(kind: Kind) -> bool {
+    matches!(kind, Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8)
+}
+
+/// What the labels ask of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Labels {
+    /// Class indices 0..classes: cross-entropy, reported as the error rate.
+    Classes(i64),
+    /// Values, `outputs` per sample: mse or huber, reported as the root mean squared error.
+    Values { outputs: i64 },
 }
 
 /// Per-channel normalisation computed from the training inputs: x' = (x * scale - mean) / std, with
@@ -112,8 +152,9 @@ impl Normalizer {
 pub struct Dataset {
     pub train: Split,
     pub test: Split,
-    pub classes: i64,
-    pub normalizer: Normalizer,
+    pub labels: Labels,
+    /// Fitted on the one input `x` of the built-in models' data; named inputs go to the model as stored.
+    pub normalizer: Option<Normalizer>,
 }
 
 impl Dataset {
@@ -134,25 +175,45 @@ impl Dataset {
     }
 
     /// Loads a safetensors file: `x` and `y`, and optionally `x_test` and `y_test`; without them the last
-    /// 10% of the samples are held out as the test split.
-    pub fn load_safetensors(path: &Path, train_samples: Option<u64>, test_samples: Option<u64>) -> Result<Dataset> {
+    /// 10% of the samples are held out as the test split. With `inputs` (an uploaded model's), the inputs are
+    /// the tensors `x.NAME` (and `x_test.NAME`) in that order instead of `x`.
+    pub fn load_safetensors(
+        path: &Path,
+        inputs: Option<&[String]>,
+        train_samples: Option<u64>,
+        test_samples: Option<u64>,
+    ) -> Result<Dataset> {
         let tensors = Tensor::read_safetensors(path).with_context(|| format!("cannot read {}", path.display()))?;
         let take = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t.shallow_clone());
-        let (x, y) = match (take("x"), take("y")) {
-            (Some(x), Some(y)) => (x, y),
-            _ => bail!("{} must hold tensors named x and y", path.display()),
+        let split = |x: &str, y: &str| -> Result<Option<Split>> {
+            let Some(labels) = take(y) else { return Ok(None) };
+            match inputs {
+                None => match take(x) {
+                    Some(samples) => Ok(Some(Split::new(samples, labels)?)),
+                    None => bail!("{} must hold tensors named {x} and {y}", path.display()),
+                },
+                Some(names) => {
+                    let named = names
+                        .iter()
+                        .map(|name| {
+                            let key = format!("{x}.{name}");
+                            take(&key)
+                                .map(|t| (key.clone(), t))
+                                .with_context(|| format!("{} has no {key}", path.display()))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(Some(Split::named(named, labels)?))
+                }
+            }
         };
-        let all = Split::new(x, y)?;
-        let (train, test) = match (take("x_test"), take("y_test")) {
-            (Some(xt), Some(yt)) => (all, Split::new(xt, yt)?),
-            _ => {
+        let Some(all) = split("x", "y")? else { bail!("{} has no labels y", path.display()) };
+        let (train, test) = match split("x_test", "y_test")? {
+            Some(test) => (all, test),
+            None => {
                 let n = all.len() as i64;
                 let held_out = ringtrain_core::dataset::held_out_test_samples(n as u64) as i64;
                 ensure!(n > held_out, "{} has too few samples ({n}) to hold out a test split", path.display());
-                let test =
-                    Split { x: all.x.narrow(0, n - held_out, held_out), y: all.y.narrow(0, n - held_out, held_out) };
-                let train = Split { x: all.x.narrow(0, 0, n - held_out), y: all.y.narrow(0, 0, n - held_out) };
-                (train, test)
+                (all.narrow(0, n - held_out), all.narrow(n - held_out, held_out))
             }
         };
         Self::from_splits(train, test, train_samples, test_samples)
@@ -165,34 +226,64 @@ impl Dataset {
         test_samples: Option<u64>,
     ) -> Result<Dataset> {
         ensure!(!train.is_empty(), "the training split is empty");
-        let min_label = train.y.min().int64_value(&[]).min(test.y.min().int64_value(&[]));
-        ensure!(min_label >= 0, "labels must be >= 0 (found {min_label})");
-        let classes = train.y.max().int64_value(&[]).max(test.y.max().int64_value(&[])) + 1;
-        let normalizer = Normalizer::fit(&train.x);
-        Ok(Dataset { train: train.truncated(train_samples), test: test.truncated(test_samples), classes, normalizer })
+        ensure!(train.has_values() == test.has_values(), "y and y_test must both be classes or both be values");
+        let labels = if train.has_values() {
+            let outputs = |s: &Split| s.y.size().get(1).copied().unwrap_or(1);
+            ensure!(outputs(&train) == outputs(&test), "y and y_test have different numbers of values per sample");
+            Labels::Values { outputs: outputs(&train) }
+        } else {
+            let min_label = train.y.min().int64_value(&[]).min(test.y.min().int64_value(&[]));
+            ensure!(min_label >= 0, "labels must be >= 0 (found {min_label})");
+            Labels::Classes(train.y.max().int64_value(&[]).max(test.y.max().int64_value(&[])) + 1)
+        };
+        // the built-in models' one input is normalised; named inputs are the model's business
+        let normalizer = match train.inputs.as_slice() {
+            [x] if matches!(x.kind(), Kind::Uint8 | Kind::Float) && (x.dim() == 2 || x.dim() == 4) => {
+                Some(Normalizer::fit(x))
+            }
+            _ => None,
+        };
+        Ok(Dataset { train: train.truncated(train_samples), test: test.truncated(test_samples), labels, normalizer })
+    }
+
+    /// The number of classes (0 when the labels are values).
+    pub fn classes(&self) -> i64 {
+        match self.labels {
+            Labels::Classes(c) => c,
+            Labels::Values { .. } => 0,
+        }
     }
 
     /// Normalises batches on `device` (where the rank trains).
     pub fn normalise_on(&mut self, device: Device) {
-        self.normalizer.move_to(device);
+        if let Some(n) = &mut self.normalizer {
+            n.move_to(device);
+        }
     }
 
-    /// The shape of one input sample (C×H×W or D).
+    /// The shape of one sample of the first input (C×H×W or D).
     pub fn sample_shape(&self) -> Vec<i64> {
-        self.train.x.size()[1..].to_vec()
+        self.train.inputs[0].size()[1..].to_vec()
     }
 
-    /// A normalised batch of training samples and their labels.
-    pub fn train_batch(&self, indices: &[i64], device: Device) -> (Tensor, Tensor) {
+    fn prepare(&self, inputs: Vec<Tensor>, device: Device) -> Vec<Tensor> {
+        match &self.normalizer {
+            Some(n) => inputs.iter().map(|x| n.apply(x, device)).collect(),
+            None => inputs.into_iter().map(|x| x.to_device(device)).collect(),
+        }
+    }
+
+    /// A (normalised) batch of training samples and their labels.
+    pub fn train_batch(&self, indices: &[i64], device: Device) -> (Vec<Tensor>, Tensor) {
         let idx = Tensor::from_slice(indices);
-        let x = self.normalizer.apply(&self.train.x.index_select(0, &idx), device);
-        (x, self.train.y.index_select(0, &idx).to_device(device))
+        let inputs = self.train.inputs.iter().map(|x| x.index_select(0, &idx)).collect();
+        (self.prepare(inputs, device), self.train.y.index_select(0, &idx).to_device(device))
     }
 
-    /// A normalised contiguous range of test samples and their labels.
-    pub fn test_batch(&self, start: usize, len: usize, device: Device) -> (Tensor, Tensor) {
-        let x = self.test.x.narrow(0, start as i64, len as i64);
-        (self.normalizer.apply(&x, device), self.test.y.narrow(0, start as i64, len as i64).to_device(device))
+    /// A (normalised) contiguous range of test samples and their labels.
+    pub fn test_batch(&self, start: usize, len: usize, device: Device) -> (Vec<Tensor>, Tensor) {
+        let part = self.test.narrow(start as i64, len as i64);
+        (self.prepare(part.inputs, device), part.y.to_device(device))
     }
 }
 
@@ -217,7 +308,7 @@ pub fn synthetic(train_size: usize) -> (Split, Split) {
                 (0..CLASSES).max_by(|&a, &b| score(a).total_cmp(&score(b))).unwrap_or(0) as i64
             })
             .collect();
-        Split { x: Tensor::from_slice(&x).view([n as i64, 1, SIDE, SIDE]), y: Tensor::from_slice(&y) }
+        Split { inputs: vec![Tensor::from_slice(&x).view([n as i64, 1, SIDE, SIDE])], y: Tensor::from_slice(&y) }
     };
     let train = make(train_size);
     let test = make(test_size);
@@ -232,7 +323,7 @@ mod tests {
     fn synthetic_is_seeded_and_uses_every_class() {
         let (a, _) = synthetic(500);
         let (b, _) = synthetic(500);
-        assert!(a.x.equal(&b.x) && a.y.equal(&b.y));
+        assert!(a.inputs[0].equal(&b.inputs[0]) && a.y.equal(&b.y));
         assert_eq!(a.y.unique_dim(0, false, false, false).0.size()[0], 10);
     }
 
@@ -241,6 +332,7 @@ mod tests {
         let data = Dataset::load(&DatasetRef::Synthetic { train_size: 2000 }, None, None).unwrap();
         let all: Vec<i64> = (0..2000).collect();
         let (x, _) = data.train_batch(&all, Device::Cpu);
+        let x = &x[0];
         assert!(x.mean(Kind::Double).double_value(&[]).abs() < 1e-4);
         assert!((x.std(false).double_value(&[]) - 1.0).abs() < 1e-3);
     }
@@ -249,10 +341,11 @@ mod tests {
     fn fashion_mnist_loads_with_its_known_statistics() {
         // Fashion-MNIST's pixel mean and standard deviation are 0.2860 and 0.3530 (over the training split)
         let data = Dataset::load(&DatasetRef::FashionMnist, None, None).unwrap();
-        assert_eq!((data.train.len(), data.test.len(), data.classes), (60_000, 10_000, 10));
+        assert_eq!((data.train.len(), data.test.len(), data.classes()), (60_000, 10_000, 10));
         assert_eq!(data.sample_shape(), vec![1, 28, 28]);
-        let mean = data.normalizer.mean.double_value(&[0, 0, 0, 0]);
-        let std = data.normalizer.std.double_value(&[0, 0, 0, 0]);
+        let normalizer = data.normalizer.as_ref().unwrap();
+        let mean = normalizer.mean.double_value(&[0, 0, 0, 0]);
+        let std = normalizer.std.double_value(&[0, 0, 0, 0]);
         assert!((mean - 0.2860).abs() < 1e-3 && (std - 0.3530).abs() < 1e-3, "mean {mean}, std {std}");
     }
 
@@ -271,8 +364,8 @@ mod tests {
         let x = Tensor::arange(100 * 4, (Kind::Int64, Device::Cpu)).remainder(256).to_kind(Kind::Uint8).view([100, 4]);
         let y = Tensor::arange(100, (Kind::Int64, Device::Cpu)).remainder(3);
         Tensor::write_safetensors(&[("x", &x), ("y", &y)], &path).unwrap();
-        let data = Dataset::load_safetensors(&path, None, None).unwrap();
-        assert_eq!((data.train.len(), data.test.len(), data.classes), (90, 10, 3));
+        let data = Dataset::load_safetensors(&path, None, None, None).unwrap();
+        assert_eq!((data.train.len(), data.test.len(), data.classes()), (90, 10, 3));
         assert_eq!(data.sample_shape(), vec![4]);
         std::fs::remove_dir_all(dir).unwrap();
     }

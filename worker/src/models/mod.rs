@@ -2,13 +2,49 @@
 
 pub mod layers;
 mod resnet;
+pub mod scripted;
 
 use anyhow::{bail, Result};
 use ringtrain_core::spec::{ModelName, ModelSpec};
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
+use crate::optim::{kind_by_name, ParamKind};
 pub use resnet::ResNet;
+pub use scripted::Scripted;
+
+/// The network a rank trains: a built-in model (one input) or an uploaded TorchScript module (its named
+/// inputs, in its order).
+#[derive(Debug)]
+pub enum Network {
+    BuiltIn(Box<dyn ModuleT>),
+    Scripted(Scripted),
+}
+
+impl Network {
+    /// The forward pass in training (`train`) or evaluation mode.
+    pub fn forward(&mut self, inputs: &[Tensor], train: bool) -> Result<Tensor> {
+        match self {
+            Network::BuiltIn(model) => Ok(model.forward_t(&inputs[0], train)),
+            Network::Scripted(scripted) => {
+                scripted.module.set_training(train)?;
+                scripted.module.forward(inputs)
+            }
+        }
+    }
+
+    /// Which weight-decay rule a parameter follows: by name for the built-in models (their BatchNorms are
+    /// named `bn*`); for a scripted one, BatchNorm by the holding module's type, and every other 1-D
+    /// parameter (biases, LayerNorm's) as a bias.
+    pub fn param_kind(&self, name: &str, tensor: &Tensor) -> ParamKind {
+        match self {
+            Network::BuiltIn(_) => kind_by_name(name, tensor),
+            Network::Scripted(scripted) if scripted.batch_norm_params.contains(name) => ParamKind::BatchNorm,
+            Network::Scripted(_) if tensor.dim() <= 1 => ParamKind::Bias,
+            Network::Scripted(_) => ParamKind::Weight,
+        }
+    }
+}
 
 /// A fully connected network: flatten, hidden layers with ReLU, a linear classifier.
 #[derive(Debug)]
@@ -103,7 +139,8 @@ pub fn build(
             other => bail!("{name} needs image inputs (C×H×W); this dataset's samples have shape {other:?}"),
         }
     };
-    Ok(match spec.name {
+    let Some(name) = spec.name else { bail!("no built-in model named: an uploaded model is loaded, not built") };
+    Ok(match name {
         ModelName::Mlp => {
             let hidden: Vec<i64> = spec.hidden_widths().into_iter().map(i64::from).collect();
             Box::new(Mlp::new(p, sample_shape.iter().product(), &hidden, classes))
@@ -150,7 +187,7 @@ mod tests {
     #[test]
     fn the_memory_estimate_counts_exactly_the_built_parameters() {
         use ringtrain_core::memory::{count, SampleShape};
-        let mlp = ModelSpec { name: ModelName::Mlp, hidden: Some(vec![64, 32, 16]) };
+        let mlp = ModelSpec { hidden: Some(vec![64, 32, 16]), ..ModelSpec::new(ModelName::Mlp) };
         for (spec, shape, classes) in [
             (ModelSpec::new(ModelName::Mlp), vec![1, 16, 16], 10),
             (mlp, vec![100], 7),

@@ -9,7 +9,8 @@ use anyhow::Result;
 use super::{guard, JobError, StepOutcome, Stopped, Trainer};
 use crate::checkpoint::{self, PartialEpoch};
 use crate::data::shuffle::epoch_permutation;
-use crate::metrics::{EpochRecord, Metric, RunResult};
+use crate::data::Labels;
+use crate::metrics::{EpochRecord, ErrorMetric, Metric, RunResult};
 
 impl Trainer<'_> {
     /// Trains from the start epoch to the end, reporting through `sink`; rank 0 writes checkpoints and
@@ -103,7 +104,7 @@ impl Trainer<'_> {
             epoch,
             iteration: (epoch + 1) * ipe - 1,
             train_loss: progress.sums.loss_sum / ipe as f64,
-            train_error: progress.sums.wrong_sum / (ipe as f64 * self.effective.global_batch as f64),
+            train_error: self.error_from(progress.sums.wrong_sum, ipe as f64 * self.effective.global_batch as f64),
             test_error,
             test_loss,
             seconds: progress.sums.seconds + started.elapsed().as_secs_f64(),
@@ -111,7 +112,7 @@ impl Trainer<'_> {
         sink(&Metric::Epoch(record.clone()));
         // every rank sees the same all-reduced error, so all stop here together
         if self.spec.guard.collapse {
-            if let Some(why) = guard::collapse(&record, &self.effective, self.data.classes, self.comm.world_size()) {
+            if let Some(why) = guard::collapse(&record, &self.effective, self.data.classes(), self.comm.world_size()) {
                 return Err(JobError(why).into());
             }
         }
@@ -149,6 +150,10 @@ impl Trainer<'_> {
             communication_fraction: self.times.allreduce.as_secs_f64() / self.times.total().as_secs_f64().max(1e-9),
             processes: self.comm.world_size(),
             virtual_ranks: self.virtual_ranks(),
+            error_metric: match self.data.labels {
+                Labels::Classes(_) => ErrorMetric::ErrorRate,
+                Labels::Values { .. } => ErrorMetric::Rmse,
+            },
         }
     }
 }

@@ -1,0 +1,107 @@
+// An uploaded TorchScript module, as the trainer needs it. tch 0.24's CModule loads, runs and saves a module
+// and lists its parameters, but not its buffers (BatchNorm's running statistics) nor which module type owns a
+// tensor, and its pointer is private; these few functions give ringtrain both, on a module of its own.
+// Tensors cross as `new torch::Tensor(...)`: the same TensorImpl as the module's, owned by the Rust side
+// (tch's Tensor::from_ptr frees it), so an update of the Rust tensor is an update of the module's.
+// Built by worker/build.rs against libtorch's headers.
+#include <torch/script.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+char* copy_message(const char* what) {
+  char* out = static_cast<char*>(std::malloc(std::strlen(what) + 1));
+  if (out != nullptr) {
+    std::strcpy(out, what);
+  }
+  return out;
+}
+
+// Runs `body`, turning any exception into a malloc'd message in *error (freed by ringtrain_script_free_error).
+template <typename F>
+int guarded(char** error, F body) {
+  try {
+    body();
+    return 0;
+  } catch (const c10::Error& e) {
+    *error = copy_message(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    *error = copy_message(e.what());
+  } catch (...) {
+    *error = copy_message("unknown C++ exception");
+  }
+  return -1;
+}
+
+std::string type_name(const torch::jit::Module& module) {
+  auto type = module.type();
+  return type->name() ? type->name()->qualifiedName() : std::string("?");
+}
+
+}  // namespace
+
+extern "C" {
+
+typedef void (*ringtrain_tensor_callback)(void* ctx, const char* name, const char* owner_type, int is_buffer,
+                                          torch::Tensor* tensor);
+
+void ringtrain_script_free_error(char* error) { std::free(error); }
+
+// Loads a TorchScript file onto the CPU (device < 0) or CUDA device `device`.
+void* ringtrain_script_load(const char* path, int device, char** error) {
+  torch::jit::Module* loaded = nullptr;
+  guarded(error, [&] {
+    const auto where = device < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, device);
+    loaded = new torch::jit::Module(torch::jit::load(std::string(path), where));
+  });
+  return loaded;
+}
+
+void ringtrain_script_free(void* module) { delete static_cast<torch::jit::Module*>(module); }
+
+// Every parameter and buffer, with its dotted name (as PyTorch's state_dict names it) and the qualified type
+// name of the module that holds it directly (e.g. __torch__.torch.nn.modules.batchnorm.BatchNorm1d).
+int ringtrain_script_tensors(void* module, void* ctx, ringtrain_tensor_callback callback, char** error) {
+  return guarded(error, [&] {
+    auto& root = *static_cast<torch::jit::Module*>(module);
+    for (const auto& sub : root.named_modules()) {
+      const std::string prefix = sub.name.empty() ? "" : sub.name + ".";
+      const std::string owner = type_name(sub.value);
+      for (const auto& p : sub.value.named_parameters(false)) {
+        callback(ctx, (prefix + p.name).c_str(), owner.c_str(), 0, new torch::Tensor(p.value));
+      }
+      for (const auto& b : sub.value.named_buffers(false)) {
+        callback(ctx, (prefix + b.name).c_str(), owner.c_str(), 1, new torch::Tensor(b.value));
+      }
+    }
+  });
+}
+
+// forward(*inputs): the output must be one tensor.
+int ringtrain_script_forward(void* module, torch::Tensor** inputs, int count, torch::Tensor** output,
+                             char** error) {
+  return guarded(error, [&] {
+    std::vector<c10::IValue> args;
+    args.reserve(count);
+    for (int i = 0; i < count; ++i) {
+      args.emplace_back(*inputs[i]);
+    }
+    auto result = static_cast<torch::jit::Module*>(module)->forward(std::move(args));
+    if (!result.isTensor()) {
+      throw std::runtime_error("forward returned a " + result.tagKind() + ", not one tensor");
+    }
+    *output = new torch::Tensor(result.toTensor());
+  });
+}
+
+int ringtrain_script_set_train(void* module, int on, char** error) {
+  return guarded(error, [&] { static_cast<torch::jit::Module*>(module)->train(on != 0); });
+}
+
+int ringtrain_script_save(void* module, const char* path, char** error) {
+  return guarded(error, [&] { static_cast<torch::jit::Module*>(module)->save(std::string(path)); });
+}
+}

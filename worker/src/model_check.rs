@@ -1,0 +1,127 @@
+//! The check of an uploaded TorchScript model, run by `ringtrain model check` in a process of its own (the
+//! server starts it, so a hostile or broken file can crash nothing but that process): the file loads in
+//! libtorch, has trainable parameters, and its `forward` takes two samples of the data set's named inputs
+//! and returns what the labels need (class scores, or one value per label), in evaluation mode and in
+//! training mode with a backward pass that reaches its parameters.
+
+use std::path::Path;
+
+use ringtrain_protocol::model::{ModelRefusal, ModelReport};
+use tch::nn::VarStore;
+use tch::{Device, Tensor};
+
+use crate::data::{Dataset, Labels};
+use crate::models::Scripted;
+use crate::trainer::{loss_and_tally, training_loss};
+
+fn refuse(field: &str, reason: impl Into<String>) -> ModelRefusal {
+    ModelRefusal { field: field.to_string(), reason: reason.into() }
+}
+
+/// A forward pass that failed: the model's fault when it returned something else than a tensor, else the
+/// inputs' (their number, names, dtypes or shapes), as TorchScript says.
+fn forward_refusal(e: anyhow::Error) -> ModelRefusal {
+    let reason = format!("{e:#}");
+    refuse(if reason.contains("not one tensor") { "body" } else { "inputs" }, reason)
+}
+
+/// Checks `model` against the safetensors data set `dataset`, whose tensors `x.NAME` for each of `inputs`
+/// (or its one `x` when `inputs` is empty) are passed to `forward` in that order.
+pub fn check(model: &Path, dataset: &Path, inputs: &[String]) -> Result<ModelReport, ModelRefusal> {
+    let named = (!inputs.is_empty()).then_some(inputs);
+    let data = Dataset::load_safetensors(dataset, named, None, None)
+        .map_err(|e| refuse("inputs", format!("the data set does not hold the inputs named: {e:#}")))?;
+    let vs = VarStore::new(Device::Cpu);
+    let mut scripted = Scripted::load(model, &vs.root()).map_err(|e| refuse("body", format!("{e:#}")))?;
+    let tensors = scripted.module.tensors().map_err(|e| refuse("body", format!("{e:#}")))?;
+    let trainable: Vec<&Tensor> =
+        tensors.iter().filter(|t| !t.buffer && t.tensor.requires_grad()).map(|t| &t.tensor).collect();
+    let loss = training_loss(None, data.labels).map_err(|e| refuse("dataset", e))?;
+    let batch: Vec<i64> = (0..data.train.len().min(2) as i64).collect();
+    let (x, y) = data.train_batch(&batch, Device::Cpu);
+
+    let out = tch::no_grad(|| {
+        scripted.module.set_training(false)?;
+        scripted.module.forward(&x)
+    })
+    .map_err(forward_refusal)?;
+    let _fits = loss_and_tally(loss, &out, &y).map_err(|e| refuse("body", format!("{e:#}")))?;
+
+    scripted.module.set_training(true).map_err(|e| refuse("body", format!("{e:#}")))?;
+    let trained = scripted.module.forward(&x).map_err(forward_refusal)?;
+    let (value, _) = loss_and_tally(loss, &trained, &y).map_err(|e| refuse("body", format!("{e:#}")))?;
+    value.backward();
+    if !trainable.iter().any(|t| t.grad().defined()) {
+        return Err(refuse("body", "the loss does not reach any of the model's parameters: nothing would train"));
+    }
+    let input_names = if inputs.is_empty() { vec!["x".to_string()] } else { inputs.to_vec() };
+    Ok(ModelReport {
+        parameters: trainable.iter().map(|t| t.numel() as u64).sum(),
+        parameter_tensors: trainable.len() as u64,
+        buffers: tensors.iter().filter(|t| t.buffer).count() as u64,
+        batch_norm: scripted.has_batch_norm,
+        inputs: input_names,
+        output_shape: out.size(),
+        labels: match data.labels {
+            Labels::Classes(_) => "classes".to_string(),
+            Labels::Values { .. } => "values".to_string(),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::check;
+
+    fn repo(path: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+    }
+
+    fn example_inputs() -> Vec<String> {
+        ["numeric", "tokens", "tokens_mask", "set", "set_mask"].iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_worked_example_passes_with_its_five_inputs() {
+        let data = repo("examples/multi-input/data.safetensors");
+        let report = check(&repo("examples/multi-input/model.pt"), &data, &example_inputs()).unwrap();
+        assert_eq!(report.output_shape, vec![2, 3]);
+        assert_eq!(report.labels, "classes");
+        assert!(report.parameters > 10_000 && !report.batch_norm, "{report:?}");
+    }
+
+    #[test]
+    fn batch_norm_and_regression_models_are_recognised() {
+        let data = repo("examples/multi-input/data.safetensors");
+        let numeric = vec!["numeric".to_string()];
+        let report = check(&repo("tests/fixtures/byo/bn_mlp.pt"), &data, &numeric).unwrap();
+        assert!(report.batch_norm && report.buffers == 3, "{report:?}");
+        let values = repo("tests/fixtures/byo/regression.safetensors");
+        let report = check(&repo("tests/fixtures/byo/regressor.pt"), &values, &numeric).unwrap();
+        assert_eq!((report.labels.as_str(), report.output_shape.as_slice()), ("values", &[2][..]));
+    }
+
+    #[test]
+    fn bad_models_are_refused_with_the_field_at_fault() {
+        let data = repo("examples/multi-input/data.safetensors");
+        let numeric = vec!["numeric".to_string()];
+        let not_a_model = std::env::temp_dir().join(format!("ringtrain-not-a-model-{}.pt", std::process::id()));
+        std::fs::write(&not_a_model, b"PK\x03\x04 this is not a zip").unwrap();
+        let cases = [
+            (not_a_model.clone(), example_inputs(), "body", "not a loadable TorchScript file"),
+            (repo("examples/multi-input/model.pt"), numeric.clone(), "inputs", "forward"),
+            (repo("examples/multi-input/model.pt"), vec!["nope".to_string()], "inputs", "no x.nope"),
+            (repo("tests/fixtures/byo/no_parameters.pt"), numeric.clone(), "body", "no trainable parameters"),
+            (repo("tests/fixtures/byo/two_outputs.pt"), numeric.clone(), "body", "not one tensor"),
+            (repo("tests/fixtures/byo/regressor.pt"), numeric.clone(), "body", "output has shape [2]"),
+        ];
+        for (model, inputs, field, reason) in cases {
+            let refusal = check(&model, &data, &inputs).unwrap_err();
+            assert_eq!(refusal.field, field, "{model:?}: {refusal:?}");
+            assert!(refusal.reason.contains(reason), "{model:?}: {}", refusal.reason);
+        }
+        std::fs::remove_file(not_a_model).unwrap();
+    }
+}

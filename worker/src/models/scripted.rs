@@ -1,0 +1,222 @@
+//! An uploaded TorchScript model (saved with `torch.jit.script`/`trace` and `save` from PyTorch), trained
+//! like the built-in ones.
+//!
+//! Its parameters and buffers are registered in the run's `VarStore` under their PyTorch `state_dict` names,
+//! sharing storage with the module, so ringtrain's own optimizer, gradient buckets, checkpoints and per-rank
+//! BatchNorm tables (the buffers: variables without gradients) see them exactly as they see a built-in
+//! model's. What the built-in models get by naming convention comes from the module itself: a parameter is a
+//! BatchNorm parameter when the module that holds it is a BatchNorm (by its TorchScript type name), a bias
+//! when it is 1-D and named `bias`.
+//!
+//! The module is driven through csrc/script_module.cpp, because tch's `CModule` lists no buffers. The unsafe
+//! code is the calls into it: every pointer passed is live for the call, and every tensor it returns is a
+//! fresh `torch::Tensor` handle that the `Tensor` made of it owns.
+#![allow(unsafe_code)]
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use tch::nn;
+use tch::{Device, Tensor};
+
+type TensorCallback =
+    unsafe extern "C" fn(ctx: *mut c_void, name: *const c_char, owner: *const c_char, buffer: c_int, t: *mut c_void);
+
+extern "C" {
+    fn ringtrain_script_load(path: *const c_char, device: c_int, error: *mut *mut c_char) -> *mut c_void;
+    fn ringtrain_script_free(module: *mut c_void);
+    fn ringtrain_script_free_error(error: *mut c_char);
+    fn ringtrain_script_tensors(
+        module: *mut c_void,
+        ctx: *mut c_void,
+        callback: TensorCallback,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    fn ringtrain_script_forward(
+        module: *mut c_void,
+        inputs: *const *mut c_void,
+        count: c_int,
+        output: *mut *mut c_void,
+        error: *mut *mut c_char,
+    ) -> c_int;
+    fn ringtrain_script_set_train(module: *mut c_void, on: c_int, error: *mut *mut c_char) -> c_int;
+    fn ringtrain_script_save(module: *mut c_void, path: *const c_char, error: *mut *mut c_char) -> c_int;
+}
+
+/// A parameter or buffer of a scripted module.
+#[derive(Debug)]
+pub struct ScriptTensor {
+    /// Its `state_dict` name, e.g. `numeric.0.weight`.
+    pub name: String,
+    /// The TorchScript type of the module holding it, e.g. `__torch__.torch.nn.modules.batchnorm.BatchNorm1d`.
+    pub owner: String,
+    pub buffer: bool,
+    pub tensor: Tensor,
+}
+
+/// Whether a module type is one of PyTorch's BatchNorm layers (BatchNorm1d/2d/3d, SyncBatchNorm).
+pub fn is_batch_norm_type(owner: &str) -> bool {
+    owner.rsplit('.').next().is_some_and(|leaf| leaf.contains("BatchNorm"))
+}
+
+/// A loaded TorchScript module.
+#[derive(Debug)]
+pub struct ScriptModule {
+    raw: *mut c_void,
+    training: Option<bool>,
+}
+
+// The module is used by one thread at a time (the rank's training loop); libtorch's Module is safe to move.
+unsafe impl Send for ScriptModule {}
+
+impl Drop for ScriptModule {
+    fn drop(&mut self) {
+        unsafe { ringtrain_script_free(self.raw) }
+    }
+}
+
+/// Turns the C side's error message into an error, freeing it.
+fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()> {
+    if status == 0 && error.is_null() {
+        return Ok(());
+    }
+    let message = if error.is_null() {
+        "unknown error".to_string()
+    } else {
+        let text = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+        unsafe { ringtrain_script_free_error(error) };
+        text
+    };
+    bail!("{what}: {}", first_lines(&message))
+}
+
+/// TorchScript errors carry the whole failing source with markers; the first lines say what is wrong.
+fn first_lines(message: &str) -> String {
+    let lines: Vec<&str> = message.lines().filter(|l| !l.trim().is_empty()).take(12).collect();
+    lines.join("\n")
+}
+
+impl ScriptModule {
+    /// Loads a TorchScript file onto `device`.
+    pub fn load(path: &Path, device: Device) -> Result<ScriptModule> {
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).context("the model path holds a NUL")?;
+        let index = match device {
+            Device::Cuda(i) => i as c_int,
+            _ => -1,
+        };
+        let mut error = std::ptr::null_mut();
+        let raw = unsafe { ringtrain_script_load(c_path.as_ptr(), index, &mut error) };
+        check(if raw.is_null() { -1 } else { 0 }, error, "not a loadable TorchScript file")?;
+        Ok(ScriptModule { raw, training: None })
+    }
+
+    /// Every parameter and buffer, in the module's order.
+    pub fn tensors(&self) -> Result<Vec<ScriptTensor>> {
+        unsafe extern "C" fn collect(
+            ctx: *mut c_void,
+            name: *const c_char,
+            owner: *const c_char,
+            buffer: c_int,
+            t: *mut c_void,
+        ) {
+            let out = &mut *(ctx as *mut Vec<ScriptTensor>);
+            out.push(ScriptTensor {
+                name: CStr::from_ptr(name).to_string_lossy().into_owned(),
+                owner: CStr::from_ptr(owner).to_string_lossy().into_owned(),
+                buffer: buffer != 0,
+                tensor: Tensor::from_ptr(t as *mut _),
+            });
+        }
+        let mut out: Vec<ScriptTensor> = Vec::new();
+        let mut error = std::ptr::null_mut();
+        let status =
+            unsafe { ringtrain_script_tensors(self.raw, &mut out as *mut _ as *mut c_void, collect, &mut error) };
+        check(status, error, "cannot list the model's tensors")?;
+        Ok(out)
+    }
+
+    /// `forward(*inputs)`, which must return one tensor.
+    pub fn forward(&self, inputs: &[Tensor]) -> Result<Tensor> {
+        let pointers: Vec<*mut c_void> = inputs.iter().map(|t| t.as_ptr() as *mut c_void).collect();
+        let mut output = std::ptr::null_mut();
+        let mut error = std::ptr::null_mut();
+        let status = unsafe {
+            ringtrain_script_forward(self.raw, pointers.as_ptr(), pointers.len() as c_int, &mut output, &mut error)
+        };
+        check(status, error, "the model's forward failed")?;
+        Ok(unsafe { Tensor::from_ptr(output as *mut _) })
+    }
+
+    /// Training (dropout on, BatchNorm on batch statistics) or evaluation mode; a no-op when already there.
+    pub fn set_training(&mut self, on: bool) -> Result<()> {
+        if self.training == Some(on) {
+            return Ok(());
+        }
+        let mut error = std::ptr::null_mut();
+        let status = unsafe { ringtrain_script_set_train(self.raw, c_int::from(on), &mut error) };
+        check(status, error, "cannot switch the model's mode")?;
+        self.training = Some(on);
+        Ok(())
+    }
+
+    /// Saves the module (with its current weights and buffers) as a TorchScript file `torch.jit.load` reads.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).context("the path holds a NUL")?;
+        let mut error = std::ptr::null_mut();
+        let status = unsafe { ringtrain_script_save(self.raw, c_path.as_ptr(), &mut error) };
+        check(status, error, "cannot save the model")
+    }
+}
+
+/// A scripted module registered in a VarStore.
+#[derive(Debug)]
+pub struct Scripted {
+    pub module: ScriptModule,
+    /// The parameters held by BatchNorm modules (their weight-decay rule is `bn_weight_decay`).
+    pub batch_norm_params: HashSet<String>,
+    /// Whether any BatchNorm module holds buffers (running statistics).
+    pub has_batch_norm: bool,
+}
+
+impl Scripted {
+    /// Loads `path` onto `root`'s device and registers its parameters (trainable) and buffers (not) in the
+    /// VarStore under their `state_dict` names. A module without trainable parameters is refused: there would
+    /// be nothing to train.
+    pub fn load(path: &Path, root: &nn::Path) -> Result<Scripted> {
+        let module = ScriptModule::load(path, root.device())?;
+        let tensors = module.tensors()?;
+        if !tensors.iter().any(|t| !t.buffer && t.tensor.requires_grad()) {
+            bail!("the model has no trainable parameters");
+        }
+        let mut batch_norm_params = HashSet::new();
+        let mut has_batch_norm = false;
+        let mut seen = HashSet::new();
+        for t in tensors {
+            // a module used twice lists its tensors twice; the VarStore must hold each once
+            if !seen.insert(t.name.clone()) {
+                continue;
+            }
+            let batch_norm = is_batch_norm_type(&t.owner);
+            if batch_norm && t.buffer {
+                has_batch_norm = true;
+            }
+            if batch_norm && !t.buffer {
+                batch_norm_params.insert(t.name.clone());
+            }
+            let trainable = !t.buffer && t.tensor.requires_grad();
+            register(root, &t.name, t.tensor, trainable);
+        }
+        Ok(Scripted { module, batch_norm_params, has_batch_norm })
+    }
+}
+
+/// Adds `tensor` at the dotted `name` (VarStore paths separate segments with dots, and a single segment may
+/// not hold one).
+fn register(root: &nn::Path, name: &str, tensor: Tensor, trainable: bool) {
+    let mut segments: Vec<&str> = name.split('.').collect();
+    let leaf = segments.pop().unwrap_or(name);
+    let path = segments.iter().fold(root.clone(), |path, segment| path.sub(*segment));
+    let _registered = path.add(leaf, tensor, trainable);
+}
