@@ -1,5 +1,6 @@
-//! The files a rank needs before it starts: the uploaded dataset it trains on (downloaded once per node,
-//! checked against the sha256 the server sent, the cached copy too) and, for rank 0 of a resumed placement,
+//! The files a rank needs before it starts: the uploaded dataset it trains on and the uploaded model it
+//! trains, if any (each downloaded once per node, checked against the sha256 the server sent, the cached
+//! copy too) and, for rank 0 of a resumed placement,
 //! the checkpoint it resumes from, unpacked strictly: only the trainer's own folder and file names, regular
 //! files and folders, nothing that could write outside the placement's folder.
 
@@ -18,10 +19,30 @@ use crate::rank::AgentContext;
 pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work) -> Result<Option<PathBuf>> {
     let Some(dataset) = work.spec.get("dataset").and_then(Value::as_str) else { return Ok(None) };
     let Ok(id) = dataset.parse::<uuid::Uuid>() else { return Ok(None) };
+    let route = format!("/v1/agent/datasets/{id}");
     let expected = work.dataset_sha256.as_deref();
-    let dir = ctx.work_dir.join("datasets");
+    let path = cached_download(ctx, &route, "datasets", &format!("{id}.safetensors"), expected).await?;
+    Ok(Some(path))
+}
+
+/// The TorchScript file of the uploaded model the job trains, downloaded once per node like a dataset.
+pub(crate) async fn model_file(ctx: &AgentContext, work: &Work) -> Result<Option<PathBuf>> {
+    let Some(model) = &work.model else { return Ok(None) };
+    let route = format!("/v1/agent/jobs/{}/model", work.assignment.job_id);
+    Ok(Some(cached_download(ctx, &route, "models", &format!("{}.pt", model.id), Some(&model.sha256)).await?))
+}
+
+/// `route` kept as `work_dir/kind/file`: a cached copy whose sha256 is not `expected` is downloaded again.
+async fn cached_download(
+    ctx: &AgentContext,
+    route: &str,
+    kind: &str,
+    file: &str,
+    expected: Option<&str>,
+) -> Result<PathBuf> {
+    let dir = ctx.work_dir.join(kind);
     tokio::fs::create_dir_all(&dir).await?;
-    let path = dir.join(format!("{id}.safetensors"));
+    let path = dir.join(file);
     let cached_ok = match (path.exists(), expected) {
         (false, _) => false,
         (true, None) => true,
@@ -30,15 +51,15 @@ pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work) -> Result<Opti
             let digest = tokio::task::spawn_blocking(move || sha256_of(&cached)).await??;
             let ok = digest.eq_ignore_ascii_case(expected);
             if !ok {
-                tracing::warn!(dataset = %id, "the cached dataset's sha256 is not the server's: downloading it again");
+                tracing::warn!(%kind, %file, "the cached file's sha256 is not the server's: downloading it again");
             }
             ok
         }
     };
     if !cached_ok {
-        ctx.client.download(&format!("/v1/agent/datasets/{id}"), &path, expected).await?;
+        ctx.client.download(route, &path, expected).await?;
     }
-    Ok(Some(path))
+    Ok(path)
 }
 
 fn sha256_of(path: &Path) -> Result<String> {
@@ -91,7 +112,7 @@ fn is_checkpoint_folder(name: &str) -> bool {
 
 /// The files a trainer checkpoint folder holds.
 const CHECKPOINT_FILES: &[&str] =
-    &["model.safetensors", "optimizer.safetensors", "batch_norm.safetensors", "state.json"];
+    &["model.safetensors", "optimizer.safetensors", "batch_norm.safetensors", "state.json", "model.pt"];
 
 /// Unpacks a checkpoint archive into a fresh `into`: one checkpoint folder and the trainer's files in it,
 /// regular files and folders only (no links, devices or other paths), then writes `latest` naming the

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::client::Client;
-use crate::files::{dataset_file, fetch_checkpoint};
+use crate::files::{dataset_file, fetch_checkpoint, model_file};
 use crate::relay::Relay;
 use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
 
@@ -113,6 +113,14 @@ async fn run_inner(
     command.arg("--stop-file").arg(&stop_file);
     if let Some(file) = dataset_file(ctx, work).await? {
         command.arg("--dataset-file").arg(file);
+    }
+    if let Some(file) = model_file(ctx, work).await? {
+        command.arg("--model-file").arg(file);
+        // a plain data set's one input is `x`: the rank reads it without names
+        let inputs = work.model.as_ref().map(|m| m.inputs.clone()).unwrap_or_default();
+        if inputs != ["x"] {
+            command.arg("--model-inputs").arg(inputs.join(","));
+        }
     }
     if let Some(threads) = ctx.threads {
         command.args(["--threads", &threads.to_string()]);

@@ -36,7 +36,7 @@ impl Drop for PartialFile {
 }
 
 /// What was written.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Written {
     pub bytes: u64,
     /// Lowercase hex sha256 of the content.
@@ -64,7 +64,11 @@ pub async fn stream_to_file(body: Body, path: &Path, limit: u64, what: &str) -> 
 }
 
 pub fn too_large(what: &str, limit: u64) -> ApiError {
-    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", format!("{what} may be at most {limit} bytes"))
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload-too-large",
+        format!("{what} may be at most {} ({limit} bytes)", ringtrain_core::memory::human_bytes(limit)),
+    )
 }
 
 /// Answers 413 before reading anything when Content-Length already says the body is too large; else the

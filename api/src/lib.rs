@@ -21,6 +21,7 @@ pub mod resume;
 pub mod routes;
 pub mod state;
 pub mod storage;
+pub mod uploads;
 pub mod web;
 
 use std::time::Duration;

@@ -24,6 +24,13 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// The largest dataset upload.
     pub max_dataset_bytes: u64,
+    /// The largest model upload (a TorchScript file).
+    pub max_model_bytes: u64,
+    /// The `ringtrain` binary whose `models check` looks at uploaded models (in a process of its own, as
+    /// libtorch is not linked into the server). None: model uploads are refused (503).
+    pub model_checker: Option<PathBuf>,
+    /// How long one model check may take before it is killed (and the upload refused).
+    pub model_check_timeout: Duration,
     /// The largest checkpoint archive an agent may upload.
     pub max_checkpoint_bytes: u64,
     /// Requests (except streams after their headers) that take longer are answered 503.
@@ -66,6 +73,9 @@ impl ApiConfig {
             data_dir: data_dir.into(),
             max_body_bytes: 1 << 20,
             max_dataset_bytes: 512 << 20,
+            max_model_bytes: 256 << 20,
+            model_checker: None,
+            model_check_timeout: Duration::from_secs(120),
             max_checkpoint_bytes: 8 << 30,
             request_timeout: Duration::from_secs(30),
             event_poll: Duration::from_secs(15),

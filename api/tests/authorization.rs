@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request};
 use common::{safetensors_file, spec, TestApp, ADMIN};
 use ringtrain_core::{DeviceId, JobId, NodeId};
-use ringtrain_store::NewAssignment;
+use ringtrain_store::{NewAssignment, NewModel};
 use serde_json::{json, Value};
 
 const RULES: &[(&str, &str, &str)] = &[
@@ -32,6 +32,12 @@ const RULES: &[(&str, &str, &str)] = &[
     ("get", "/v1/jobs/{id}/schedule", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/checkpoints", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/checkpoints/{checkpoint}/archive", "nyyyfnuu"),
+    ("get", "/v1/jobs/{id}/checkpoints/{checkpoint}/weights/{file}", "nyyyfnuu"),
+    ("post", "/v1/models", "yyyffyuu"),
+    ("get", "/v1/models", "yyyyfyuu"),
+    ("get", "/v1/models/{id}", "nyyyfnuu"),
+    ("delete", "/v1/models/{id}", "nyyffnuu"),
+    ("get", "/v1/agent/jobs/{id}/model", "ffffyfuu"),
     ("post", "/v1/schedules/preview", "yyyyfyuu"),
     ("post", "/v1/studies", "yyyffyuu"),
     ("get", "/v1/studies", "yyyyfyuu"),
@@ -78,6 +84,8 @@ struct Fixture {
     assignment: String,
     checkpoint: String,
     dataset: String,
+    /// Team A's uploaded model, which the placed job trains (on the dataset).
+    model: String,
     admin_a: String,
     /// A queued job of team A: deleting its checkpoints is refused (409) to those allowed, so no call of
     /// the matrix removes the checkpoint the download routes ask for.
@@ -93,11 +101,38 @@ async fn fixture(app: &TestApp) -> Fixture {
     let upload =
         app.send_bytes(Method::POST, "/v1/datasets?name=d", &a.member, safetensors_file(100, |i| (i % 3) as i64)).await;
     let dataset = upload.body["id"].as_str().unwrap().to_string();
+    // a model as an upload stores it (the check itself runs in `ringtrain models check`, which these tests
+    // of the server alone do not have; tests/byo_api.rs uploads through it)
+    let models = app.dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let model_id = uuid::Uuid::new_v4();
+    let model_path = models.join(format!("{model_id}.pt"));
+    std::fs::write(&model_path, b"a TorchScript file").unwrap();
+    let team_a = ringtrain_core::TeamId(a.id.parse().unwrap());
+    app.store
+        .add_model(NewModel {
+            id: model_id,
+            team_id: team_a,
+            name: "m".into(),
+            path: model_path.to_string_lossy().into_owned(),
+            size_bytes: 18,
+            sha256: "0".repeat(64),
+            inputs: vec!["x".into()],
+            report: json!({}),
+        })
+        .await
+        .unwrap();
     let mut on_dataset = spec("matrix");
+    on_dataset["model"] = json!({"uploaded": model_id});
     on_dataset["dataset"] = json!(dataset);
     on_dataset["workers"] = json!(1);
     let job = app.submit(&a.member, &on_dataset).await;
-    let queued_job = app.submit(&a.member, &spec("waits")).await;
+    // it trains the model too, and nothing cancels it: deleting the model is refused (409) to those allowed
+    let mut waits = spec("waits");
+    waits["model"] = json!({"uploaded": model_id});
+    waits["dataset"] = json!(dataset);
+    waits["workers"] = json!(1);
+    let queued_job = app.submit(&a.member, &waits).await;
     let study = app.post("/v1/studies", &a.member, &json!({"base": spec("s"), "points": [{}]})).await;
     let study = study.body["id"].as_str().unwrap().to_string();
     let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
@@ -136,6 +171,7 @@ async fn fixture(app: &TestApp) -> Fixture {
         assignment: placed[0].id.to_string(),
         checkpoint,
         dataset,
+        model: model_id.to_string(),
         admin_a: a.admin,
         queued_job,
         study,
@@ -160,10 +196,16 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         fx.study.clone()
     } else if path.starts_with("/v1/agent/datasets/") || path.starts_with("/v1/datasets/") {
         fx.dataset.clone()
+    } else if path.starts_with("/v1/models/") {
+        fx.model.clone()
     } else {
         fx.job.clone()
     };
-    let mut uri = path.replace("{id}", &id).replace("{checkpoint}", &fx.checkpoint).replace("{name}", "epoch-0002");
+    let mut uri = path
+        .replace("{id}", &id)
+        .replace("{checkpoint}", &fx.checkpoint)
+        .replace("{name}", "epoch-0002")
+        .replace("{file}", "model.safetensors");
     let attempt = fx.attempt;
     let body: Option<Value> = match (method, path) {
         ("post", "/v1/jobs") | ("post", "/v1/schedules/preview") => Some(spec("m")),
@@ -192,6 +234,9 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
     if (method, path) == ("post", "/v1/datasets") {
         uri.push_str("?name=upload");
     }
+    if (method, path) == ("post", "/v1/models") {
+        uri.push_str(&format!("?name=upload&dataset={}", fx.dataset));
+    }
     if path == "/v1/agent/nodes/{id}/assignments" {
         uri.push_str("?wait_s=0");
     }
@@ -205,6 +250,9 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
     match (method, path, body) {
         (_, _, Some(body)) => {
             builder.header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string()))
+        }
+        ("post", "/v1/models", None) => {
+            builder.header(header::CONTENT_TYPE, "application/octet-stream").body(Body::from("a TorchScript file"))
         }
         ("post", "/v1/datasets", None) | ("put", _, None) => builder
             .header(header::CONTENT_TYPE, "application/octet-stream")

@@ -90,8 +90,19 @@ pub struct Work {
     /// and its cached copy, against it.
     #[serde(default)]
     pub dataset_sha256: Option<String>,
+    /// The uploaded TorchScript model the job trains (when it does), for the agent to download and check.
+    #[serde(default)]
+    pub model: Option<ModelFile>,
     /// The index of the assignment's device on this node (the CUDA ordinal for a GPU).
     pub device_index: i32,
+}
+
+/// An uploaded model a rank needs: its file's id and sha256, and its inputs in `forward`'s order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelFile {
+    pub id: uuid::Uuid,
+    pub sha256: String,
+    pub inputs: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

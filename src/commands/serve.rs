@@ -24,6 +24,9 @@ pub struct Args {
     /// The largest dataset upload, in bytes.
     #[arg(long, env = "RINGTRAIN_MAX_DATASET_BYTES", default_value_t = 512 << 20)]
     pub max_dataset_bytes: u64,
+    /// The largest model upload (a TorchScript file), in bytes.
+    #[arg(long, env = "RINGTRAIN_MAX_MODEL_BYTES", default_value_t = 256 << 20)]
+    pub max_model_bytes: u64,
     /// Use this token as the bootstrap admin token instead of generating (and printing) one.
     #[arg(long, env = "RINGTRAIN_BOOTSTRAP_TOKEN", hide_env_values = true)]
     pub bootstrap_token: Option<String>,
@@ -88,6 +91,9 @@ impl Server {
             ringtrain_api::bootstrap::bootstrap(store.as_ref(), args.bootstrap_token.as_deref()).await?;
         let mut config = ApiConfig::new(&args.data_dir);
         config.max_dataset_bytes = args.max_dataset_bytes;
+        config.max_model_bytes = args.max_model_bytes;
+        // uploaded models are checked by this binary's `models check`, in a process of its own
+        config.model_checker = std::env::current_exe().ok();
         config.idx_roots = args.idx_roots.clone();
         args.limits.apply(&mut config);
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -57,6 +57,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         database_url: None,
         data_dir: args.data_dir.clone(),
         max_dataset_bytes: 512 << 20,
+        max_model_bytes: 256 << 20,
         bootstrap_token: Some(token.clone()),
         idx_roots: args.idx_roots.clone(),
         tls_cert: None,

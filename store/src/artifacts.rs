@@ -1,12 +1,12 @@
 //! Files a job reads or writes, registered by their path in the server's data directory: checkpoints
-//! (per iteration, and the final weights) and uploaded datasets.
+//! (per iteration, and the final weights), uploaded datasets and uploaded (TorchScript) models.
 
 use async_trait::async_trait;
 use ringtrain_core::{JobId, TeamId};
 use uuid::Uuid;
 
 use crate::error::StoreResult;
-use crate::model::{Checkpoint, Dataset, NewCheckpoint, NewDataset};
+use crate::model::{Checkpoint, Dataset, Model, NewCheckpoint, NewDataset, NewModel};
 
 #[async_trait]
 pub trait ArtifactStore: Send + Sync {
@@ -24,6 +24,12 @@ pub trait ArtifactStore: Send + Sync {
     async fn list_datasets(&self, team_id: TeamId) -> StoreResult<Vec<Dataset>>;
     /// Forgets a dataset; returns it (its file is the caller's to remove), None if there was none.
     async fn delete_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>>;
+    async fn add_model(&self, model: NewModel) -> StoreResult<Model>;
+    async fn get_model(&self, id: Uuid) -> StoreResult<Option<Model>>;
+    /// A team's models, newest first.
+    async fn list_models(&self, team_id: TeamId) -> StoreResult<Vec<Model>>;
+    /// Forgets a model; returns it (its file is the caller's to remove), None if there was none.
+    async fn delete_model(&self, id: Uuid) -> StoreResult<Option<Model>>;
 }
 
 macro_rules! impl_artifact_store {
@@ -35,8 +41,8 @@ macro_rules! impl_artifact_store {
 
             use crate::artifacts::ArtifactStore;
             use crate::backend::SqlBackend;
-            use crate::rows::{CheckpointRow, DatasetRow, CHECKPOINT_COLUMNS, DATASET_COLUMNS};
-            use crate::{now, Checkpoint, Dataset, NewCheckpoint, NewDataset, StoreError, StoreResult};
+            use crate::rows::{CheckpointRow, DatasetRow, ModelRow, CHECKPOINT_COLUMNS, DATASET_COLUMNS, MODEL_COLUMNS};
+            use crate::{now, Checkpoint, Dataset, Model, NewCheckpoint, NewDataset, NewModel, StoreError, StoreResult};
 
             #[async_trait::async_trait]
             impl ArtifactStore for $store {
@@ -99,8 +105,8 @@ macro_rules! impl_artifact_store {
                 async fn add_dataset(&self, d: NewDataset) -> StoreResult<Dataset> {
                     let sql = format!(
                         "INSERT INTO datasets (id, team_id, name, path, size_bytes, sha256, train_samples, \
-                         sample_shape, num_classes, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-                         RETURNING {DATASET_COLUMNS}"
+                         sample_shape, num_classes, inputs, labels, created_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {DATASET_COLUMNS}"
                     );
                     let row: DatasetRow = sqlx::query_as(&sql)
                         .bind(d.id)
@@ -112,6 +118,8 @@ macro_rules! impl_artifact_store {
                         .bind(d.train_samples)
                         .bind(Json(&d.sample_shape))
                         .bind(d.num_classes)
+                        .bind(Json(&d.inputs))
+                        .bind(&d.labels)
                         .bind(now())
                         .fetch_one(self.pool())
                         .await?;
@@ -135,6 +143,44 @@ macro_rules! impl_artifact_store {
                         format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE team_id = $1 ORDER BY created_at DESC");
                     let rows: Vec<DatasetRow> = sqlx::query_as(&sql).bind(team_id.0).fetch_all(self.pool()).await?;
                     Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn add_model(&self, m: NewModel) -> StoreResult<Model> {
+                    let sql = format!(
+                        "INSERT INTO models (id, team_id, name, path, size_bytes, sha256, inputs, report, created_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {MODEL_COLUMNS}"
+                    );
+                    let row: ModelRow = sqlx::query_as(&sql)
+                        .bind(m.id)
+                        .bind(m.team_id.0)
+                        .bind(&m.name)
+                        .bind(&m.path)
+                        .bind(m.size_bytes)
+                        .bind(&m.sha256)
+                        .bind(Json(&m.inputs))
+                        .bind(Json(&m.report))
+                        .bind(now())
+                        .fetch_one(self.pool())
+                        .await?;
+                    Ok(row.into())
+                }
+
+                async fn get_model(&self, id: Uuid) -> StoreResult<Option<Model>> {
+                    let sql = format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1");
+                    let row: Option<ModelRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    Ok(row.map(Into::into))
+                }
+
+                async fn list_models(&self, team_id: TeamId) -> StoreResult<Vec<Model>> {
+                    let sql = format!("SELECT {MODEL_COLUMNS} FROM models WHERE team_id = $1 ORDER BY created_at DESC");
+                    let rows: Vec<ModelRow> = sqlx::query_as(&sql).bind(team_id.0).fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn delete_model(&self, id: Uuid) -> StoreResult<Option<Model>> {
+                    let sql = format!("DELETE FROM models WHERE id = $1 RETURNING {MODEL_COLUMNS}");
+                    let row: Option<ModelRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    Ok(row.map(Into::into))
                 }
             }
         };

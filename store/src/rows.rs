@@ -377,7 +377,7 @@ impl From<CheckpointRow> for Checkpoint {
 }
 
 pub(crate) const DATASET_COLUMNS: &str =
-    "id, team_id, name, path, size_bytes, sha256, train_samples, sample_shape, num_classes, created_at";
+    "id, team_id, name, path, size_bytes, sha256, train_samples, sample_shape, num_classes, inputs, labels, created_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct DatasetRow {
@@ -390,6 +390,8 @@ pub(crate) struct DatasetRow {
     train_samples: i64,
     sample_shape: Json<Vec<i64>>,
     num_classes: i32,
+    inputs: Json<Vec<DatasetInput>>,
+    labels: String,
     created_at: DateTime<Utc>,
 }
 
@@ -405,6 +407,39 @@ impl From<DatasetRow> for Dataset {
             train_samples: row.train_samples,
             sample_shape: row.sample_shape.0,
             num_classes: row.num_classes,
+            inputs: row.inputs.0,
+            labels: row.labels,
+            created_at: row.created_at,
+        }
+    }
+}
+
+pub(crate) const MODEL_COLUMNS: &str = "id, team_id, name, path, size_bytes, sha256, inputs, report, created_at";
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ModelRow {
+    id: Uuid,
+    team_id: Uuid,
+    name: String,
+    path: String,
+    size_bytes: i64,
+    sha256: String,
+    inputs: Json<Vec<String>>,
+    report: Json<serde_json::Value>,
+    created_at: DateTime<Utc>,
+}
+
+impl From<ModelRow> for Model {
+    fn from(row: ModelRow) -> Self {
+        Model {
+            id: row.id,
+            team_id: TeamId(row.team_id),
+            name: row.name,
+            path: row.path,
+            size_bytes: row.size_bytes,
+            sha256: row.sha256,
+            inputs: row.inputs.0,
+            report: row.report.0,
             created_at: row.created_at,
         }
     }

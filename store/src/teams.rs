@@ -107,11 +107,14 @@ macro_rules! impl_team_store {
                 }
 
                 async fn storage_use(&self, id: TeamId) -> StoreResult<StorageUse> {
-                    let (datasets,): (Option<i64>,) =
-                        sqlx::query_as("SELECT CAST(SUM(size_bytes) AS BIGINT) FROM datasets WHERE team_id = $1")
-                            .bind(id.0)
-                            .fetch_one(self.pool())
-                            .await?;
+                    // models count with datasets: both are what a team uploaded
+                    let (datasets,): (Option<i64>,) = sqlx::query_as(
+                        "SELECT CAST(SUM(size_bytes) AS BIGINT) FROM (SELECT size_bytes FROM datasets WHERE team_id = $1 \
+                         UNION ALL SELECT size_bytes FROM models WHERE team_id = $1) AS uploads",
+                    )
+                    .bind(id.0)
+                    .fetch_one(self.pool())
+                    .await?;
                     let (checkpoints,): (Option<i64>,) = sqlx::query_as(
                         "SELECT CAST(SUM(checkpoints.size_bytes) AS BIGINT) FROM checkpoints \
                          JOIN jobs ON jobs.id = checkpoints.job_id WHERE jobs.team_id = $1",

@@ -302,6 +302,23 @@ impl Api {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// POSTs a file as the body (application/octet-stream), as `curl --data-binary @FILE` does.
+    pub async fn upload(&self, path: &str, bytes: Vec<u8>) -> (u16, Value) {
+        let request = self.http.post(format!("{}{path}", self.base)).bearer_auth(&self.token);
+        let request = request.header("content-type", "application/octet-stream").body(bytes);
+        let response = request.timeout(Duration::from_secs(120)).send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A GET's status and body bytes.
+    pub async fn download(&self, path: &str) -> (u16, Vec<u8>) {
+        let request = self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.token);
+        let response = request.timeout(Duration::from_secs(120)).send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        (status, response.bytes().await.map(|b| b.to_vec()).unwrap_or_default())
+    }
+
     /// The status of a GET, or None when no HTTP answer came (e.g. plain HTTP to a TLS port).
     pub async fn http_status(&self, path: &str) -> Option<u16> {
         let request = self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.token);

@@ -1,14 +1,15 @@
-//! /v1/datasets: safetensors uploads (`x`: samples, `y`: integer labels), streamed to the data directory
-//! under a size limit and checked before they are accepted.
+//! /v1/datasets: safetensors uploads (`x`: samples, `y`: integer labels; or named inputs `x.NAME` with
+//! class or value labels, for uploaded models), streamed to the data directory under a size limit and
+//! checked before they are accepted.
 
 use std::path::Path;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use ringtrain_core::{DatasetRef, FieldError, JobSpec, JobState};
-use ringtrain_store::{Dataset, JobFilter, NewDataset};
+use ringtrain_core::{DatasetRef, FieldError};
+use ringtrain_store::{Dataset, DatasetInput, NewDataset};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -17,9 +18,9 @@ use uuid::Uuid;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
-use crate::files::{self, PartialFile};
 use crate::state::AppState;
 use crate::storage;
+use crate::uploads::{self, UploadKind};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -39,15 +40,23 @@ pub struct Contents {
     pub samples: i64,
     pub sample_shape: Vec<i64>,
     pub num_classes: i32,
+    /// The named inputs (`x.NAME`), empty for a data set of one `x`.
+    pub inputs: Vec<DatasetInput>,
+    /// `classes` or `values`.
+    pub labels: String,
 }
 
 /// Checks a safetensors file: `x` float32 or uint8 with shape [N, ...] (1 to 3 sample dimensions), `y`
 /// integer labels with shape [N], every label in 0..MAX_CLASSES; and the same of `x_test`/`y_test` when
 /// given (both or neither; the test samples shaped like the training ones). Without them the worker holds
-/// out the last 10% as the test split, so the training samples counted are the rest.
+/// out the last 10% as the test split, so the training samples counted are the rest. A file with tensors
+/// `x.NAME` instead of `x` is a data set of named inputs, for uploaded models ([`super::named_inputs`]).
 pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
     let tensors = SafeTensors::deserialize(bytes)
         .map_err(|e| vec![FieldError::new("", format!("not a safetensors file: {e}"))])?;
+    if super::named_inputs::is_named(&tensors) {
+        return super::named_inputs::check_named(&tensors);
+    }
     let mut errors = Vec::new();
     let train = check_split(&tensors, "x", "y", &mut errors);
     let test = match (tensors.tensor("x_test").is_ok(), tensors.tensor("y_test").is_ok()) {
@@ -85,7 +94,13 @@ pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
         return Err(errors);
     }
     let max_label = test.as_ref().map_or(train.max_label, |t| t.max_label.max(train.max_label));
-    Ok(Contents { samples, sample_shape: train.sample_shape, num_classes: (max_label + 1) as i32 })
+    Ok(Contents {
+        samples,
+        sample_shape: train.sample_shape,
+        num_classes: (max_label + 1) as i32,
+        inputs: Vec::new(),
+        labels: "classes".to_string(),
+    })
 }
 
 /// One checked split of an upload.
@@ -168,59 +183,30 @@ pub async fn upload_dataset(
     body: Body,
 ) -> ApiResult<(StatusCode, Json<Dataset>)> {
     user.require_write()?;
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if !content_type.starts_with("application/octet-stream") {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "send the safetensors file as the body with Content-Type: application/octet-stream",
-        ));
-    }
-    if params.name.trim().is_empty() || params.name.chars().count() > 200 {
-        return Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            "bad-query-parameter",
-            "name",
-            "must be 1 to 200 characters",
-        ));
-    }
+    uploads::check_form(&headers, &params.name, DATASETS)?;
     let limit = state.config.max_dataset_bytes;
-    let declared = files::check_declared_length(&headers, limit, "datasets")?;
-    storage::check_room(&state, user.team_id, declared, "dataset").await?;
-    let dir = state.config.data_dir.join("datasets");
-    tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
-    let id = Uuid::new_v4();
-    let partial_path = dir.join(format!("{id}.safetensors.part"));
-    let partial = PartialFile::new(partial_path.clone());
-    // Streamed to disk: the limit is enforced as bytes arrive, never by buffering the whole body.
-    let written = files::stream_to_file(body, &partial_path, limit, "datasets").await?;
-    storage::check_quota(&state, user.team_id, written.bytes, "dataset").await?;
-    let contents = check_file(&partial_path).await?;
-    let final_path = dir.join(format!("{id}.safetensors"));
-    tokio::fs::rename(&partial_path, &final_path).await.map_err(ApiError::internal)?;
-    partial.keep();
-    let dataset = state
-        .store
-        .add_dataset(NewDataset {
-            id,
-            team_id: user.team_id,
-            name: params.name,
-            path: final_path.to_string_lossy().into_owned(),
-            size_bytes: written.bytes as i64,
-            sha256: written.sha256,
-            train_samples: contents.samples,
-            sample_shape: contents.sample_shape,
-            num_classes: contents.num_classes,
-        })
-        .await;
-    match dataset {
-        Ok(dataset) => Ok((StatusCode::CREATED, Json(dataset))),
-        Err(err) => {
-            let _ = tokio::fs::remove_file(&final_path).await;
-            Err(err.into())
-        }
-    }
+    let received = uploads::receive(&state, user.team_id, &headers, body, limit, DATASETS).await?;
+    let contents = check_file(&received.partial_path).await?;
+    let (id, written) = (received.id, received.written.clone());
+    let final_path = received.keep().await?;
+    let stored = state.store.add_dataset(NewDataset {
+        id,
+        team_id: user.team_id,
+        name: params.name,
+        path: final_path.to_string_lossy().into_owned(),
+        size_bytes: written.bytes as i64,
+        sha256: written.sha256,
+        train_samples: contents.samples,
+        sample_shape: contents.sample_shape,
+        num_classes: contents.num_classes,
+        inputs: contents.inputs,
+        labels: contents.labels,
+    });
+    uploads::record(&final_path, stored).await
 }
+
+const DATASETS: UploadKind =
+    UploadKind { what: "dataset", folder: "datasets", extension: "safetensors", body: "the safetensors file" };
 
 async fn check_file(path: &Path) -> ApiResult<Contents> {
     let path = path.to_path_buf();
@@ -263,16 +249,8 @@ pub async fn delete_dataset(
     user.require_write()?;
     let not_found = || ApiError::not_found(format!("no dataset {id}"));
     let dataset = state.store.get_dataset(id).await?.filter(|d| user.owns(d.team_id)).ok_or_else(not_found)?;
-    for job_state in [JobState::Queued, JobState::Scheduled, JobState::Running] {
-        let filter = JobFilter { state: Some(job_state), limit: i64::MAX, ..JobFilter::default() };
-        let users = state.store.list_jobs(user.team_id, &filter).await?;
-        let trains_on_it = |job: &&ringtrain_store::Job| {
-            JobSpec::parse(&job.spec.to_string()).is_ok_and(|spec| spec.dataset == DatasetRef::Uploaded(id))
-        };
-        if let Some(job) = users.iter().find(trains_on_it) {
-            return Err(ApiError::conflict(format!("job {} ({job_state}) trains on dataset {id}", job.id)));
-        }
-    }
+    let wanted = DatasetRef::Uploaded(id);
+    uploads::refuse_if_in_use(&state, user.team_id, &format!("dataset {id}"), |spec| spec.dataset == wanted).await?;
     state.store.delete_dataset(dataset.id).await?.ok_or_else(not_found)?;
     storage::remove_files(&state.config.data_dir.join("datasets"), std::iter::once(dataset.path.as_str())).await;
     Ok(StatusCode::NO_CONTENT)

@@ -6,6 +6,8 @@ pub mod datasets;
 pub mod health;
 pub mod jobs;
 pub mod me;
+pub mod models;
+pub mod named_inputs;
 pub mod nodes;
 pub mod schedules;
 pub mod spec_schema;
@@ -34,7 +36,7 @@ use crate::state::AppState;
         Every error is RFC 7807 application/problem+json; validation errors list each field's JSON path in `errors`."),
     modifiers(&BearerAuth),
     components(schemas(Problem, FieldErrorDoc)),
-    tags((name = "jobs"), (name = "studies"), (name = "schedules"), (name = "datasets"), (name = "teams"), (name = "tokens"), (name = "agent"), (name = "ops"))
+    tags((name = "jobs"), (name = "studies"), (name = "schedules"), (name = "datasets"), (name = "models"), (name = "teams"), (name = "tokens"), (name = "agent"), (name = "ops"))
 )]
 struct ApiDoc;
 
@@ -129,6 +131,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     let uploads = OpenApiRouter::new()
         .routes(routes!(datasets::upload_dataset, datasets::list_datasets))
         .routes(routes!(datasets::delete_dataset))
+        .routes(routes!(models::upload_model, models::list_models))
+        .routes(routes!(models::get_model, models::delete_model))
         .routes(routes!(transfers::upload_checkpoint))
         .layer(DefaultBodyLimit::disable());
     // A result carries every epoch's record: a long job's is megabytes, and refusing it would re-run a
@@ -169,6 +173,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(transfers::agent_download_checkpoint))
         .routes(routes!(transfers::download_checkpoint))
         .routes(routes!(transfers::agent_download_dataset))
+        .routes(routes!(transfers::agent_download_model))
+        .routes(routes!(transfers::download_weights))
         .routes(routes!(agent::reports::job_running))
         .routes(routes!(agent::reports::report_metrics))
         .routes(routes!(health::healthz))

@@ -110,14 +110,20 @@ fn job_spec() -> Value {
             "name": {"type": ["string", "null"], "maxLength": MAX_NAME_CHARS, "pattern": NO_CONTROL,
                      "description": "Free-form label shown in the run history (not blank)."},
             "model": {
-                "type": "object", "additionalProperties": false, "required": ["name"],
+                "type": "object", "additionalProperties": false,
+                "description": "A built-in model by name, or an uploaded TorchScript model of the team by id: exactly one.",
+                "oneOf": [{"required": ["name"]}, {"required": ["uploaded"]}],
                 "properties": {
                     "name": {"type": "string", "enum": ["mlp", "lenet5", "resnet8", "resnet20", "resnet56", "resnet50"]},
                     "hidden": {"type": ["array", "null"], "maxItems": MAX_MLP_LAYERS,
                                "items": {"type": "integer", "minimum": 1, "maximum": MAX_MLP_WIDTH},
-                               "description": "mlp only: the hidden layer widths (default [256, 128])."}
+                               "description": "mlp only: the hidden layer widths (default [256, 128])."},
+                    "uploaded": {"type": "string", "format": "uuid",
+                                 "description": "An uploaded model's id (POST /v1/models); it trains on an uploaded dataset holding its inputs."}
                 }
             },
+            "loss": {"type": ["string", "null"], "enum": ["cross_entropy", "mse", "huber", null],
+                     "description": "Default: cross_entropy for class labels, mse for value labels (reported as RMSE); the built-in models classify."},
             "dataset": {"type": "string", "pattern": DATASET,
                         "description": "fashion-mnist, synthetic[:N] (N from 1 to 10,000,000), idx:PATH, or the id of an uploaded dataset."},
             "train_samples": {"type": ["integer", "null"], "minimum": 1, "maximum": U64,

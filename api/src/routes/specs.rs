@@ -61,6 +61,7 @@ pub async fn checked_job(
 ) -> ApiResult<NewJob> {
     let dataset_size = dataset_size(state, user, spec).await?;
     let effective = effective(spec, dataset_size)?;
+    check_model_and_data(state, user, spec).await?;
     check_memory(state, user, spec).await?;
     let effective = effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?;
     Ok(NewJob {
@@ -77,6 +78,57 @@ pub async fn checked_job(
         max_restarts: spec.max_restarts.min(i32::MAX as u32) as i32,
         study,
     })
+}
+
+/// An uploaded model must be the team's, and its data set must hold the inputs it takes and labels its loss
+/// fits; a data set of named inputs is for uploaded models only. (422 at `model.uploaded`, `dataset` or
+/// `loss`.)
+pub async fn check_model_and_data(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<()> {
+    let fail = |field: &str, reason: String| ApiError::validation(vec![FieldError::new(field, reason)]);
+    let dataset = match &spec.dataset {
+        DatasetRef::Uploaded(id) => state.store.get_dataset(*id).await?.filter(|d| user.owns(d.team_id)),
+        _ => None,
+    };
+    let Some(id) = spec.model.uploaded else {
+        return match dataset {
+            Some(d) if !d.inputs.is_empty() => Err(fail(
+                "dataset",
+                format!("dataset {} holds named inputs (x.NAME): train an uploaded model on it", d.id),
+            )),
+            _ => Ok(()),
+        };
+    };
+    let model = state.store.get_model(id).await?.filter(|m| user.owns(m.team_id));
+    let Some(model) = model else { return Err(fail("model.uploaded", format!("no uploaded model {id}"))) };
+    let Some(dataset) = dataset else { return Ok(()) }; // the dataset's own check has answered
+    let held: Vec<&str> = dataset.inputs.iter().map(|i| i.name.as_str()).collect();
+    let plain = model.inputs == [crate::routes::models::PLAIN_INPUT];
+    let missing: Vec<&String> = if plain {
+        if held.is_empty() {
+            Vec::new()
+        } else {
+            model.inputs.iter().collect()
+        }
+    } else {
+        model.inputs.iter().filter(|name| !held.contains(&name.as_str())).collect()
+    };
+    if !missing.is_empty() {
+        let names: Vec<String> = missing.iter().map(|n| if plain { n.to_string() } else { format!("x.{n}") }).collect();
+        return Err(fail(
+            "dataset",
+            format!("dataset {} lacks {} that model {id} takes", dataset.id, names.join(", ")),
+        ));
+    }
+    let values = dataset.labels == "values";
+    match spec.loss {
+        Some(loss) if loss.regresses() && !values => {
+            Err(fail("loss", format!("dataset {}'s labels are classes: use cross_entropy", dataset.id)))
+        }
+        Some(ringtrain_core::spec::Loss::CrossEntropy) if values => {
+            Err(fail("loss", format!("dataset {}'s labels are values: use mse or huber", dataset.id)))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A `guard.reference_job` must be a job of the caller's team (422 otherwise: the guard could never run).

@@ -196,3 +196,101 @@ pub async fn agent_download_dataset(
     let folder = state.config.data_dir.join("datasets");
     files::file_response(&files::under(&folder, std::path::Path::new(&dataset.path)).await?).await
 }
+
+/// Download the uploaded model (TorchScript) a job trains: for an agent holding a rank of the job's current
+/// attempt (anything else is 404).
+#[utoipa::path(get, path = "/v1/agent/jobs/{id}/model", tag = "agent", params(("id" = Uuid, Path)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404)),
+    security(("bearer" = [])))]
+pub async fn agent_download_model(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Response> {
+    let job = state.store.get_job(JobId(id)).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    let job = assigned_job(&state, &agent, id, job.attempt).await?;
+    let not_found = || ApiError::not_found(format!("job {id} trains no uploaded model"));
+    let model_id = job.spec["model"]["uploaded"].as_str().and_then(|m| m.parse::<Uuid>().ok()).ok_or_else(not_found)?;
+    let model = state.store.get_model(model_id).await?.ok_or_else(not_found)?;
+    let folder = state.config.data_dir.join("models");
+    files::file_response(&files::under(&folder, std::path::Path::new(&model.path)).await?).await
+}
+
+/// A file of a checkpoint's weights to take away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub enum WeightsFile {
+    /// An uploaded model with the checkpoint's weights and rank 0's BatchNorm statistics, as TorchScript
+    /// (`torch.jit.load` reads it).
+    #[serde(rename = "model.pt")]
+    TorchScript,
+    /// The weights (and rank 0's BatchNorm statistics) as a safetensors state dict, named as PyTorch's
+    /// `state_dict()` names them for an uploaded model.
+    #[serde(rename = "model.safetensors")]
+    Safetensors,
+}
+
+impl WeightsFile {
+    fn name(self) -> &'static str {
+        match self {
+            WeightsFile::TorchScript => "model.pt",
+            WeightsFile::Safetensors => "model.safetensors",
+        }
+    }
+}
+
+/// Download one file of a checkpoint of one of your team's jobs: `model.pt` (an uploaded model as
+/// TorchScript, with the checkpoint's weights) or `model.safetensors` (the weights).
+#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints/{checkpoint}/weights/{file}", tag = "jobs",
+    params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path),
+        ("file" = String, Path, description = "model.pt or model.safetensors")),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, description = "No such job, checkpoint or file (model.pt exists for uploaded models only)")),
+    security(("bearer" = [])))]
+pub async fn download_weights(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath((id, checkpoint, file)): ApiPath<(Uuid, Uuid, String)>,
+) -> ApiResult<Response> {
+    let file = serde_json::from_value::<WeightsFile>(serde_json::Value::String(file.clone()))
+        .map_err(|_| ApiError::not_found(format!("no file {file:?}: model.pt or model.safetensors")))?;
+    let job = team_job(&state, &user, id).await?;
+    let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
+    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
+    let archive = files::under(&folder, std::path::Path::new(&checkpoint.path)).await?;
+    let scratch = state.config.data_dir.join("tmp");
+    tokio::fs::create_dir_all(&scratch).await.map_err(ApiError::internal)?;
+    let extracted = scratch.join(format!("{}-{}", Uuid::new_v4(), file.name()));
+    let _removed_at_the_end = PartialFile::new(extracted.clone());
+    let found = {
+        let (archive, extracted) = (archive.clone(), extracted.clone());
+        tokio::task::spawn_blocking(move || extract_member(&archive, file.name(), &extracted))
+            .await
+            .map_err(ApiError::internal)?
+            .map_err(ApiError::internal)?
+    };
+    if !found {
+        return Err(ApiError::not_found(format!(
+            "checkpoint {} has no {} (TorchScript is saved for uploaded models only)",
+            checkpoint.id,
+            file.name()
+        )));
+    }
+    // the open file is streamed; its name goes when `_removed_at_the_end` drops, at the end of this call
+    files::file_response(&extracted).await
+}
+
+/// Copies the archive's `<folder>/<name>` to `to`; false when the archive has none.
+fn extract_member(archive: &std::path::Path, name: &str, to: &std::path::Path) -> std::io::Result<bool> {
+    let mut tar = tar::Archive::new(std::fs::File::open(archive)?);
+    for entry in tar.entries()? {
+        let mut entry = entry?;
+        let is_it = entry.header().entry_type().is_file() && entry.path()?.file_name().is_some_and(|n| n == name);
+        if is_it {
+            let mut out = std::fs::File::create(to)?;
+            std::io::copy(&mut entry, &mut out)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

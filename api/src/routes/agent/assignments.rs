@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::Json;
 use ringtrain_core::{AssignmentId, AssignmentState, FieldError, JobState, NodeId};
+use ringtrain_protocol::agent::ModelFile;
 use ringtrain_protocol::{AssignmentUpdate, EndpointReport, Poll, PollQuery, Work};
 use ringtrain_store::{Assignment, Checkpoint, Job};
 use uuid::Uuid;
@@ -91,10 +92,15 @@ pub async fn poll_assignments(
             Some(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
             None => None,
         };
+        let model = match job.spec["model"]["uploaded"].as_str().and_then(|m| m.parse::<Uuid>().ok()) {
+            Some(id) => state.store.get_model(id).await?.map(|m| ModelFile { id, sha256: m.sha256, inputs: m.inputs }),
+            None => None,
+        };
         let rendezvous_secret = state.store.rendezvous_secret(job.id, job.attempt).await?;
         poll.work.push(Work {
             rendezvous_secret,
             dataset_sha256,
+            model,
             device_index,
             assignment,
             spec: job.spec.clone(),

@@ -1,0 +1,233 @@
+//! /v1/models: uploaded TorchScript models, team-scoped like datasets. An upload is streamed to the data
+//! directory under a size limit, then checked against one of the team's data sets by `ringtrain models
+//! check` in a process of its own (libtorch is not linked into the server, and a hostile or broken file
+//! must never touch the server's process): it loads, has trainable parameters, and its `forward` takes two
+//! samples of the declared inputs and returns what the labels need. Only then is it stored.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use ringtrain_core::FieldError;
+use ringtrain_protocol::model::{ModelRefusal, ModelReport, EXIT_REFUSED};
+use ringtrain_store::{Dataset, Model, NewModel};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::auth::User;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiPath, ApiQuery};
+use crate::state::AppState;
+use crate::storage;
+use crate::uploads::{self, UploadKind};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ModelUploadParams {
+    /// A label for the model (1 to 200 characters, not only spaces).
+    #[param(min_length = 1, max_length = 200, pattern = "\\S")]
+    pub name: String,
+    /// An uploaded data set of the team: the check runs the model on two of its samples.
+    pub dataset: Uuid,
+    /// forward's inputs in order, comma-separated: the data set's tensors x.NAME. Default: the data set's
+    /// one input (its `x`, or its only `x.NAME`).
+    #[param(max_length = 2000)]
+    pub inputs: Option<String>,
+}
+
+/// The one input of a plain data set, as a model's input list names it.
+pub const PLAIN_INPUT: &str = "x";
+
+/// Upload a TorchScript model (saved with `torch.jit.script(model).save(path)` in PyTorch 2.x): the body is
+/// the file. It is checked against the data set named before it is stored.
+#[utoipa::path(post, path = "/v1/models", tag = "models", params(ModelUploadParams),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+        description = "A TorchScript file"),
+    responses((status = 201, body = Model), (status = 403),
+        (status = 413, description = "Larger than the model upload limit, or past the team's storage quota"),
+        (status = 415),
+        (status = 422, description = "Not TorchScript, no trainable parameters, or forward does not take the inputs or fit the labels: the reason, at `body`, `inputs` or `dataset`"),
+        (status = 503, description = "This server has no model checker"),
+        (status = 507, description = "The server's disk would fall below its reserve of free space")),
+    security(("bearer" = [])))]
+pub async fn upload_model(
+    State(state): State<AppState>,
+    user: User,
+    headers: HeaderMap,
+    ApiQuery(params): ApiQuery<ModelUploadParams>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Model>)> {
+    user.require_write()?;
+    uploads::check_form(&headers, &params.name, MODELS)?;
+    let dataset = state
+        .store
+        .get_dataset(params.dataset)
+        .await?
+        .filter(|d| user.owns(d.team_id))
+        .ok_or_else(|| field_error("dataset", format!("no uploaded dataset {}", params.dataset)))?;
+    let inputs = declared_inputs(&dataset, params.inputs.as_deref())?;
+    let Some(checker) = state.config.model_checker.clone() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no-model-checker",
+            "this server cannot check models (it runs without a ringtrain binary to do so)",
+        ));
+    };
+    let limit = state.config.max_model_bytes;
+    let received = uploads::receive(&state, user.team_id, &headers, body, limit, MODELS).await?;
+    let report = run_check(&state, &checker, &received.partial_path, &dataset, &inputs).await?;
+    let (id, written) = (received.id, received.written.clone());
+    let final_path = received.keep().await?;
+    let stored = state.store.add_model(NewModel {
+        id,
+        team_id: user.team_id,
+        name: params.name,
+        path: final_path.to_string_lossy().into_owned(),
+        size_bytes: written.bytes as i64,
+        sha256: written.sha256,
+        inputs: report.inputs.clone(),
+        report: serde_json::to_value(&report).map_err(ApiError::internal)?,
+    });
+    uploads::record(&final_path, stored).await
+}
+
+const MODELS: UploadKind =
+    UploadKind { what: "model", folder: "models", extension: "pt", body: "the TorchScript file" };
+
+fn field_error(field: &str, reason: impl Into<String>) -> ApiError {
+    ApiError::validation(vec![FieldError::new(field, reason)])
+}
+
+/// The inputs forward takes, in order: as declared (each a named input of the data set), or the data set's
+/// one input. Empty means the plain data set's `x`.
+fn declared_inputs(dataset: &Dataset, declared: Option<&str>) -> ApiResult<Vec<String>> {
+    let held: Vec<&str> = dataset.inputs.iter().map(|i| i.name.as_str()).collect();
+    let listed = || {
+        if held.is_empty() {
+            "it holds one input, x".to_string()
+        } else {
+            format!("it holds {}", held.iter().map(|n| format!("x.{n}")).collect::<Vec<_>>().join(", "))
+        }
+    };
+    let Some(declared) = declared.map(str::trim).filter(|d| !d.is_empty()) else {
+        return match held.as_slice() {
+            [] => Ok(Vec::new()),
+            [one] => Ok(vec![one.to_string()]),
+            _ => Err(field_error("inputs", format!("missing: name forward's inputs in order ({})", listed()))),
+        };
+    };
+    let names: Vec<String> = declared.split(',').map(|n| n.trim().to_string()).collect();
+    if held.is_empty() {
+        return match names.as_slice() {
+            [one] if one == PLAIN_INPUT => Ok(Vec::new()),
+            _ => Err(field_error("inputs", format!("dataset {} has no named inputs: {}", dataset.id, listed()))),
+        };
+    }
+    for name in &names {
+        if !held.contains(&name.as_str()) {
+            return Err(field_error("inputs", format!("dataset {} has no x.{name}: {}", dataset.id, listed())));
+        }
+    }
+    Ok(names)
+}
+
+/// Runs `ringtrain models check` on the uploaded file, killed after the configured timeout: its report,
+/// or 422 with the reason it refused the model (a crash or a timeout is the file's doing too).
+async fn run_check(
+    state: &AppState,
+    checker: &Path,
+    model: &Path,
+    dataset: &Dataset,
+    inputs: &[String],
+) -> ApiResult<ModelReport> {
+    let mut command = tokio::process::Command::new(checker);
+    command.args(["models", "check", "--model"]).arg(model).arg("--dataset").arg(&dataset.path);
+    if !inputs.is_empty() {
+        command.arg("--inputs").arg(inputs.join(","));
+    }
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    let child = command.spawn().map_err(ApiError::internal)?;
+    let timeout = state.config.model_check_timeout;
+    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(output) => output.map_err(ApiError::internal)?,
+        Err(_) => {
+            return Err(field_error("body", format!("the check of the model did not finish in {}s", timeout.as_secs())))
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().last().unwrap_or("");
+    match output.status.code() {
+        Some(0) => serde_json::from_str(line).map_err(ApiError::internal),
+        Some(code) if code == i32::from(EXIT_REFUSED) => {
+            let refusal: ModelRefusal = serde_json::from_str(line).map_err(ApiError::internal)?;
+            Err(field_error(&refusal.field, refusal.reason))
+        }
+        _ => {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+            Err(field_error("body", format!("the model crashed its check ({}): {last}", output.status)))
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelList {
+    pub models: Vec<Model>,
+}
+
+/// The team's uploaded models, newest first.
+#[utoipa::path(get, path = "/v1/models", tag = "models",
+    responses((status = 200, body = ModelList), (status = 401)),
+    security(("bearer" = [])))]
+pub async fn list_models(State(state): State<AppState>, user: User) -> ApiResult<Json<ModelList>> {
+    Ok(Json(ModelList { models: state.store.list_models(user.team_id).await? }))
+}
+
+/// A model of your team (what its check found included).
+#[utoipa::path(get, path = "/v1/models/{id}", tag = "models", params(("id" = Uuid, Path)),
+    responses((status = 200, body = Model), (status = 404)),
+    security(("bearer" = [])))]
+pub async fn get_model(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<Model>> {
+    Ok(Json(team_model(&state, &user, id).await?))
+}
+
+/// The team's model `id`; another team's is 404, as a missing one.
+pub async fn team_model(state: &AppState, user: &User, id: Uuid) -> ApiResult<Model> {
+    state
+        .store
+        .get_model(id)
+        .await?
+        .filter(|m| user.owns(m.team_id))
+        .ok_or_else(|| ApiError::not_found(format!("no model {id}")))
+}
+
+/// Delete an uploaded model (and its file). Refused (409) while a job of the team that is not finished
+/// trains it.
+#[utoipa::path(delete, path = "/v1/models/{id}", tag = "models", params(("id" = Uuid, Path)),
+    responses((status = 204, description = "Deleted"),
+        (status = 403),
+        (status = 404),
+        (status = 409, description = "A queued or running job trains it")),
+    security(("bearer" = [])))]
+pub async fn delete_model(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<StatusCode> {
+    user.require_write()?;
+    let model = team_model(&state, &user, id).await?;
+    uploads::refuse_if_in_use(&state, user.team_id, &format!("model {id}"), |spec| spec.model.uploaded == Some(id))
+        .await?;
+    state.store.delete_model(model.id).await?.ok_or_else(|| ApiError::not_found(format!("no model {id}")))?;
+    storage::remove_files(&state.config.data_dir.join("models"), std::iter::once(model.path.as_str())).await;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,126 @@
+//! What every user upload (datasets, models) does before its contents are checked: the request's form
+//! (octet-stream, a name), room under the team's quota and on the disk, the body streamed to a partial file
+//! under a size limit; and, once checked, the file renamed into place. Also the rule both kinds share on
+//! delete: nothing a queued or running job of the team uses may go.
+
+use std::path::PathBuf;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, StatusCode};
+use ringtrain_core::{JobSpec, JobState, TeamId};
+use ringtrain_store::JobFilter;
+use uuid::Uuid;
+
+use crate::error::{ApiError, ApiResult};
+use crate::files::{self, PartialFile, Written};
+use crate::state::AppState;
+use crate::storage;
+
+/// A kind of upload: `datasets` or `models`.
+#[derive(Debug, Clone, Copy)]
+pub struct UploadKind {
+    /// One of them, in messages: "dataset".
+    pub what: &'static str,
+    /// The folder under the data directory, and the plural in messages: "datasets".
+    pub folder: &'static str,
+    /// The stored file's extension: "safetensors".
+    pub extension: &'static str,
+    /// What the body must be, for the 415 message: "the safetensors file".
+    pub body: &'static str,
+}
+
+/// An upload streamed to its partial file, not yet checked.
+#[derive(Debug)]
+pub struct Received {
+    pub id: Uuid,
+    pub partial_path: PathBuf,
+    partial: PartialFile,
+    pub written: Written,
+    final_path: PathBuf,
+}
+
+impl Received {
+    /// Renames the checked upload into place; returns where it now lies.
+    pub async fn keep(self) -> ApiResult<PathBuf> {
+        tokio::fs::rename(&self.partial_path, &self.final_path).await.map_err(ApiError::internal)?;
+        self.partial.keep();
+        Ok(self.final_path)
+    }
+}
+
+/// The request's form: an octet-stream body and a name of 1 to 200 characters, not only spaces.
+pub fn check_form(headers: &HeaderMap, name: &str, kind: UploadKind) -> ApiResult<()> {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !content_type.starts_with("application/octet-stream") {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            format!("send {} as the body with Content-Type: application/octet-stream", kind.body),
+        ));
+    }
+    if name.trim().is_empty() || name.chars().count() > 200 {
+        return Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            "bad-query-parameter",
+            "name",
+            "must be 1 to 200 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Streams the body to a partial file under `limit` bytes, after checking the declared length against the
+/// limit, the team's quota and the disk, and the real length against the quota again.
+pub async fn receive(
+    state: &AppState,
+    team: TeamId,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    kind: UploadKind,
+) -> ApiResult<Received> {
+    let declared = files::check_declared_length(headers, limit, kind.folder)?;
+    storage::check_room(state, team, declared, kind.what).await?;
+    let dir = state.config.data_dir.join(kind.folder);
+    tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
+    let id = Uuid::new_v4();
+    let partial_path = dir.join(format!("{id}.{}.part", kind.extension));
+    let partial = PartialFile::new(partial_path.clone());
+    // Streamed to disk: the limit is enforced as bytes arrive, never by buffering the whole body.
+    let written = files::stream_to_file(body, &partial_path, limit, kind.folder).await?;
+    storage::check_quota(state, team, written.bytes, kind.what).await?;
+    let final_path = dir.join(format!("{id}.{}", kind.extension));
+    Ok(Received { id, partial_path, partial, written, final_path })
+}
+
+/// Awaits the store's record of a kept upload (201 with it); when storing fails, the file goes too.
+pub async fn record<T>(
+    final_path: &std::path::Path,
+    stored: impl std::future::Future<Output = ringtrain_store::StoreResult<T>>,
+) -> ApiResult<(StatusCode, axum::Json<T>)> {
+    match stored.await {
+        Ok(record) => Ok((StatusCode::CREATED, axum::Json(record))),
+        Err(err) => {
+            let _ = tokio::fs::remove_file(final_path).await;
+            Err(err.into())
+        }
+    }
+}
+
+/// 409 when a queued, scheduled or running job of the team passes `uses` (it would lose its file).
+pub async fn refuse_if_in_use(
+    state: &AppState,
+    team: TeamId,
+    what: &str,
+    uses: impl Fn(&JobSpec) -> bool,
+) -> ApiResult<()> {
+    for job_state in [JobState::Queued, JobState::Scheduled, JobState::Running] {
+        let filter = JobFilter { state: Some(job_state), limit: i64::MAX, ..JobFilter::default() };
+        let jobs = state.store.list_jobs(team, &filter).await?;
+        let found = jobs.iter().find(|job| JobSpec::parse(&job.spec.to_string()).is_ok_and(|spec| uses(&spec)));
+        if let Some(job) = found {
+            return Err(ApiError::conflict(format!("job {} ({job_state}) uses {what}", job.id)));
+        }
+    }
+    Ok(())
+}

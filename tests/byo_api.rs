@@ -1,0 +1,186 @@
+//! Bring your own model through the API, on `ringtrain up`: the worked example (examples/multi-input)
+//! uploaded, checked by the server's `ringtrain models check` process, trained by real rank processes,
+//! and downloaded as TorchScript that gives the test error the job reported; bad uploads are refused naming
+//! the problem, and another team can neither see nor use the model.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::Cluster;
+use tch::{CModule, Kind, Tensor};
+
+const LONG: Duration = Duration::from_secs(600);
+const INPUTS: &str = "numeric,tokens,tokens_mask,set,set_mask";
+
+fn repo(path: &str) -> Vec<u8> {
+    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+/// A safetensors file of the given tensors, as bytes.
+fn safetensors(dir: &Path, tensors: &[(&str, Tensor)]) -> Vec<u8> {
+    let path = dir.join("upload.safetensors");
+    let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+    Tensor::write_safetensors(&named, &path).unwrap();
+    std::fs::read(path).unwrap()
+}
+
+/// Sends only the head of an upload that declares `length` bytes, and returns the answer as text.
+fn declare_upload(base: &str, path: &str, length: u64) -> String {
+    use std::io::{Read, Write};
+    let address = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n",
+        support::ADMIN_TOKEN
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn field_errors(body: &Value) -> Vec<(String, String)> {
+    body["errors"]
+        .as_array()
+        .map(|errors| {
+            errors
+                .iter()
+                .map(|e| (e["path"].as_str().unwrap_or("").to_string(), e["reason"].as_str().unwrap_or("").to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Asserts a 422 with an error at `field` whose reason contains `reason`.
+fn assert_refused(answer: &(u16, Value), field: &str, reason: &str) {
+    let errors = field_errors(&answer.1);
+    assert!(
+        answer.0 == 422 && errors.iter().any(|(f, r)| f == field && r.contains(reason)),
+        "expected 422 at {field} ({reason}): {} {}",
+        answer.0,
+        answer.1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_model_trains_through_the_api_and_comes_back_as_torchscript() {
+    let cluster = Cluster::up("byo", 2).await;
+    let api = &cluster.api;
+    let data = repo("examples/multi-input/data.safetensors");
+    let (status, dataset) = api.upload("/v1/datasets?name=multi-input", data.clone()).await;
+    assert_eq!(status, 201, "{dataset}");
+    let names: Vec<&str> = dataset["inputs"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["numeric", "set", "set_mask", "tokens", "tokens_mask"], "{dataset}");
+    assert_eq!((dataset["labels"].as_str(), dataset["num_classes"].as_i64()), (Some("classes"), Some(3)));
+    let dataset_id = dataset["id"].as_str().unwrap().to_string();
+
+    // bad uploads: each refused, naming the problem; nothing is stored
+    let model = repo("examples/multi-input/model.pt");
+    let upload = |inputs: &str| format!("/v1/models?name=example&dataset={dataset_id}&inputs={inputs}");
+    assert_refused(
+        &api.upload(&upload(INPUTS), b"not a TorchScript file".to_vec()).await,
+        "body",
+        "not a loadable TorchScript file",
+    );
+    assert_refused(&api.upload(&upload("numeric"), model.clone()).await, "inputs", "forward");
+    assert_refused(&api.upload(&upload("numeric,colour"), model.clone()).await, "inputs", "has no x.colour");
+    assert_refused(
+        &api.upload(&format!("/v1/models?name=example&dataset={dataset_id}"), model.clone()).await,
+        "inputs",
+        "missing",
+    );
+    let two_outputs = repo("tests/fixtures/byo/two_outputs.pt");
+    assert_refused(&api.upload(&upload("numeric"), two_outputs).await, "body", "not one tensor");
+    let regressor = repo("tests/fixtures/byo/regressor.pt");
+    assert_refused(&api.upload(&upload("numeric"), regressor).await, "body", "output has shape [2]");
+    let no_parameters = repo("tests/fixtures/byo/no_parameters.pt");
+    assert_refused(&api.upload(&upload("numeric"), no_parameters).await, "body", "no trainable parameters");
+    let dir = cluster.dir.join("uploads");
+    std::fs::create_dir_all(&dir).unwrap();
+    let x = Tensor::zeros([4, 3], (Kind::Float, tch::Device::Cpu));
+    let bad_labels = safetensors(&dir, &[("x.a", x.shallow_clone()), ("y", Tensor::from_slice(&[0i64, 1, -1, 2]))]);
+    assert_refused(&api.upload("/v1/datasets?name=bad", bad_labels).await, "y", "label -1 at index 2");
+    let short = safetensors(&dir, &[("x.a", x.narrow(0, 0, 3)), ("y", Tensor::from_slice(&[0i64, 1, 1, 2]))]);
+    assert_refused(&api.upload("/v1/datasets?name=bad", short).await, "x.a", "has 3 samples where the labels have 4");
+    // too large: a declared length past the limit (256 MiB) is refused before any of the body is read
+    let answer = declare_upload(&cluster.url, &upload(INPUTS), (256 << 20) + 1);
+    assert!(answer.starts_with("HTTP/1.1 413") && answer.contains("models may be at most 256 MiB"), "{answer}");
+    assert_eq!(api.get("/v1/models").await["models"], serde_json::json!([]), "no refused model was stored");
+
+    let (status, stored) = api.upload(&upload(INPUTS), model).await;
+    assert_eq!(status, 201, "{stored}");
+    let model_id = stored["id"].as_str().unwrap().to_string();
+    assert_eq!(stored["inputs"], serde_json::json!(INPUTS.split(',').collect::<Vec<_>>()));
+    assert_eq!(stored["report"]["output_shape"], serde_json::json!([2, 3]));
+    assert!(stored["report"]["parameters"].as_u64().unwrap() > 10_000, "{stored}");
+
+    // another team sees nothing of it and cannot train it, even on its own copy of the data
+    let other = cluster.team("byo-other", 2).await;
+    assert_eq!(other.request(reqwest::Method::GET, &format!("/v1/models/{model_id}"), None).await.0, 404);
+    assert_eq!(other.get("/v1/models").await["models"], serde_json::json!([]));
+    let (_, their_dataset) = other.upload("/v1/datasets?name=copy", data).await;
+    let spec_text = String::from_utf8(repo("examples/multi-input/spec.json")).unwrap();
+    let spec_for = |model: &str, dataset: &str| -> Value {
+        serde_json::from_str(&spec_text.replace("MODEL_ID", model).replace("DATASET_ID", dataset)).unwrap()
+    };
+    let theirs = spec_for(&model_id, their_dataset["id"].as_str().unwrap());
+    assert_refused(
+        &other.request(reqwest::Method::POST, "/v1/jobs", Some(theirs)).await,
+        "model.uploaded",
+        "no uploaded model",
+    );
+    assert_eq!(
+        other.request(reqwest::Method::DELETE, &format!("/v1/models/{model_id}"), None).await.0,
+        404,
+        "nor delete it"
+    );
+    // a built-in model cannot train on named inputs
+    let mut builtin = spec_for(&model_id, &dataset_id);
+    builtin["model"] = serde_json::json!({"name": "mlp"});
+    assert_refused(&api.request(reqwest::Method::POST, "/v1/jobs", Some(builtin)).await, "dataset", "named inputs");
+
+    // submitted as the README does it, trained on 2 rank processes
+    let id = api.submit(&spec_for(&model_id, &dataset_id)).await;
+    let (status, _) = api.request(reqwest::Method::DELETE, &format!("/v1/models/{model_id}"), None).await;
+    assert_eq!(status, 409, "a model a queued or running job trains stays");
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    let reported = job["result"]["final_test_error"].as_f64().unwrap();
+    assert!(reported < 0.2, "the example learns: test error {reported} (chance is about 0.65)");
+
+    // the trained model back: TorchScript that gives the reported error, and the state dict
+    let checkpoints = api.get(&format!("/v1/jobs/{id}/checkpoints")).await;
+    let last = checkpoints["checkpoints"].as_array().unwrap().iter().find(|c| c["is_final"] == true).unwrap().clone();
+    let weights = format!("/v1/jobs/{id}/checkpoints/{}/weights", last["id"].as_str().unwrap());
+    let (status, script) = api.download(&format!("{weights}/model.pt")).await;
+    assert_eq!(status, 200);
+    let path = dir.join("trained.pt");
+    std::fs::write(&path, script).unwrap();
+    let mut trained = CModule::load(&path).unwrap();
+    trained.set_eval();
+    let split =
+        Tensor::read_safetensors(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/multi-input/data.safetensors"))
+            .unwrap();
+    let take = |name: &str| split.iter().find(|(n, _)| n == name).unwrap().1.shallow_clone();
+    let inputs: Vec<Tensor> = INPUTS.split(',').map(|n| take(&format!("x_test.{n}"))).collect();
+    let logits = tch::no_grad(|| trained.forward_ts(&inputs)).unwrap();
+    let error =
+        logits.argmax(-1, false).ne_tensor(&take("y_test")).to_kind(Kind::Double).mean(Kind::Double).double_value(&[]);
+    assert!((error - reported).abs() < 1e-6, "the downloaded model gives {error}, the job reported {reported}");
+    let (status, state_dict) = api.download(&format!("{weights}/model.safetensors")).await;
+    assert_eq!(status, 200);
+    let state_path = dir.join("trained.safetensors");
+    std::fs::write(&state_path, state_dict).unwrap();
+    let names: Vec<String> = Tensor::read_safetensors(&state_path).unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(names.iter().any(|n| n == "gru.weight_hh_l0") && names.iter().any(|n| n == "head.2.bias"), "{names:?}");
+    assert_eq!(api.download(&format!("{weights}/model.onnx")).await.0, 404);
+
+    // once nothing trains it, it can go
+    let (status, _) = api.request(reqwest::Method::DELETE, &format!("/v1/models/{model_id}"), None).await;
+    assert_eq!(status, 204);
+    assert_eq!(api.request(reqwest::Method::GET, &format!("/v1/models/{model_id}"), None).await.0, 404);
+}
