@@ -150,6 +150,17 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
         .await;
     let downloaded = wait_for(&browser, "return window.downloaded.length ? window.downloaded[0] : null;", SHORT).await;
     assert!(downloaded.as_u64().unwrap() > 10_000, "an archive of {size} came down: {downloaded} bytes");
+    // and the weights alone, as a safetensors state dict (the MLP 784-64-10: 50,890 f32 parameters)
+    browser
+        .run(
+            "const rows = [...document.querySelectorAll('#checkpoint-rows tr')]; \
+             const last = rows.find(r => r.textContent.includes('final weights')); \
+             last.querySelector('button[data-weights=\"model.safetensors\"]').click();",
+            json!([]),
+        )
+        .await;
+    let weights = wait_for(&browser, "return window.downloaded.length > 1 ? window.downloaded[1] : null;", SHORT).await;
+    assert!(weights.as_u64().unwrap() > 50_890 * 4, "the final weights came down: {weights} bytes");
 
     // the logs: searched, and one rank's only
     browser.type_into("#log-search", "rank 1 of 2").await;

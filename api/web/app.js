@@ -336,24 +336,36 @@ function renderCheckpoints(job, checkpoints) {
     cell(row, checkpoint.epoch);
     cell(row, checkpoint.iteration);
     cell(row, `${(checkpoint.size_bytes / 2 ** 20).toFixed(2)} MiB`);
-    const download = button("Download", () => downloadCheckpoint(job.id, checkpoint), { checkpoint: checkpoint.id });
-    download.setAttribute("aria-label", `download ${checkpoint.name}`);
-    row.appendChild(document.createElement("td")).appendChild(download);
+    const base = `/v1/jobs/${job.id}/checkpoints/${checkpoint.id}`;
+    const downloads = row.appendChild(document.createElement("td"));
+    const archive = button("Download", () => download(`${base}/archive`, checkpoint.name), { checkpoint: checkpoint.id });
+    archive.setAttribute("aria-label", `download ${checkpoint.name}`);
+    downloads.appendChild(archive);
+    // the weights alone: a state dict for every model, TorchScript for an uploaded one
+    const files = [["model.safetensors", "Weights"]];
+    if (job.spec.model.uploaded) files.push(["model.pt", "TorchScript"]);
+    for (const [file, label] of files) {
+      const weights = button(label, () => download(`${base}/weights/${file}`, `${checkpoint.name}-${file}`), {
+        weights: file,
+      });
+      weights.setAttribute("aria-label", `download ${file} of ${checkpoint.name}`);
+      downloads.append(" ", weights);
+    }
     rows.appendChild(row);
   }
   $("no-checkpoints").hidden = checkpoints.length > 0;
 }
 
-/** The archive is fetched with the token (a plain link could not carry it) and saved from memory. */
-async function downloadCheckpoint(jobId, checkpoint) {
-  const response = await request(`/v1/jobs/${jobId}/checkpoints/${checkpoint.id}/archive`);
+/** A file is fetched with the token (a plain link could not carry it) and saved from memory. */
+async function download(path, name) {
+  const response = await request(path);
   if (!response.ok) {
     alert(`Download failed: ${response.status}`);
     return;
   }
   const link = document.createElement("a");
   link.href = URL.createObjectURL(await response.blob());
-  link.download = checkpoint.name;
+  link.download = name;
   document.body.appendChild(link);
   link.click();
   link.remove();
