@@ -98,6 +98,8 @@ async fn an_uploaded_model_trains_through_the_api_and_comes_back_as_torchscript(
     assert_refused(&api.upload(&upload("numeric"), two_outputs).await, "body", "not one tensor");
     let regressor = repo("tests/fixtures/byo/regressor.pt");
     assert_refused(&api.upload(&upload("numeric"), regressor).await, "body", "output has shape [2]");
+    let hog = repo("tests/fixtures/byo/memory_hog.pt");
+    assert_refused(&api.upload(&upload("numeric"), hog).await, "body", "can't allocate memory");
     let no_parameters = repo("tests/fixtures/byo/no_parameters.pt");
     assert_refused(&api.upload(&upload("numeric"), no_parameters).await, "body", "no trainable parameters");
     let dir = cluster.dir.join("uploads");

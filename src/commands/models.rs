@@ -27,6 +27,10 @@ pub struct CheckArgs {
     /// forward's inputs in order, comma-separated: the data set's tensors x.NAME. Default: its one x.
     #[arg(long, value_delimiter = ',')]
     inputs: Vec<String>,
+    /// The most memory (address space, in GiB) the check may take: a model whose forward allocates more
+    /// fails its check instead of starving the machine (the server passes its own limit).
+    #[arg(long, default_value_t = 16)]
+    max_memory_gib: u64,
 }
 
 pub fn run(models: Models) -> ExitCode {
@@ -36,6 +40,12 @@ pub fn run(models: Models) -> ExitCode {
 }
 
 fn check(args: &CheckArgs) -> ExitCode {
+    let bytes = args.max_memory_gib.saturating_mul(1 << 30);
+    let limit = rustix::process::Rlimit { current: Some(bytes), maximum: Some(bytes) };
+    if let Err(err) = rustix::process::setrlimit(rustix::process::Resource::As, limit) {
+        eprintln!("models check: error: cannot limit its memory: {err}");
+        return ExitCode::FAILURE;
+    }
     // one libtorch thread: the server may run several checks beside its own work
     tch::set_num_threads(1);
     let outcome = ringtrain_worker::model_check::check(&args.model, &args.dataset, &args.inputs);

@@ -18,11 +18,13 @@ fn refuse(field: &str, reason: impl Into<String>) -> ModelRefusal {
     ModelRefusal { field: field.to_string(), reason: reason.into() }
 }
 
-/// A forward pass that failed: the model's fault when it returned something else than a tensor, else the
-/// inputs' (their number, names, dtypes or shapes), as TorchScript says.
+/// A forward pass that failed: the model's fault when it returned something else than a tensor or asked
+/// for more memory than the check allows, else the inputs' (their number, names, dtypes or shapes), as
+/// TorchScript says.
 fn forward_refusal(e: anyhow::Error) -> ModelRefusal {
     let reason = format!("{e:#}");
-    refuse(if reason.contains("not one tensor") { "body" } else { "inputs" }, reason)
+    let models_fault = reason.contains("not one tensor") || reason.contains("allocate memory");
+    refuse(if models_fault { "body" } else { "inputs" }, reason)
 }
 
 /// Checks `model` against the safetensors data set `dataset`, whose tensors `x.NAME` for each of `inputs`
@@ -116,6 +118,7 @@ mod tests {
             (repo("tests/fixtures/byo/no_parameters.pt"), numeric.clone(), "body", "no trainable parameters"),
             (repo("tests/fixtures/byo/two_outputs.pt"), numeric.clone(), "body", "not one tensor"),
             (repo("tests/fixtures/byo/regressor.pt"), numeric.clone(), "body", "output has shape [2]"),
+            (repo("tests/fixtures/byo/memory_hog.pt"), numeric.clone(), "body", "can't allocate memory"),
         ];
         for (model, inputs, field, reason) in cases {
             let refusal = check(&model, &data, &inputs).unwrap_err();

@@ -40,6 +40,10 @@ pub struct ModelUploadParams {
     pub inputs: Option<String>,
 }
 
+/// The address space one model check may take, in GiB (its forward runs on two samples: a model that needs
+/// more is refused rather than let loose on the server's machine).
+const MAX_CHECK_MEMORY_GIB: u64 = 16;
+
 /// The one input of a plain data set, as a model's input list names it.
 pub const PLAIN_INPUT: &str = "x";
 
@@ -145,8 +149,12 @@ async fn run_check(
     dataset: &Dataset,
     inputs: &[String],
 ) -> ApiResult<ModelReport> {
+    // at most two checks at a time: each is a process loading libtorch, and uploads may come in a burst
+    static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    let _turn = CHECKS.acquire().await.map_err(ApiError::internal)?;
     let mut command = tokio::process::Command::new(checker);
     command.args(["models", "check", "--model"]).arg(model).arg("--dataset").arg(&dataset.path);
+    command.args(["--max-memory-gib", &MAX_CHECK_MEMORY_GIB.to_string()]);
     if !inputs.is_empty() {
         command.arg("--inputs").arg(inputs.join(","));
     }

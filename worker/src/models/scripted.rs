@@ -89,13 +89,22 @@ fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()> {
         unsafe { ringtrain_script_free_error(error) };
         text
     };
-    bail!("{what}: {}", first_lines(&message))
+    bail!("{what}: {}", summarise(&message))
 }
 
-/// TorchScript errors carry the whole failing source with markers; the first lines say what is wrong.
-fn first_lines(message: &str) -> String {
-    let lines: Vec<&str> = message.lines().filter(|l| !l.trim().is_empty()).take(12).collect();
-    lines.join("\n")
+/// What a libtorch error says, in a few lines. An error of the TorchScript interpreter carries the failing
+/// source twice with markers; what went wrong is its last line (`RuntimeError: ...`), and where, the last
+/// `File "...", line N, in forward` of its traceback.
+fn summarise(message: &str) -> String {
+    let lines: Vec<&str> = message.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    if !message.contains("Traceback of TorchScript") {
+        return lines.into_iter().take(12).collect::<Vec<_>>().join("\n");
+    }
+    let what = lines.last().copied().unwrap_or("");
+    match lines.iter().rev().find(|l| l.starts_with("File ")) {
+        Some(place) => format!("{what} ({place})"),
+        None => what.to_string(),
+    }
 }
 
 impl ScriptModule {
