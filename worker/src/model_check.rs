@@ -47,11 +47,12 @@ pub fn check(model: &Path, dataset: &Path, inputs: &[String]) -> Result<ModelRep
         scripted.module.forward(&x)
     })
     .map_err(forward_refusal)?;
-    let _fits = loss_and_tally(loss, &out, &y).map_err(|e| refuse("body", format!("{e:#}")))?;
+    let _fits = loss_and_tally(loss, data.classes(), &out, &y).map_err(|e| refuse("body", format!("{e:#}")))?;
 
     scripted.module.set_training(true).map_err(|e| refuse("body", format!("{e:#}")))?;
     let trained = scripted.module.forward(&x).map_err(forward_refusal)?;
-    let (value, _) = loss_and_tally(loss, &trained, &y).map_err(|e| refuse("body", format!("{e:#}")))?;
+    let (value, _) =
+        loss_and_tally(loss, data.classes(), &trained, &y).map_err(|e| refuse("body", format!("{e:#}")))?;
     value.backward();
     if !trainable.iter().any(|t| t.grad().defined()) {
         return Err(refuse("body", "the loss does not reach any of the model's parameters: nothing would train"));

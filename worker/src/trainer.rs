@@ -318,10 +318,10 @@ impl<'c> Trainer<'c> {
         let (mut x, y) = self.data.train_batch(indices, device);
         self.faults.poison_if_due(iteration, &mut x[0]);
         let started = self.clock();
-        let (model, loss_kind) = (&mut self.model, self.loss);
+        let (model, loss_kind, classes) = (&mut self.model, self.loss, self.data.classes());
         let (loss, tally) = precision::forward_in(self.spec.precision, device, || {
             let out = model.forward(&x, true)?;
-            loss_and_tally(loss_kind, &out, &y)
+            loss_and_tally(loss_kind, classes, &out, &y)
         })
         .map_err(|e| JobError(format!("{e:#}")))?;
         let forwarded = self.clock();
@@ -358,9 +358,9 @@ impl<'c> Trainer<'c> {
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
                 let (x, y) = self.data.test_batch(start, size, self.options.device);
-                let (model, loss_kind) = (&mut self.model, self.loss);
+                let (model, loss_kind, classes) = (&mut self.model, self.loss, self.data.classes());
                 let (loss, tally) = precision::forward_in(self.spec.precision, self.options.device, || {
-                    loss_and_tally(loss_kind, &model.forward(&x, false)?, &y)
+                    loss_and_tally(loss_kind, classes, &model.forward(&x, false)?, &y)
                 })
                 .map_err(|e| JobError(format!("{e:#}")))?;
                 mine.wrong += tally.double_value(&[]) as f32;
@@ -472,18 +472,18 @@ pub(crate) fn training_loss(asked: Option<Loss>, labels: Labels) -> Result<Loss,
 }
 
 /// A batch's mean loss, and its error tally: misclassified samples for class labels; for values, the sum
-/// over samples of each sample's mean squared error. A model whose output does not fit the labels is an error
-/// that names both shapes.
-pub(crate) fn loss_and_tally(loss: Loss, out: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
+/// over samples of each sample's mean squared error. A model whose output does not fit the labels (of
+/// `classes` classes: the data set's, counted once at load, so no step reads labels back from the device)
+/// is an error that names both shapes.
+pub(crate) fn loss_and_tally(loss: Loss, classes: i64, out: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
     let batch = y.size()[0];
     match loss {
         Loss::CrossEntropy => {
-            let labels = y.max().int64_value(&[]) + 1;
-            let fits = out.dim() == 2 && out.size()[0] == batch && out.size()[1] >= labels;
+            let fits = out.dim() == 2 && out.size()[0] == batch && out.size()[1] >= classes;
             if !fits {
                 bail!(
                     "the model's output has shape {:?}; class scores for {batch} samples must be [{batch}, C] with C \
-                     above every label",
+                     at least the data set's {classes} classes",
                     out.size()
                 );
             }
