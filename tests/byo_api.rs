@@ -186,3 +186,22 @@ async fn an_uploaded_model_trains_through_the_api_and_comes_back_as_torchscript(
     assert_eq!(status, 204);
     assert_eq!(api.request(reqwest::Method::GET, &format!("/v1/models/{model_id}"), None).await.0, 404);
 }
+
+/// A refusal that comes before the body is read (a bad token, a missing parameter, an unknown data set)
+/// still reaches a client that is sending a large body: the server reads the rest of it first, instead of
+/// closing the connection under the client (which then saw a reset, not the reason).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_refused_before_its_body_is_read_is_answered_not_reset() {
+    let cluster = Cluster::up("byo-refused", 1).await;
+    let junk = vec![7u8; 32 << 20];
+    let unknown = "00000000-0000-4000-8000-000000000000";
+    let stranger = support::Api::new(&cluster.url, "not-a-token");
+    for _ in 0..3 {
+        let answer = cluster.api.upload(&format!("/v1/models?name=m&dataset={unknown}&inputs=x"), junk.clone()).await;
+        assert_refused(&answer, "dataset", "no uploaded dataset");
+        let (status, body) = cluster.api.upload("/v1/models?name=m", junk.clone()).await;
+        assert_eq!(status, 400, "{body}");
+        let (status, body) = stranger.upload("/v1/datasets?name=d", junk.clone()).await;
+        assert_eq!(status, 401, "{body}");
+    }
+}

@@ -21,6 +21,7 @@ pub mod resume;
 pub mod routes;
 pub mod state;
 pub mod storage;
+pub mod unread_body;
 pub mod uploads;
 pub mod web;
 

@@ -134,6 +134,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(models::upload_model, models::list_models))
         .routes(routes!(models::get_model, models::delete_model))
         .routes(routes!(transfers::upload_checkpoint))
+        .layer(axum::middleware::from_fn(crate::unread_body::drain_after_refusal))
         .layer(DefaultBodyLimit::disable());
     // A result carries every epoch's record: a long job's is megabytes, and refusing it would re-run a
     // finished job (issue 12), so it has a limit of its own.
