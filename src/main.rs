@@ -35,14 +35,18 @@ enum Command {
     Train(commands::train::Args),
     /// Save a server and token for the commands below (`RINGTRAIN_SERVER`/`RINGTRAIN_TOKEN` still win).
     Login(commands::login::Args),
-    /// Jobs from the terminal: submit, list, show, cancel, watch, logs, metrics, schedule.
+    /// Jobs from the terminal: submit, list, show, cancel, watch, logs, metrics, schedule, weights.
     #[command(subcommand)]
     Jobs(commands::jobs::Jobs),
     /// Studies: many jobs from one base spec, compared in one table (`study goyal`: Goyal's Table 1 in
     /// miniature).
     #[command(subcommand)]
     Study(commands::study::Study),
-    /// Uploaded TorchScript models: check one against a data set before (or as the server does on) upload.
+    /// The team's uploaded data sets (safetensors): upload, list, delete.
+    #[command(subcommand)]
+    Datasets(commands::datasets::Datasets),
+    /// The team's uploaded TorchScript models: upload, list, delete; `check` one against a data set as the
+    /// server does on upload.
     #[command(subcommand)]
     Models(commands::models::Models),
     /// A spec's schedule for several worker counts side by side (nothing is submitted).
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         Command::Login(args) => commands::block_on("login", commands::login::run(args)),
         Command::Jobs(jobs) => commands::jobs::run(jobs),
         Command::Study(study) => commands::study::run(study),
+        Command::Datasets(datasets) => commands::datasets::run(datasets),
         Command::Models(models) => commands::models::run(models),
         Command::Preview(args) => commands::block_on("preview", commands::pool::preview(&args)),
         Command::Nodes(nodes) => commands::block_on("nodes", commands::pool::nodes(&nodes)),
@@ -88,5 +93,16 @@ fn main() -> ExitCode {
         }
         Command::Doctor(args) => commands::doctor::run(args),
         Command::Bench(bench) => commands::bench::run(bench),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own checks of every subcommand (unique argument and group names, valid defaults), which it
+    /// otherwise makes only when that subcommand is first run.
+    #[test]
+    fn every_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -205,3 +205,70 @@ async fn an_upload_refused_before_its_body_is_read_is_answered_not_reset() {
         assert_eq!(status, 401, "{body}");
     }
 }
+
+/// `ringtrain` as a client, on the example: upload the data set and the model, train, download the weights
+/// in both forms, list, delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_uploads_trains_and_downloads_the_example() {
+    let cluster = Cluster::up("byo-cli", 2).await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+            .args(args)
+            .args(["--server", &cluster.url, "--token", support::ADMIN_TOKEN])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let example = |file: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/multi-input").join(file);
+    let data = example("data.safetensors");
+    let (ok, out, err) = cli(&["datasets", "upload", data.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let dataset: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(dataset["name"], "data", "the name defaults to the file's stem: {out}");
+    let dataset_id = dataset["id"].as_str().unwrap();
+
+    let model = example("model.pt");
+    let (ok, _, err) = cli(&["models", "upload", model.to_str().unwrap(), "--dataset", dataset_id]);
+    assert!(!ok && err.contains("422") && err.contains("inputs: missing"), "{err}");
+    let upload = ["models", "upload", model.to_str().unwrap(), "--dataset", dataset_id, "--inputs", INPUTS];
+    let (ok, out, err) = cli(&[&upload[..], &["--name", "example"]].concat());
+    assert!(ok, "{err}");
+    assert!(out.starts_with("uploaded model ") && out.contains("15139 parameters"), "{out}");
+    let model_id = out.split_whitespace().nth(2).unwrap().to_string();
+    let (ok, out, err) = cli(&["models", "list"]);
+    assert!(ok && out.contains(&model_id) && out.contains("numeric, tokens"), "{out}{err}");
+    let (ok, out, err) = cli(&["datasets", "list"]);
+    assert!(ok && out.contains(dataset_id) && out.contains("x.numeric") && out.contains("3 classes"), "{out}{err}");
+
+    let spec = std::fs::read_to_string(example("spec.json")).unwrap();
+    let spec =
+        spec.replace("MODEL_ID", &model_id).replace("DATASET_ID", dataset_id).replace("\"epochs\": 6", "\"epochs\": 2");
+    let spec_path = cluster.dir.join("spec.json");
+    std::fs::write(&spec_path, spec).unwrap();
+    let (ok, out, err) = cli(&["jobs", "submit", spec_path.to_str().unwrap(), "--watch"]);
+    assert!(ok, "the job succeeds: {out}{err}");
+    let job = out.split_whitespace().nth(1).unwrap().to_string();
+
+    let script = cluster.dir.join("trained.pt");
+    let (ok, out, err) = cli(&["jobs", "weights", &job, "-o", script.to_str().unwrap()]);
+    assert!(ok && out.starts_with("wrote "), "{out}{err}");
+    let trained = CModule::load(&script).expect("the download is TorchScript");
+    assert!(!trained.named_parameters().unwrap().is_empty());
+    let state = cluster.dir.join("trained.safetensors");
+    let (ok, out, err) = cli(&["jobs", "weights", &job, "-o", state.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(!Tensor::read_safetensors(&state).unwrap().is_empty());
+    let (ok, _, err) = cli(&["jobs", "weights", &job, "-o", "trained.bin"]);
+    assert!(!ok && err.contains("name a .pt (TorchScript) or a .safetensors"), "{err}");
+
+    let (ok, out, err) = cli(&["models", "delete", &model_id]);
+    assert!(ok && out.contains("deleted model"), "{out}{err}");
+    let (ok, out, err) = cli(&["datasets", "delete", dataset_id]);
+    assert!(ok && out.contains("deleted dataset"), "{out}{err}");
+    let (ok, out, _) = cli(&["models", "list"]);
+    assert!(ok && out.contains("(no models)"), "{out}");
+}

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use ringtrain_client::{ApiClient, CallError, Method};
 use ringtrain_core::{AssignmentId, AssignmentState, JobId, NodeId};
 use ringtrain_protocol::{
@@ -12,8 +12,6 @@ use ringtrain_protocol::{
     ResultReport,
 };
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
-use uuid::Uuid;
 
 /// A checkpoint folder packed as a tar archive, with what the server records about it.
 #[derive(Debug, Clone)]
@@ -119,26 +117,10 @@ impl Client {
         self.api.put_file(&path, opened, length, Duration::from_secs(600)).await
     }
 
-    /// Downloads `path` into `to`, checking its sha256 when one is given.
+    /// Downloads `path` into `to`, checking its sha256 when one is given (two ranks of a node may fetch the
+    /// same dataset at once: each writes a name of its own first).
     pub async fn download(&self, path: &str, to: &Path, sha256: Option<&str>) -> Result<()> {
-        let request = self.api.request(Method::GET, path).timeout(Duration::from_secs(3600));
-        let mut response = self.api.send(request).await?;
-        // A name of its own: two ranks of a node may fetch the same dataset at once.
-        let partial = to.with_extension(format!("part-{}", Uuid::new_v4()));
-        let mut file =
-            tokio::fs::File::create(&partial).await.with_context(|| format!("cannot create {}", partial.display()))?;
-        let mut hasher = Sha256::new();
-        while let Some(chunk) = response.chunk().await.context("the download broke off")? {
-            hasher.update(&chunk);
-            tokio::io::AsyncWriteExt::write_all(&mut file, &chunk).await?;
-        }
-        tokio::io::AsyncWriteExt::flush(&mut file).await?;
-        let digest = ringtrain_core::hex(&hasher.finalize());
-        if let Some(expected) = sha256.filter(|e| !e.eq_ignore_ascii_case(&digest)) {
-            let _ = tokio::fs::remove_file(&partial).await;
-            anyhow::bail!("{path}: sha256 {digest} does not match the expected {expected}");
-        }
-        tokio::fs::rename(&partial, to).await?;
+        self.api.download(path, to, sha256, Duration::from_secs(3600)).await?;
         Ok(())
     }
 }

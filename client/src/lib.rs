@@ -3,6 +3,7 @@
 //! typed `/v1/agent` calls and the command line's (`jobs watch`, `bench submit`) are built on it. (The API
 //! load benchmark keeps its own raw HTTP/1.1 connections: it measures the server, not a client library.)
 
+use std::path::Path;
 use std::time::Duration;
 
 use reqwest::header::CONTENT_TYPE;
@@ -10,6 +11,8 @@ pub use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
 
 /// A failed call: the HTTP status when the server answered (its problem+json detail in the message), None
 /// when it could not be reached or its answer could not be read.
@@ -155,11 +158,8 @@ impl ApiClient {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = self.send(request).await.map_err(|e| CallError { message: format!("{path}: {e}"), ..e })?;
-        response
-            .json()
-            .await
-            .map_err(|e| CallError { status: None, message: format!("unreadable answer from {path}: {e}") })
+        let response = self.send(request).await.map_err(|e| in_call(path, e))?;
+        read_json(path, response).await
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, CallError> {
@@ -190,14 +190,92 @@ impl ApiClient {
         length: u64,
         timeout: Duration,
     ) -> Result<(), CallError> {
-        let request = self
-            .request(Method::PUT, path)
+        self.send(self.file_request(Method::PUT, path, file, length, timeout)).await.map(drop)
+    }
+
+    /// POSTs a file's bytes as `application/octet-stream` (an upload, as `curl --data-binary @FILE` sends
+    /// it), streamed from disk, and reads the JSON answer.
+    pub async fn post_file<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        file: tokio::fs::File,
+        length: u64,
+        timeout: Duration,
+    ) -> Result<T, CallError> {
+        let request = self.file_request(Method::POST, path, file, length, timeout);
+        let response = self.send(request).await.map_err(|e| in_call(path, e))?;
+        read_json(path, response).await
+    }
+
+    fn file_request(
+        &self,
+        method: Method,
+        path: &str,
+        file: tokio::fs::File,
+        length: u64,
+        timeout: Duration,
+    ) -> reqwest::RequestBuilder {
+        self.request(method, path)
             .header(CONTENT_TYPE, "application/octet-stream")
             .header(reqwest::header::CONTENT_LENGTH, length)
             .body(reqwest::Body::from(file))
-            .timeout(timeout);
-        self.send(request).await.map(drop)
+            .timeout(timeout)
     }
+
+    /// Downloads `path` into the file `to`, checking its sha256 when one is given, and returns the sha256.
+    /// It is written under a name of its own and renamed when whole, so `to` is never half written (and two
+    /// callers may fetch the same file at once).
+    pub async fn download(
+        &self,
+        path: &str,
+        to: &Path,
+        sha256: Option<&str>,
+        timeout: Duration,
+    ) -> Result<String, CallError> {
+        let failed = |what: String| CallError { status: None, message: format!("{path}: {what}") };
+        let mut response = self.send(self.request(Method::GET, path).timeout(timeout)).await?;
+        let partial = to.with_extension(format!("part-{}", uuid::Uuid::new_v4()));
+        let mut file = tokio::fs::File::create(&partial)
+            .await
+            .map_err(|e| failed(format!("cannot create {}: {e}", partial.display())))?;
+        let mut hasher = Sha256::new();
+        let written = async {
+            while let Some(chunk) =
+                response.chunk().await.map_err(|e| failed(format!("the download broke off: {e}")))?
+            {
+                hasher.update(&chunk);
+                file.write_all(&chunk).await.map_err(|e| failed(format!("cannot write {}: {e}", partial.display())))?;
+            }
+            file.flush().await.map_err(|e| failed(format!("cannot write {}: {e}", partial.display())))
+        }
+        .await;
+        let digest = format!("{:x}", hasher.finalize());
+        let checked = written.and_then(|()| match sha256 {
+            Some(expected) if !expected.eq_ignore_ascii_case(&digest) => {
+                Err(failed(format!("sha256 {digest} does not match the expected {expected}")))
+            }
+            _ => Ok(()),
+        });
+        if let Err(err) = checked {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(err);
+        }
+        tokio::fs::rename(&partial, to).await.map_err(|e| failed(format!("cannot write {}: {e}", to.display())))?;
+        Ok(digest)
+    }
+}
+
+/// A failed call's error, prefixed with the route it called.
+fn in_call(path: &str, err: CallError) -> CallError {
+    CallError { message: format!("{path}: {err}"), ..err }
+}
+
+/// A success's JSON body, read as `T`.
+async fn read_json<T: DeserializeOwned>(path: &str, response: reqwest::Response) -> Result<T, CallError> {
+    response
+        .json()
+        .await
+        .map_err(|e| CallError { status: None, message: format!("unreadable answer from {path}: {e}") })
 }
 
 #[cfg(test)]

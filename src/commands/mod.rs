@@ -1,6 +1,8 @@
 pub mod agent;
+pub mod artifacts;
 pub mod bench;
 pub mod connection;
+pub mod datasets;
 pub mod doctor;
 pub mod jobs;
 pub mod latency;

@@ -1,15 +1,30 @@
-//! `ringtrain models check`: the check of an uploaded TorchScript model against a data set, in a process of
-//! its own. The server runs it on every upload (so libtorch and a hostile file never share the server's
+//! `ringtrain models`: the team's uploaded TorchScript models (`upload`, `list`, `delete`, as
+//! `/v1/models` handles them), and `check`: the check of a model against a data set, in a process of its
+//! own. The server runs `check` on every upload (so libtorch and a hostile file never share the server's
 //! process) and reads its one line of JSON; users can run it before uploading.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Result;
 use ringtrain_protocol::model::EXIT_REFUSED;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::commands::artifacts::{self, created, size, text, Column, DeleteArgs, ListArgs};
+use crate::commands::block_on;
+use crate::commands::connection::encode;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Models {
+    /// Upload a TorchScript model, checked by the server against one of the team's data sets before it is
+    /// stored; train it with `"model": {"uploaded": "<id>"}`.
+    Upload(ModelUploadArgs),
+    /// The team's models, newest first.
+    List(ListArgs),
+    /// Delete a model that no queued or running job trains.
+    Delete(DeleteArgs),
     /// Check a TorchScript model against a safetensors data set: it loads, has trainable parameters, and its
     /// forward takes two samples of the named inputs and returns what the labels need. Prints one JSON line:
     /// the report (exit 0) or {field, reason} (exit 2).
@@ -33,9 +48,70 @@ pub struct CheckArgs {
     max_memory_gib: u64,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct ModelUploadArgs {
+    #[command(flatten)]
+    upload: artifacts::UploadArgs,
+    /// The id of an uploaded data set of the team that the model trains on: its check runs forward on two
+    /// of its samples.
+    #[arg(long)]
+    dataset: Uuid,
+    /// forward's inputs in order, comma-separated: the data set's tensors x.NAME. Default: its one input.
+    #[arg(long)]
+    inputs: Option<String>,
+}
+
 pub fn run(models: Models) -> ExitCode {
     match models {
         Models::Check(args) => check(&args),
+        Models::Upload(args) => block_on("models upload", upload(&args)),
+        Models::List(args) => block_on("models list", list(&args)),
+        Models::Delete(args) => block_on("models delete", artifacts::delete(&args, "/v1/models", "model")),
+    }
+}
+
+async fn upload(args: &ModelUploadArgs) -> Result<()> {
+    let mut route = format!("/v1/models?dataset={}", args.dataset);
+    if let Some(inputs) = &args.inputs {
+        route += &format!("&inputs={}", encode(inputs));
+    }
+    args.upload.upload(&route, summary).await
+}
+
+/// What the server's check found in the model.
+fn summary(model: &Value) -> String {
+    let report = &model["report"];
+    format!(
+        "uploaded model {} ({}): {} parameters in {} tensors, forward({}) -> {}{}",
+        text(model, "id"),
+        text(model, "name"),
+        report["parameters"],
+        report["parameter_tensors"],
+        inputs(model),
+        report["output_shape"].to_string().replace(',', ", "),
+        if report["batch_norm"].as_bool() == Some(true) { ", BatchNorm (statistics per rank)" } else { "" }
+    )
+}
+
+async fn list(args: &ListArgs) -> Result<()> {
+    let columns: [Column; 6] = [
+        ("ID", |m| text(m, "id")),
+        ("NAME", |m| text(m, "name")),
+        ("PARAMETERS", |m| m["report"]["parameters"].to_string()),
+        ("INPUTS", inputs),
+        ("SIZE", size),
+        ("CREATED", created),
+    ];
+    artifacts::list(args, "/v1/models", "models", &columns).await
+}
+
+/// forward's inputs, comma-separated (`x` for a plain data set's one input).
+fn inputs(model: &Value) -> String {
+    let names: Vec<&str> = model["inputs"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    if names.is_empty() {
+        "x".to_string()
+    } else {
+        names.join(", ")
     }
 }
 

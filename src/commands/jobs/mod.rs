@@ -3,8 +3,9 @@
 
 mod data;
 mod logs;
-mod manage;
+pub mod manage;
 mod watch;
+mod weights;
 
 pub use manage::table;
 
@@ -30,6 +31,9 @@ pub enum Jobs {
     Metrics(data::MetricsArgs),
     /// The learning-rate schedule it trains with, per epoch.
     Schedule(data::ScheduleArgs),
+    /// Download its trained weights: TorchScript (`-o model.pt`, an uploaded model) or a safetensors state
+    /// dict (`-o model.safetensors`), from the final checkpoint or `--checkpoint ID`.
+    Weights(weights::WeightsArgs),
 }
 
 pub fn run(jobs: Jobs) -> ExitCode {
@@ -42,6 +46,7 @@ pub fn run(jobs: Jobs) -> ExitCode {
         Jobs::Logs(args) => block_on("jobs logs", logs::logs(&args)),
         Jobs::Metrics(args) => block_on("jobs metrics", data::metrics(&args)),
         Jobs::Schedule(args) => block_on("jobs schedule", data::schedule(&args)),
+        Jobs::Weights(args) => block_on("jobs weights", weights::weights(&args)),
     }
 }
 
