@@ -14,3 +14,10 @@ apt_install() {
   if [ "$APT_UPDATED" -eq 0 ]; then as_root apt-get update -qq; APT_UPDATED=1; fi
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
+
+# The cache of libtorch, the cargo target folder and the tools (RINGTRAIN_CACHE wins). For root it is
+# system-wide, /var/cache/ringtrain: ranks and model checks run as the unprivileged ringtrain-rank account
+# there, and must be able to execute the ringtrain binary and load libtorch, which ~root (0700) would hide.
+default_cache() {
+  if [ "$(id -u)" -eq 0 ]; then echo /var/cache/ringtrain; else echo "${XDG_CACHE_HOME:-$HOME/.cache}/ringtrain"; fi
+}

@@ -2,7 +2,7 @@
 # Installs what ringtrain needs to build and run, idempotently, and writes the environment that cargo and the
 # binary need to "$RINGTRAIN_CACHE/env.sh". Quiet when everything is already in place.
 #
-#   RINGTRAIN_CACHE   per-user cache (default: ${XDG_CACHE_HOME:-~/.cache}/ringtrain); holds libtorch and the
+#   RINGTRAIN_CACHE   the cache (default: ${XDG_CACHE_HOME:-~/.cache}/ringtrain, /var/cache/ringtrain for root); holds libtorch and the
 #                     cargo target folder, so fresh clones and CI on the same machine reuse both.
 #   LIBTORCH          use this libtorch instead (a folder with include/ and lib/); nothing is downloaded.
 #   RINGTRAIN_GPU=0|1 force the CPU or the GPU set-up (default: GPU when nvidia-smi sees a device).
@@ -15,10 +15,10 @@
 set -euo pipefail
 
 CUDA_TOOLKIT_VERSION=13.0.2 # the cuda-toolkit pin in torch 2.11.0's wheel metadata
-CACHE="${RINGTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ringtrain}"
-mkdir -p "$CACHE"
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+CACHE="${RINGTRAIN_CACHE:-$(default_cache)}"
+mkdir -p "$CACHE"
 # TORCH_VERSION, python3_torch and venv_torch (shared with device/build-gpu-binary.sh)
 # shellcheck source=torch.sh
 source "$(dirname "${BASH_SOURCE[0]}")/torch.sh"
@@ -79,6 +79,14 @@ fi
 apt_install dataset-fashion-mnist
 # The web page's tests drive a real headless Chromium over WebDriver.
 apt_install chromium chromium-driver
+
+# --- the account tenant code runs as -------------------------------------------------------------------
+# Where the agent or the server runs as root, ranks and model checks run as this unprivileged account
+# (ringtrain_sandbox), never as root: it owns nothing but the private folders the agent gives it.
+if [ "$(id -u)" -eq 0 ] && ! id ringtrain-rank >/dev/null 2>&1; then
+  say "creating the unprivileged account ringtrain-rank (tenant code runs as it)"
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin ringtrain-rank
+fi
 
 # --- the environment --------------------------------------------------------------------------------------
 env_file="$CACHE/env.sh"

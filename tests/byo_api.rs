@@ -3,6 +3,8 @@
 //! and downloaded as TorchScript that gives the test error the job reported; bad uploads are refused naming
 //! the problem, and another team can neither see nor use the model.
 
+#[path = "support/hostile.rs"]
+mod hostile;
 mod support;
 
 use std::path::Path;
@@ -271,4 +273,38 @@ async fn the_command_line_uploads_trains_and_downloads_the_example() {
     assert!(ok && out.contains("deleted dataset"), "{out}{err}");
     let (ok, out, _) = cli(&["models", "list"]);
     assert!(ok && out.contains("(no models)"), "{out}");
+}
+
+/// The attacks of a hostile member of another team on `ringtrain up` (issue 26): a model whose forward maps
+/// the data folder's agent token and raises its bytes, one that saves a file on the server's host, and one
+/// that behaves for the two-sample check and attacks on a training batch. Each upload is refused naming the
+/// operator and where; no byte of the token comes back; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_model_is_refused_at_upload_and_reads_and_writes_nothing_on_the_server() {
+    let cluster = Cluster::up("hostile", 2).await;
+    let attacker = cluster.team("attackers", 2).await;
+    let (status, dataset) =
+        attacker.upload("/v1/datasets?name=mine", repo("examples/multi-input/data.safetensors")).await;
+    assert_eq!(status, 201, "{dataset}");
+    let upload = format!("/v1/models?name=hostile&dataset={}&inputs=numeric", dataset["id"].as_str().unwrap());
+    let data_dir = cluster.dir.join("data");
+    let token_file = data_dir.join("agent-token");
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let planted = cluster.dir.join("planted-by-a-model");
+    let models = cluster.dir.join("hostile");
+    std::fs::create_dir_all(&models).unwrap();
+    let cases = [
+        ("raise", hostile::raise_file(&token_file, 16), "aten::from_file"),
+        ("save", hostile::save_file(&planted), "aten::save"),
+        ("delayed", hostile::delayed(&token_file, 16, &planted), "aten::from_file"),
+    ];
+    for (name, body, operator) in cases {
+        let file = std::fs::read(hostile::model(&models, name, &body)).unwrap();
+        let answer = attacker.upload(&upload, file).await;
+        assert_refused(&answer, "body", operator);
+        assert!(answer.1.to_string().contains("__torch__.BatchNormMlp.forward"), "{name}: {}", answer.1);
+        assert!(!answer.1.to_string().contains(&token[..16]), "{name}: the token came back: {}", answer.1);
+        assert!(!planted.exists(), "{name} wrote on the server's host");
+    }
+    assert_eq!(attacker.get("/v1/models").await["models"], serde_json::json!([]), "no hostile model was stored");
 }

@@ -285,6 +285,25 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     assert!(text.starts_with("[rank 1, placement 1] rank 1 of 2: ") && text.lines().count() == 1, "{text}");
     let followed = logs(&id, &["--follow"]);
     assert!(followed.status.success() && String::from_utf8_lossy(&followed.stdout).lines().count() >= 2);
+    // every rank ran confined (its first line says how), in a cgroup of its own where this machine has
+    // one, and as the rank user where the agent is root: its private folder is that user's
+    let confined = logs(&id, &["--grep", "sandbox: Landlock"]);
+    let text = String::from_utf8_lossy(&confined.stdout);
+    assert_eq!(text.lines().filter(|l| l.contains("seccomp on") && l.contains("TCP confined")).count(), 2, "{text}");
+    if !matches!(
+        ringtrain_sandbox::cgroup::Hierarchy::detect(),
+        ringtrain_sandbox::cgroup::Hierarchy::Unavailable { .. }
+    ) {
+        let grouped = logs(&id, &["--grep", "runs in a cgroup memory"]);
+        assert_eq!(String::from_utf8_lossy(&grouped.stdout).lines().count(), 2);
+    }
+    if ringtrain_sandbox::probe().root {
+        use std::os::unix::fs::MetadataExt;
+        let rank_user = ringtrain_sandbox::RankUser::lookup(ringtrain_sandbox::user::DEFAULT_RANK_USER).unwrap();
+        let folder = cluster.dir.join(format!("data/agent/jobs/{id}/attempt-1/rank-0"));
+        let meta = std::fs::metadata(&folder).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (rank_user.uid, 0o700), "{}", folder.display());
+    }
     let unknown = logs("00000000-0000-0000-0000-000000000000", &[]);
     assert!(!unknown.status.success());
     assert!(

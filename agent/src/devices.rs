@@ -61,7 +61,7 @@ pub fn cpu_slots(count: u32) -> Vec<RegisterDevice> {
 }
 
 /// This machine's memory (`MemTotal` of /proc/meminfo), in bytes.
-fn memory_total() -> Option<u64> {
+pub fn memory_total() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_mem_total(&info)
 }

@@ -100,7 +100,7 @@ pub(crate) async fn fetch_checkpoint(
 }
 
 /// The trainer's checkpoint folder names: `epoch-NNNN`, or `epoch-NNNN-iter-NNNNNNNNNN` mid-epoch.
-fn is_checkpoint_folder(name: &str) -> bool {
+pub(crate) fn is_checkpoint_folder(name: &str) -> bool {
     let digits =
         |t: &str, min: usize, max: usize| (min..=max).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit());
     let Some(rest) = name.strip_prefix("epoch-") else { return false };

@@ -10,8 +10,10 @@
 
 mod capabilities;
 pub mod client;
+mod confine;
 pub mod devices;
 mod files;
+mod lines;
 pub mod rank;
 mod relay;
 mod report;
@@ -77,6 +79,14 @@ pub struct Args {
     /// `idx:` job runs here). Checked on the resolved path, links followed.
     #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
     pub idx_roots: Vec<PathBuf>,
+    /// The account ranks run as when the agent runs as root (never root itself; default ringtrain-rank,
+    /// which scripts/setup.sh creates). It must be able to run this binary and read libtorch.
+    #[arg(long, env = "RINGTRAIN_RANK_USER")]
+    pub rank_user: Option<String>,
+    /// Run ranks even where this kernel cannot confine them (no Landlock or seccomp): only for a
+    /// single-team install, where every model is trusted.
+    #[arg(long, env = "RINGTRAIN_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
 }
 
 impl Args {
@@ -85,6 +95,7 @@ impl Args {
         match (&self.token, &self.token_file) {
             (Some(token), _) => Ok(token.clone()),
             (None, Some(file)) => {
+                confine::check_token_file(file)?;
                 let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
                 let token = text.lines().next().unwrap_or("").trim().to_string();
                 anyhow::ensure!(!token.is_empty(), "{} holds no token", file.display());
@@ -138,6 +149,10 @@ impl Agent {
         }));
         anyhow::ensure!(!offered.is_empty(), "this node offers no device: give --cpus N or --gpus");
         let exe = std::env::current_exe().context("cannot find the ringtrain executable")?;
+        // each rank may use its device's share of this machine's memory (what the server admits jobs by)
+        let memory_share = devices::memory_total().map(|total| total / offered.len().max(1) as u64);
+        let sandbox =
+            confine::RankSandbox::prepare(args.rank_user.as_deref(), args.allow_unsandboxed, &exe, memory_share)?;
         let report = capabilities::ask(&exe).await;
         match &report {
             Ok(report) => tracing::info!(capabilities = %capabilities::summary(report), "ringtrain doctor"),
@@ -162,6 +177,12 @@ impl Agent {
         tracing::info!(node = %name, node_id = %node.id, server = %args.server, devices = %summary.join(", "), "registered");
         std::fs::create_dir_all(&args.work_dir)
             .with_context(|| format!("cannot create {}", args.work_dir.display()))?;
+        // every tenant's cached data, models and checkpoints: the agent's alone (ranks get theirs passed open)
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&args.work_dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("cannot make {} private", args.work_dir.display()))?;
+        }
         let work_dir = std::fs::canonicalize(&args.work_dir)?;
         let ctx = AgentContext {
             client,
@@ -172,6 +193,7 @@ impl Agent {
             exe,
             threads: args.threads,
             idx_roots: args.idx_roots.clone(),
+            sandbox,
         };
         Ok(Agent {
             ctx: Arc::new(ctx),

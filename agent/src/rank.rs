@@ -13,15 +13,18 @@ use ringtrain_core::AssignmentState;
 use ringtrain_protocol::rank::{EXIT_JOB_ERROR, EXIT_STOPPED};
 use ringtrain_protocol::{Assignment, ResultReport, Work};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::client::Client;
+use crate::confine::{self, RankSandbox};
 use crate::files::{dataset_file, fetch_checkpoint, model_file};
+use crate::lines::CappedLines;
 use crate::relay::Relay;
 use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
+use ringtrain_sandbox::cgroup::Cgroup;
 
 /// What every rank of this agent shares.
 #[derive(Debug)]
@@ -38,6 +41,8 @@ pub struct AgentContext {
     pub threads: Option<i32>,
     /// Where `idx:` datasets may be read on this node.
     pub idx_roots: Vec<PathBuf>,
+    /// How ranks are confined.
+    pub sandbox: RankSandbox,
 }
 
 /// How often metrics are sent and rank 0's checkpoints looked for: often enough that the API trails the
@@ -93,43 +98,60 @@ async fn run_inner(
 ) -> Result<AssignmentState> {
     let a = &work.assignment;
     let placement_dir = ctx.work_dir.join("jobs").join(a.job_id.to_string()).join(format!("attempt-{}", a.attempt));
+    // The rank's private folder (its user's alone): its spec, its resume point, its output. The rank reaches
+    // it, and its data and model, only through the files passed to it open.
     let rank_dir = placement_dir.join(format!("rank-{}", a.rank));
     let out = rank_dir.join("out");
-    tokio::fs::create_dir_all(&out).await.with_context(|| format!("cannot create {}", out.display()))?;
+    ctx.sandbox.private_folder(&rank_dir)?;
     check_idx_dataset(&work.spec, &ctx.idx_roots)?;
-    let spec_path = rank_dir.join("spec.json");
-    tokio::fs::write(&spec_path, serde_json::to_vec_pretty(&work.spec)?).await?;
-
-    let mut command = Command::new(&ctx.exe);
-    command.env_clear().envs(rank_environment(std::env::vars()));
-    if let Some(secret) = &work.rendezvous_secret {
-        command.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, secret);
-    }
+    tokio::fs::write(rank_dir.join("spec.json"), serde_json::to_vec_pretty(&work.spec)?).await?;
     let stop_file = rank_dir.join("stop");
     let _ = tokio::fs::remove_file(&stop_file).await;
-    command.arg("train").arg("--spec").arg(&spec_path).arg("--out").arg(&out).arg("--exit-with-parent");
+    let dataset = dataset_file(ctx, work).await?;
+    let model = model_file(ctx, work).await?;
+    let resume = match (&work.resume, a.rank) {
+        (Some(checkpoint), 0) => Some(fetch_checkpoint(ctx, work, checkpoint, &rank_dir).await?),
+        _ => None,
+    };
+
+    let group_name = format!("{}-{}-{}", a.job_id, a.attempt, a.rank);
+    let (mut launch, cgroup) = ctx.sandbox.launch(&group_name)?;
+    let private = confine::pass(&mut launch, &rank_dir)?;
+    launch.private_dir(private.clone());
+    let mut command = Command::new(&ctx.exe);
+    command.arg("train").arg("--spec").arg(private.join("spec.json")).arg("--out").arg(private.join("out"));
+    command.arg("--sandbox-dir").arg(&private).arg("--exit-with-parent");
+    if ctx.sandbox.allow_unsandboxed {
+        command.arg("--allow-unsandboxed");
+    }
     // Named, so a rank whose agent died while it was still loading exits instead of training on unseen.
     command.args(["--parent-pid", &std::process::id().to_string()]);
-    command.arg("--stop-file").arg(&stop_file);
-    if let Some(file) = dataset_file(ctx, work).await? {
-        command.arg("--dataset-file").arg(file);
+    command.arg("--stop-file").arg(private.join("stop"));
+    if let Some(file) = &dataset {
+        command.arg("--dataset-file").arg(confine::pass(&mut launch, file)?);
     }
-    if let Some(file) = model_file(ctx, work).await? {
-        command.arg("--model-file").arg(file);
+    if let Some(file) = &model {
+        command.arg("--model-file").arg(confine::pass(&mut launch, file)?);
         // a plain data set's one input is `x`: the rank reads it without names
         let inputs = work.model.as_ref().map(|m| m.inputs.clone()).unwrap_or_default();
         if inputs != ["x"] {
             command.arg("--model-inputs").arg(inputs.join(","));
         }
+        // its checkpoints hold the module itself beside the weights and momentum: room for both, and more
+        let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        command.args(["--max-file-mib", &max_file_mib(size).to_string()]);
     }
     if let Some(threads) = ctx.threads {
         command.args(["--threads", &threads.to_string()]);
     }
+    if resume.is_some() {
+        command.arg("--resume").arg(private.join("resume"));
+    }
+    launch.apply(command.as_std_mut())?;
+    if let Some(secret) = &work.rendezvous_secret {
+        command.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, secret);
+    }
     let rendezvous = if a.rank == 0 {
-        if let Some(checkpoint) = &work.resume {
-            let resume_dir = fetch_checkpoint(ctx, work, checkpoint, &placement_dir).await?;
-            command.arg("--resume").arg(resume_dir);
-        }
         // A port free now on this node; rank 0 listens on it moments later.
         let port = std::net::TcpListener::bind((ctx.address, 0))?.local_addr()?.port();
         let endpoint = std::net::SocketAddr::new(ctx.address, port).to_string();
@@ -160,6 +182,9 @@ async fn run_inner(
     let started = tokio::spawn(report_started(ctx.clone(), a.clone()));
 
     let mut relay = Relay::new(ctx, work, out.clone(), placement_dir.clone());
+    if let Some(group) = &cgroup {
+        relay.stderr_line(format!("agent: rank {} runs in a {group}", a.rank));
+    }
     let ending = supervise(&mut child, &mut stop, &stop_file, &mut relay).await;
     // A success must not overtake the report that the job runs: the server refuses scheduled -> succeeded,
     // and the result would be lost (a short run that ends while the server is unreachable, found by the
@@ -206,7 +231,17 @@ async fn run_inner(
             AssignmentState::Done
         }
         Ending::Exited(status) => {
-            let retryable = status.code() != Some(i32::from(EXIT_JOB_ERROR));
+            // A rank the kernel killed for exceeding its cgroup's memory did so by its own doing (its model
+            // or batch): a job error, not retried on another device of the same size.
+            let out_of_memory = status.code().is_none() && cgroup.as_ref().is_some_and(Cgroup::out_of_memory);
+            if out_of_memory {
+                relay.stderr_line(format!(
+                    "agent: rank {} exceeded its memory limit ({}) and was killed",
+                    a.rank,
+                    cgroup.as_ref().map_or_else(String::new, ToString::to_string)
+                ));
+            }
+            let retryable = status.code() != Some(i32::from(EXIT_JOB_ERROR)) && !out_of_memory;
             let tail: Vec<String> = relay.stderr_tail.iter().cloned().collect();
             let error = format!(
                 "rank {} on node {} {}; its last stderr lines:\n{}",
@@ -245,8 +280,8 @@ async fn supervise(
     stop_file: &Path,
     relay: &mut Relay,
 ) -> Result<Ending> {
-    let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?).lines();
-    let mut stderr = BufReader::new(child.stderr.take().context("no stderr")?).lines();
+    let mut stdout = CappedLines::new(BufReader::new(child.stdout.take().context("no stdout")?));
+    let mut stderr = CappedLines::new(BufReader::new(child.stderr.take().context("no stderr")?));
     let (mut stdout_open, mut stderr_open) = (true, true);
     // Set once the ranks were asked to checkpoint and stop: past it they are killed.
     let mut grace: Option<(tokio::time::Instant, String)> = None;
@@ -336,36 +371,15 @@ pub(crate) fn check_idx_dataset(spec: &Value, roots: &[PathBuf]) -> Result<(), N
     }
 }
 
-/// Variables a rank process inherits from the agent: what the loader, libtorch, CUDA, NCCL and logging
-/// need. Nothing else passes (the agent's token, a user's credentials in the agent's environment).
-const RANK_VARIABLES: &[&str] = &[
-    "PATH",
-    "HOME",
-    "USER",
-    "LANG",
-    "LC_ALL",
-    "TZ",
-    "TMPDIR",
-    "LD_LIBRARY_PATH",
-    "RUST_LOG",
-    "RUST_BACKTRACE",
-    "RINGTRAIN_LOG_FORMAT",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-];
-const RANK_VARIABLE_PREFIXES: &[&str] = &["CUDA_", "NCCL_", "TORCH_", "NVIDIA_"];
-
-/// The allow-listed part of `vars`.
-pub(crate) fn rank_environment(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
-    vars.filter(|(name, _)| {
-        RANK_VARIABLES.contains(&name.as_str()) || RANK_VARIABLE_PREFIXES.iter().any(|p| name.starts_with(p))
-    })
-    .collect()
+/// The largest file a rank training an uploaded model of `model_bytes` may write, in MiB: a checkpoint's
+/// module, weights or momentum, each about the model's size, with room; at least 2 GiB.
+fn max_file_mib(model_bytes: u64) -> u64 {
+    (model_bytes.saturating_mul(4) >> 20).max(2048)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{check_idx_dataset, rank_environment};
+    use super::{check_idx_dataset, max_file_mib};
 
     #[test]
     fn idx_datasets_must_resolve_inside_the_nodes_roots() {
@@ -386,17 +400,8 @@ mod tests {
     }
 
     #[test]
-    fn ranks_inherit_only_what_they_need() {
-        let vars = [
-            ("RINGTRAIN_TOKEN", "rt_secret"),
-            ("AWS_SECRET_ACCESS_KEY", "x"),
-            ("LD_LIBRARY_PATH", "/opt/torch/lib"),
-            ("NCCL_SOCKET_IFNAME", "eth0"),
-            ("CUDA_VISIBLE_DEVICES", "1"),
-            ("PATH", "/usr/bin"),
-        ]
-        .map(|(k, v)| (k.to_string(), v.to_string()));
-        let kept: Vec<String> = rank_environment(vars.into_iter()).into_iter().map(|(k, _)| k).collect();
-        assert_eq!(kept, ["LD_LIBRARY_PATH", "NCCL_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "PATH"]);
+    fn a_rank_may_write_files_four_times_its_models_size_and_at_least_two_gibibytes() {
+        assert_eq!(max_file_mib(0), 2048);
+        assert_eq!(max_file_mib(1 << 30), 4096);
     }
 }

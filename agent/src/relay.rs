@@ -321,6 +321,11 @@ impl Shared {
             return Ok(());
         };
         let name = name.trim().to_string();
+        // `latest` is written by the rank, which runs tenant code: only a trainer's folder name is taken
+        // (never a path out of its folder)
+        if !crate::files::is_checkpoint_folder(&name) {
+            anyhow::bail!("the rank's latest checkpoint is named {name:?}, not a checkpoint folder: not uploaded");
+        }
         let uploaded = self.uploaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         if !is_final && uploaded.as_deref() == Some(name.as_str()) {
             return Ok(());
@@ -333,6 +338,9 @@ impl Shared {
         let (source, target, folder) = (dir.clone(), archive_path.clone(), name.clone());
         tokio::task::spawn_blocking(move || -> Result<()> {
             let mut builder = tar::Builder::new(std::fs::File::create(&target)?);
+            // a link the rank made (it cannot, confined; defence in depth) goes in as a link, never as the
+            // file it points at
+            builder.follow_symlinks(false);
             builder.append_dir_all(&folder, &source)?;
             builder.into_inner()?.sync_all()?;
             Ok(())

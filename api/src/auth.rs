@@ -24,15 +24,17 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<TokenInfo, ApiE
         Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => token.trim(),
         _ => return Err(ApiError::unauthorized("the Authorization header must be `Bearer <token>`")),
     };
-    let info = state
-        .store
-        .find_token(&hash_token(token))
-        .await?
-        .ok_or_else(|| ApiError::unauthorized("unknown or revoked token"))?;
+    let Some(info) = state.store.find_token(&hash_token(token)).await? else {
+        state.admission.disprove(token);
+        return Err(ApiError::unauthorized("unknown or revoked token"));
+    };
     let now = ringtrain_store::now();
     if !info.is_live(now) {
+        state.admission.disprove(token);
         return Err(ApiError::unauthorized("this token has expired"));
     }
+    // admission gives the next requests with this token their pool (an agent's own) without a lookup
+    state.admission.prove(token, info.role == Role::Agent);
     // last use, to the minute: no write on every request
     if info.last_used_at.is_none_or(|at| now - at > chrono::Duration::seconds(60)) {
         state.store.touch_token(info.id, now).await?;

@@ -8,7 +8,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::error::{ApiError, ApiResult};
 
@@ -86,15 +86,24 @@ const CHUNK: usize = 1 << 20;
 
 /// The file as an `application/octet-stream` body, read in 1 MiB chunks as the client takes them.
 pub async fn file_response(path: &Path) -> ApiResult<Response> {
-    let file = tokio::fs::File::open(path).await.map_err(|e| {
+    file_range_response(path, 0, None).await
+}
+
+/// `length` bytes of the file at `path` from `offset` on (to its end when `None`), streamed: a member of a
+/// checkpoint archive is served from inside the archive, never copied out first (a copy per download
+/// would be disk no quota counts).
+pub async fn file_range_response(path: &Path, offset: u64, length: Option<u64>) -> ApiResult<Response> {
+    let mut file = tokio::fs::File::open(path).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             ApiError::not_found("its file is gone from the server")
         } else {
             ApiError::internal(e)
         }
     })?;
-    let length = file.metadata().await.map_err(ApiError::internal)?.len();
-    let chunks = futures_util::stream::unfold(Some(file), |file| async move {
+    let size = file.metadata().await.map_err(ApiError::internal)?.len();
+    let length = length.unwrap_or(size.saturating_sub(offset)).min(size.saturating_sub(offset));
+    file.seek(std::io::SeekFrom::Start(offset)).await.map_err(ApiError::internal)?;
+    let chunks = futures_util::stream::unfold(Some(file.take(length)), |file| async move {
         let mut file = file?;
         let mut buffer = vec![0u8; CHUNK];
         match file.read(&mut buffer).await {

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod live;
 pub mod logs;
 pub mod metrics;
+pub mod model_check;
 pub mod queue;
 pub mod reference_guard;
 pub mod resume;
@@ -37,6 +38,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 pub use error::{ApiError, Problem};
+pub use model_check::ModelChecker;
 pub use ringtrain_core::hex;
 pub use state::{ApiConfig, AppState};
 
@@ -90,7 +92,13 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 /// Answers 503 problem+json when a handler takes longer than the configured timeout. (tower-http's
 /// TimeoutLayer answers with an empty body.) Streams are timed only until their headers are sent.
 async fn timeout(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let limit: Duration = state.config.request_timeout;
+    // a model upload includes its check, which has its own (longer) timeout
+    let checks_a_model = request.method() == Method::POST && request.uri().path() == "/v1/models";
+    let limit: Duration = if checks_a_model {
+        state.config.request_timeout + state.config.model_check_timeout
+    } else {
+        state.config.request_timeout
+    };
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(

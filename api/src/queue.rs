@@ -3,19 +3,21 @@
 //! on every server alike, with nothing written per pass. The plan is cached until something changes (the
 //! change notifier moves) or for a second, so a page of jobs costs one plan, not one per job.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ringtrain_core::{JobId, JobState};
 use ringtrain_scheduler::{
-    estimate_start, read_queue_view, DeviceKind, Estimate, Plan, QueueView, Timeline, Verdict, WaitReason,
+    estimate_start, read_queue_view, ClusterView, DeviceKind, Estimate, Plan, QueueView, Timeline, Verdict, WaitReason,
 };
 use ringtrain_store::{Job, Store, StoreResult};
 use serde::Serialize;
 use serde_json::{json, Value};
 use utoipa::ToSchema;
+use uuid::Uuid;
 
+use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
@@ -131,6 +133,88 @@ pub fn reason_json(reason: &WaitReason) -> Value {
     value
 }
 
+/// How another team's job is named to a reader who may not see its id.
+const FOREIGN_JOB: &str = "a job of another team";
+
+/// Who reads a queue explanation, and which ids it may see there. Another team's job and team ids are
+/// shown to platform admins only: to a tenant they would reveal the other team's activity and give the
+/// UUIDs that name its checkpoint files and work dirs (security review 3, N-L1).
+#[derive(Debug)]
+pub struct Reader {
+    sees_every_id: bool,
+    /// The ids a tenant may see: its team, its own jobs, and the nodes (public on `/v1/nodes`). Any other
+    /// uuid is hidden, so an id the view does not know is hidden rather than leaked.
+    visible: HashSet<Uuid>,
+}
+
+impl Reader {
+    pub fn new(user: &User, view: &ClusterView) -> Reader {
+        let team = user.team_id;
+        let queued = view.queued.iter().filter(|q| q.team == team).map(|q| q.id.0);
+        let running = view.running.iter().filter(|r| r.team == team).map(|r| r.id.0);
+        let nodes = view.nodes.iter().map(|n| n.id.0);
+        let visible = std::iter::once(team.0).chain(queued).chain(running).chain(nodes).collect();
+        Reader { sees_every_id: user.is_platform_admin(), visible }
+    }
+
+    fn may_see(&self, id: Uuid) -> bool {
+        self.sees_every_id || self.visible.contains(&id)
+    }
+
+    pub fn may_see_job(&self, id: JobId) -> bool {
+        self.may_see(id.0)
+    }
+
+    /// `reason_json` as this reader may see it.
+    pub fn reason_json(&self, reason: &WaitReason) -> Value {
+        let mut value = reason_json(reason);
+        self.hide_ids(&mut value);
+        value
+    }
+
+    /// Replaces every hidden id in `value` by null and names hidden jobs in its sentences as "a job of
+    /// another team", wherever they are (victims' jobs and teams, awaited and protected jobs, messages): a
+    /// new reason's fields need no list here.
+    pub fn hide_ids(&self, value: &mut Value) {
+        match value {
+            Value::String(text) => match text.parse::<Uuid>() {
+                Ok(id) if !self.may_see(id) => *value = Value::Null,
+                Ok(_) => {}
+                Err(_) => *text = self.words(text),
+            },
+            Value::Array(items) => items.iter_mut().for_each(|item| self.hide_ids(item)),
+            Value::Object(fields) => fields.values_mut().for_each(|field| self.hide_ids(field)),
+            _ => {}
+        }
+    }
+
+    /// `text` with each "job <id>" of a hidden job replaced by "a job of another team" (the policy's
+    /// sentences name jobs only that way).
+    pub fn words(&self, text: &str) -> String {
+        const PREFIX: &str = "job ";
+        const UUID_LEN: usize = 36;
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find(PREFIX) {
+            out.push_str(&rest[..at]);
+            let named = &rest[at..];
+            let id = named.get(PREFIX.len()..PREFIX.len() + UUID_LEN).and_then(|id| id.parse::<Uuid>().ok());
+            match id {
+                Some(id) if !self.may_see(id) => {
+                    out.push_str(FOREIGN_JOB);
+                    rest = &named[PREFIX.len() + UUID_LEN..];
+                }
+                _ => {
+                    out.push_str(PREFIX);
+                    rest = &named[PREFIX.len()..];
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
 /// When a waiting job is expected to start.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct EstimatedStart {
@@ -141,7 +225,8 @@ pub struct EstimatedStart {
     /// The moment (with `at`).
     pub at: Option<chrono::DateTime<chrono::Utc>>,
     /// The jobs it waits for: those whose end starts it (`at`), or those without a known end (`unknown`).
-    pub jobs: Vec<JobId>,
+    /// Another team's job is null (its id is shown to platform admins only).
+    pub jobs: Vec<Option<JobId>>,
     /// What the estimate rests on, in words.
     pub basis: String,
 }
@@ -167,13 +252,13 @@ impl EstimatedStart {
                         duration_words(*seconds)
                     ),
                 };
-                EstimatedStart { kind: "at".into(), seconds: Some(*seconds), at: Some(at), jobs: after.clone(), basis }
+                EstimatedStart { kind: "at".into(), seconds: Some(*seconds), at: Some(at), jobs: named(after), basis }
             }
             Estimate::Unknown { depends_on } => EstimatedStart {
                 kind: "unknown".into(),
                 seconds: None,
                 at: None,
-                jobs: depends_on.clone(),
+                jobs: named(depends_on),
                 basis: if depends_on.is_empty() {
                     "it cannot be estimated: nothing known to end would let it start".into()
                 } else {
@@ -187,6 +272,17 @@ impl EstimatedStart {
             },
         }
     }
+
+    /// This estimate as `reader` may see it: other teams' jobs null, and "a job of another team" in words.
+    pub fn for_reader(mut self, reader: &Reader) -> Self {
+        self.basis = reader.words(&self.basis);
+        self.jobs = self.jobs.into_iter().map(|job| job.filter(|id| reader.may_see_job(*id))).collect();
+        self
+    }
+}
+
+fn named(jobs: &[JobId]) -> Vec<Option<JobId>> {
+    jobs.iter().copied().map(Some).collect()
 }
 
 /// "45 s", "14 min", "3.2 h".

@@ -13,6 +13,7 @@ use crate::ingest::MetricBudgets;
 use crate::limits::{Admission, AdmissionConfig};
 use crate::logs::LogBudgets;
 use crate::metrics::ServerMetrics;
+use crate::model_check::{CheckSlots, ModelChecker};
 use crate::queue::QueueCache;
 
 /// Limits and locations of the API.
@@ -27,8 +28,9 @@ pub struct ApiConfig {
     /// The largest model upload (a TorchScript file).
     pub max_model_bytes: u64,
     /// The `ringtrain` binary whose `models check` looks at uploaded models (in a process of its own, as
-    /// libtorch is not linked into the server). None: model uploads are refused (503).
-    pub model_checker: Option<PathBuf>,
+    /// libtorch is not linked into the server, confined), or why there is none: model uploads are then
+    /// refused (503) with that reason.
+    pub model_checker: Result<ModelChecker, String>,
     /// How long one model check may take before it is killed (and the upload refused).
     pub model_check_timeout: Duration,
     /// The largest checkpoint archive an agent may upload.
@@ -74,7 +76,7 @@ impl ApiConfig {
             max_body_bytes: 1 << 20,
             max_dataset_bytes: 512 << 20,
             max_model_bytes: 256 << 20,
-            model_checker: None,
+            model_checker: Err("this server cannot check models (it runs without a ringtrain binary to do so)".into()),
             model_check_timeout: Duration::from_secs(120),
             max_checkpoint_bytes: 8 << 30,
             request_timeout: Duration::from_secs(30),
@@ -107,6 +109,8 @@ pub struct AppState {
     pub log_budgets: Arc<LogBudgets>,
     /// The latest plan of the queue, for pending reasons.
     pub queue: Arc<QueueCache>,
+    /// Model checks in progress (one per team, two in all).
+    pub model_checks: Arc<CheckSlots>,
 }
 
 impl AppState {
@@ -120,6 +124,7 @@ impl AppState {
             metrics: Arc::new(ServerMetrics::default()),
             changes: Arc::new(Changes::default()),
             queue: Arc::new(QueueCache::default()),
+            model_checks: Arc::new(CheckSlots::new()),
         }
     }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
 use axum::http::header::{CONTENT_LENGTH, EXPECT};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
 use futures_util::StreamExt;
@@ -22,6 +23,11 @@ use futures_util::StreamExt;
 pub const MAX_DRAINED_BYTES: u64 = 64 << 20;
 /// ... and for at most this long.
 pub const MAX_DRAIN_TIME: Duration = Duration::from_secs(10);
+/// ... or this long when the caller is not authenticated (401) or not allowed (403): the request holds its
+/// admission slot while it is drained, and a caller without a valid token must not hold one for long
+/// (trickling bodies to be drained was a way to fill the request slots, see [`crate::limits`]). A client
+/// that really sends its body still finishes well within it: 64 MiB over loopback take milliseconds.
+pub const MAX_UNAUTHENTICATED_DRAIN_TIME: Duration = Duration::from_secs(2);
 
 /// The request body, shared between the handler and this middleware, which takes what is left afterwards.
 struct Shared {
@@ -55,7 +61,7 @@ impl HttpBody for SharedBody {
 }
 
 /// Middleware for the upload routes: after a refusal (4xx/5xx), reads the rest of the body (bounded by
-/// [`MAX_DRAINED_BYTES`] and [`MAX_DRAIN_TIME`]) so the client finishes sending and reads the answer.
+/// [`MAX_DRAINED_BYTES`] and [`drain_time`]) so the client finishes sending and reads the answer.
 pub async fn drain_after_refusal(request: Request, next: Next) -> Response {
     let expects_continue = request.headers().get(EXPECT).is_some();
     // A body declared larger than what would be read is not worth starting on: its connection closes.
@@ -68,9 +74,18 @@ pub async fn drain_after_refusal(request: Request, next: Next) -> Response {
     let refused = response.status().is_client_error() || response.status().is_server_error();
     if refused && worth_reading && (shared.polled.load(Ordering::Relaxed) || !expects_continue) {
         let rest = std::mem::take(&mut *shared.body.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
-        let _ = tokio::time::timeout(MAX_DRAIN_TIME, drain(rest)).await;
+        let _ = tokio::time::timeout(drain_time(response.status()), drain(rest)).await;
     }
     response
+}
+
+/// How long a refused body is read for: briefly when the refusal is about who is asking.
+fn drain_time(refusal: StatusCode) -> Duration {
+    if matches!(refusal, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+        MAX_UNAUTHENTICATED_DRAIN_TIME
+    } else {
+        MAX_DRAIN_TIME
+    }
 }
 
 /// Reads and drops up to [`MAX_DRAINED_BYTES`] of a body.

@@ -6,6 +6,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use axum::http::Method;
 use common::{placed_job, spec, TestApp, ADMIN};
 use ringtrain_core::JobId;
 use ringtrain_scheduler::{LoopConfig, ViewConfig};
@@ -161,18 +162,28 @@ async fn preempted_for(app: &TestApp, job: &str) -> BTreeSet<String> {
     victims
 }
 
+/// The tokens of one team the dry-run rounds use: a member, and a platform admin of the team (it sees the
+/// other teams' job ids a dry run's answer hides from the member).
+struct Submitter {
+    member: String,
+    platform: String,
+}
+
 /// A dry run of `submission`, then the submission and one pass: the pass does what the dry run said.
 /// Returns the verdict.
 async fn dry_run_then_pass(
     app: &TestApp,
     config: &LoopConfig,
-    member: &str,
+    team: &Submitter,
     submission: &Value,
     round: usize,
 ) -> String {
-    let dry = app.post("/v1/jobs?dry_run=true", member, submission).await;
+    let member = team.member.as_str();
+    let dry = app.post("/v1/jobs?dry_run=true", &team.platform, submission).await;
     assert_eq!(dry.status, 200, "{}", dry.text);
     let dry = dry.body;
+    let tenant = app.post("/v1/jobs?dry_run=true", member, submission).await.body;
+    assert_eq!(tenant["verdict"], dry["verdict"], "round {round}: {tenant}");
     let id = app.submit(member, submission).await;
     app.state.scheduler(config.clone()).pass().await.expect("a pass");
     app.state.changed().await; // as the loop announces what it did
@@ -203,6 +214,13 @@ async fn dry_run_then_pass(
                 dry["preempts"].as_array().unwrap().iter().map(|p| p["job_id"].as_str().unwrap().to_string()).collect();
             assert!(!named.is_empty());
             assert_eq!(named, preempted, "round {round}: the jobs the dry run said it would preempt");
+            // the member learns how many of other teams' jobs, not which
+            assert_eq!(tenant["preempts"], json!([]), "round {round}: {tenant}");
+            let victims = tenant["pending_reason"]["victims"].as_array().unwrap();
+            assert_eq!(victims.len(), named.len(), "round {round}: {tenant}");
+            for id in &named {
+                assert!(!tenant.to_string().contains(id.as_str()), "round {round}: {tenant}");
+            }
         }
         _ => {
             assert_eq!(seen["state"], "queued", "round {round}: {dry} then {seen}");
@@ -216,6 +234,13 @@ async fn dry_run_then_pass(
     verdict
 }
 
+/// A new token of `team`, as the platform admin makes it.
+async fn mint(app: &TestApp, team: &str, body: Value) -> String {
+    let minted = app.post(&format!("/v1/teams/{team}/tokens"), ADMIN, &body).await;
+    assert_eq!(minted.status, 201, "{}", minted.text);
+    minted.body["token"].as_str().unwrap().to_string()
+}
+
 async fn register_node(app: &TestApp, name: &str, slots: u64) {
     let devices: Vec<Value> =
         (0..slots).map(|i| json!({"index": i, "kind": "cpu", "name": format!("cpu{i}")})).collect();
@@ -227,14 +252,16 @@ async fn register_node(app: &TestApp, name: &str, slots: u64) {
 
 async fn a_dry_run_answers_what_the_next_pass_does(app: TestApp) {
     let config = LoopConfig { owner: "test".into(), view: app.state.config.scheduling, ..Default::default() };
-    let mut members = Vec::new();
+    let mut teams = Vec::new();
     for (t, quota) in [2, 1, 0].into_iter().enumerate() {
         let created =
             app.post("/v1/teams", ADMIN, &json!({"name": format!("t{t}"), "gpu_quota": 0, "cpu_quota": quota})).await;
         let id = created.body["id"].as_str().unwrap().to_string();
-        let token = app.post(&format!("/v1/teams/{id}/tokens"), ADMIN, &json!({"role": "member"})).await;
-        members.push(token.body["token"].as_str().unwrap().to_string());
+        let member = mint(&app, &id, json!({"role": "member"})).await;
+        let platform = mint(&app, &id, json!({"role": "admin", "platform": true})).await;
+        teams.push(Submitter { member, platform });
     }
+    let members: Vec<&str> = teams.iter().map(|t| t.member.as_str()).collect();
     let mut rng = Rng(17);
     let random_spec = |rng: &mut Rng, name: String| {
         let mut job = one_worker(&name);
@@ -251,7 +278,7 @@ async fn a_dry_run_answers_what_the_next_pass_does(app: TestApp) {
         }
         for j in 0..rng.below(2) {
             let team = rng.below(3) as usize;
-            let id = app.submit(&members[team], &random_spec(&mut rng, format!("r{round}j{j}"))).await;
+            let id = app.submit(members[team], &random_spec(&mut rng, format!("r{round}j{j}"))).await;
             submitted.push((id, team));
         }
         for _ in 0..rng.below(3) {
@@ -259,7 +286,7 @@ async fn a_dry_run_answers_what_the_next_pass_does(app: TestApp) {
             let running: Vec<&(String, usize)> = submitted.iter().filter(|(id, _)| active.contains(id)).collect();
             if !running.is_empty() {
                 let (id, team) = running[rng.below(running.len() as u64) as usize].clone();
-                let cancelled = app.post(&format!("/v1/jobs/{id}/cancel"), &members[team], &json!({})).await;
+                let cancelled = app.post(&format!("/v1/jobs/{id}/cancel"), members[team], &json!({})).await;
                 assert_eq!(cancelled.status, 200, "{}", cancelled.text);
             }
         }
@@ -271,27 +298,65 @@ async fn a_dry_run_answers_what_the_next_pass_does(app: TestApp) {
         if rng.below(2) == 0 {
             submission["priority"] = json!(5); // first of its team's queue
         }
-        verdicts.insert(dry_run_then_pass(&app, &config, &members[team], &submission, round).await);
-        let id = app.get("/v1/jobs?limit=1", &members[team]).await.body["jobs"][0]["id"].as_str().unwrap().to_string();
+        verdicts.insert(dry_run_then_pass(&app, &config, &teams[team], &submission, round).await);
+        let id = app.get("/v1/jobs?limit=1", members[team]).await.body["jobs"][0]["id"].as_str().unwrap().to_string();
         submitted.push((id, team));
     }
     // and one reclaim for sure: team 1 (guaranteed 1) ends all its jobs, the queue is emptied, the pool
     // fills with team 2's borrowing (guaranteed nothing), and team 1 asks for its device back
     let queued: Vec<String> = app.store.list_queued(10_000).await.unwrap().iter().map(|j| j.id.to_string()).collect();
     for (id, team) in submitted.iter().filter(|(id, t)| *t == 1 || queued.contains(id)) {
-        app.post(&format!("/v1/jobs/{id}/cancel"), &members[*team], &json!({})).await;
+        app.post(&format!("/v1/jobs/{id}/cancel"), members[*team], &json!({})).await;
     }
     for j in 0..30 {
-        app.submit(&members[2], &one_worker(&format!("borrow{j}"))).await;
+        app.submit(members[2], &one_worker(&format!("borrow{j}"))).await;
     }
     app.state.scheduler(config.clone()).pass().await.expect("a pass");
     app.state.changed().await;
     let mut claim = one_worker("claim");
     claim["priority"] = json!(5);
-    let verdict = dry_run_then_pass(&app, &config, &members[1], &claim, 99).await;
+    let verdict = dry_run_then_pass(&app, &config, &teams[1], &claim, 99).await;
     assert_eq!(verdict, "reclaim");
     verdicts.insert(verdict);
     assert_eq!(verdicts.len(), 3, "the rounds saw every verdict: {verdicts:?}");
+}
+
+/// Team B borrows the only CPU slot; team A, below its guarantee, reclaims it. A's views of its waiting
+/// job (one job, the list, a dry run) say it preempts "a job of another team" and carry neither B's job id
+/// nor B's team id; a platform admin in team A sees the ids.
+async fn a_reason_does_not_name_another_teams_job(app: TestApp) {
+    let a = app.team("alpha").await;
+    let b = app.team("beta").await;
+    let no_guarantee = json!({"cpu_quota": 0});
+    let patched = app.call(Method::PATCH, &format!("/v1/teams/{}", b.id), Some(ADMIN), Some(&no_guarantee)).await;
+    assert_eq!(patched.status, 200, "{}", patched.text);
+    let (borrower, _, _) = placed_job(&app, &b, 4, Duration::from_secs(60), true).await;
+    let claim = app.submit(&a.member, &one_worker("claim")).await;
+    app.state.changed().await;
+    let hidden = [borrower.as_str(), b.id.as_str()];
+
+    let view = job(&app, &a.viewer, &claim).await;
+    let reason = &view["pending_reason"];
+    assert_eq!(reason["code"], "reclaiming", "{view}");
+    assert_eq!(reason["victims"], json!([{"job": null, "team": null}]), "{view}");
+    assert!(reason["message"].as_str().unwrap().contains("preempting a job of another team"), "{reason}");
+    let estimate = &view["estimated_start"];
+    assert_eq!(estimate["jobs"], json!([null]), "{view}");
+    assert!(estimate["basis"].as_str().unwrap().starts_with("after a job of another team ends"), "{estimate}");
+    let list = app.get("/v1/jobs", &a.viewer).await;
+    assert!(list.text.contains("a job of another team"), "{}", list.text);
+    let dry = app.post("/v1/jobs?dry_run=true", &a.member, &one_worker("dry")).await;
+    assert_eq!(dry.status, 200, "{}", dry.text);
+    for text in [view.to_string(), list.text, dry.text] {
+        for id in hidden {
+            assert!(!text.contains(id), "{id} in {text}");
+        }
+    }
+
+    let platform = mint(&app, &a.id, json!({"role": "admin", "platform": true})).await;
+    let seen = job(&app, &platform, &claim).await;
+    assert_eq!(seen["pending_reason"]["victims"], json!([{"job": borrower, "team": b.id}]), "{seen}");
+    assert!(seen["pending_reason"]["message"].as_str().unwrap().contains(&borrower), "{seen}");
 }
 
 async fn reclaimable(store: std::sync::Arc<dyn Store>) -> TestApp {
@@ -315,4 +380,5 @@ ringtrain_store::on_both_backends!(
 ringtrain_store::on_both_backends!(
     setup = crate::reclaimable;
     a_dry_run_answers_what_the_next_pass_does,
+    a_reason_does_not_name_another_teams_job,
 );

@@ -277,6 +277,33 @@ async fn tokens_are_listed_revoked_and_expire(app: TestApp) {
     assert!(expired.text.contains("expired"), "{}", expired.text);
 }
 
+/// The bootstrap token is a platform admin that lives in team `default`: an admin of `default` who is not a
+/// platform admin neither sees it listed nor can revoke it (404, as if absent), and it keeps working.
+async fn a_team_admin_cannot_revoke_a_platform_token(app: TestApp) {
+    let teams = app.get("/v1/teams", ADMIN).await;
+    let default = teams.body["teams"].as_array().unwrap().iter().find(|t| t["name"] == "default").unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let all = app.get(&format!("/v1/teams/{default}/tokens"), ADMIN).await;
+    let bootstrap = all.body["tokens"].as_array().unwrap().iter().find(|t| t["platform"] == true).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let minted = app.post(&format!("/v1/teams/{default}/tokens"), ADMIN, &json!({"role": "admin"})).await;
+    assert_eq!(minted.status, 201, "{}", minted.text);
+    let team_admin = minted.body["token"].as_str().unwrap().to_string();
+
+    let listed = app.get(&format!("/v1/teams/{default}/tokens"), &team_admin).await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    assert!(!listed.text.contains(&bootstrap), "a team admin sees the platform token: {}", listed.text);
+    app.call(Method::DELETE, &format!("/v1/tokens/{bootstrap}"), Some(&team_admin), None).await.problem(404);
+    assert_eq!(app.get("/v1/teams", ADMIN).await.status, 200, "the bootstrap token still works");
+    // its own team's tokens it still revokes
+    let own = minted.body["info"]["id"].as_str().unwrap();
+    assert_eq!(app.call(Method::DELETE, &format!("/v1/tokens/{own}"), Some(&team_admin), None).await.status, 204);
+}
+
 /// `idx:` paths must lie inside the server's --idx-root folders (here /data): no reading the host's files or
 /// another team's folders by path.
 async fn idx_paths_stay_inside_the_allowed_roots(app: TestApp) {
@@ -332,6 +359,7 @@ ringtrain_store::on_both_backends!(
     datasets_go_only_to_agents_that_train_on_them,
     a_team_admin_is_not_a_platform_admin,
     tokens_are_listed_revoked_and_expire,
+    a_team_admin_cannot_revoke_a_platform_token,
     a_revoked_agent_token_loses_its_node,
     an_agent_token_belongs_to_one_node,
     idx_paths_stay_inside_the_allowed_roots,

@@ -66,28 +66,36 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// Refuses plain http:// to a server that is not on this machine, unless allowed.
+    /// Refuses plain http:// to a server that is not on this machine, unless allowed. The base is parsed as
+    /// reqwest will read it (scheme and host are case-insensitive: `HTTP://host` is plain http too), and one
+    /// that is not a URL is refused rather than guessed at.
     pub fn check(&self, base: &str) -> Result<(), CallError> {
-        let Some(rest) = base.strip_prefix("http://") else { return Ok(()) };
-        let authority = rest.split('/').next().unwrap_or("");
-        let host = match authority.rsplit_once(':') {
-            Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
-            _ => authority,
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let local = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-        if local || self.allow_insecure_http {
-            Ok(())
-        } else {
-            Err(CallError {
-                status: None,
-                message: format!(
-                    "refusing plain http:// to {host}: the token would cross the network in clear; use https:// \
-                     (with --ca-cert for a private CA), or --allow-insecure-http on a network you trust"
-                ),
-            })
+        let url = reqwest::Url::parse(base)
+            .map_err(|e| CallError { status: None, message: format!("{base} is not a server URL: {e}") })?;
+        if url.scheme() != "http" || is_this_machine(&url) || self.allow_insecure_http {
+            return Ok(());
         }
+        let host = host_of(&url);
+        Err(CallError {
+            status: None,
+            message: format!(
+                "refusing plain http:// to {host}: the token would cross the network in clear; use https:// (with \
+                 --ca-cert for a private CA), or --allow-insecure-http on a network you trust"
+            ),
+        })
     }
+}
+
+/// The URL's host without an IPv6 address's brackets ("" when it has none).
+fn host_of(url: &reqwest::Url) -> &str {
+    url.host_str().unwrap_or("").trim_start_matches('[').trim_end_matches(']')
+}
+
+/// `localhost` or a loopback address: plain http never leaves the machine. (The URL parser has lowercased
+/// the host already.)
+fn is_this_machine(url: &reqwest::Url) -> bool {
+    let host = host_of(url);
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 impl ApiClient {
@@ -304,5 +312,19 @@ mod tests {
         assert!(err.contains("refusing plain http:// to 10.0.0.5") && err.contains("--allow-insecure-http"), "{err}");
         let allowed = Transport { allow_insecure_http: true, ..Transport::default() };
         assert!(allowed.check("http://10.0.0.5:8080").is_ok());
+    }
+
+    #[test]
+    fn the_plain_http_check_ignores_case_and_refuses_what_is_not_a_url() {
+        let strict = Transport::default();
+        for remote in ["HTTP://10.0.0.5:8080", "Http://server.example/", "http://localhost@10.0.0.5/"] {
+            let err = strict.check(remote).unwrap_err().to_string();
+            assert!(err.contains("refusing plain http://"), "{remote}: {err}");
+        }
+        for local in ["HTTP://LOCALHOST:8080", "HTTP://127.0.0.1:8080", "HTTPS://server.example"] {
+            assert!(strict.check(local).is_ok(), "{local}");
+        }
+        let err = strict.check("http://").unwrap_err().to_string();
+        assert!(err.contains("is not a server URL"), "{err}");
     }
 }

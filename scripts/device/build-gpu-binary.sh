@@ -21,10 +21,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-CACHE="${RINGTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ringtrain}"
-mkdir -p "$CACHE"
 # shellcheck source=../common.sh
 source "$ROOT/scripts/common.sh"
+CACHE="${RINGTRAIN_CACHE:-$(default_cache)}"
+mkdir -p "$CACHE"
 # shellcheck source=../torch.sh
 source "$ROOT/scripts/torch.sh"
 

@@ -14,8 +14,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> ExitCode {
     let report = ringtrain_worker::doctor::probe();
+    let sandbox = ringtrain_sandbox::probe();
     if args.json {
-        match serde_json::to_string_pretty(&report) {
+        let mut json = serde_json::to_value(&report).unwrap_or_default();
+        json["sandbox"] = serde_json::to_value(&sandbox).unwrap_or_default();
+        match serde_json::to_string_pretty(&json) {
             Ok(text) => println!("{text}"),
             Err(err) => {
                 eprintln!("doctor: error: {err}");
@@ -24,8 +27,35 @@ pub fn run(args: Args) -> ExitCode {
         }
     } else {
         print!("{}", table(&report));
+        print!("{}", sandbox_table(&sandbox));
     }
     ExitCode::SUCCESS
+}
+
+/// What confines tenant code here (see `ringtrain_sandbox`), and what an operator must do where it cannot.
+fn sandbox_table(s: &ringtrain_sandbox::Support) -> String {
+    let mut rows: Vec<(String, String)> = vec![("sandbox".into(), s.to_string())];
+    if !s.can_confine() {
+        rows.push((
+            "  tenant code".into(),
+            format!("REFUSED: lacks {}; --allow-unsandboxed runs it unconfined", s.missing().join(" and ")),
+        ));
+    }
+    if s.root {
+        let user = ringtrain_sandbox::user::DEFAULT_RANK_USER;
+        let found = ringtrain_sandbox::RankUser::lookup(user);
+        rows.push((
+            "  rank user".into(),
+            match found {
+                Ok(u) => format!("{} (uid {}, gid {})", u.name, u.uid, u.gid),
+                Err(why) => why,
+            },
+        ));
+    }
+    let denied: Vec<&str> = ringtrain_sandbox::syscalls::denied_names().collect();
+    rows.push(("  system calls refused".into(), format!("{} ({}, ...)", denied.len(), denied[..6].join(", "))));
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0).max(24);
+    rows.iter().map(|(k, v)| format!("{k:width$}  {v}\n")).collect()
 }
 
 fn yes_no(b: bool) -> &'static str {

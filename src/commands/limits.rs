@@ -12,9 +12,24 @@ fn defaults() -> ApiConfig {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LimitArgs {
-    /// Requests handled at once, over all callers; beyond it 429 with Retry-After.
+    /// Requests of users and callers without a token handled at once, over all of them; beyond it 429 with
+    /// Retry-After (agents have a pool of their own).
     #[arg(long, env = "RINGTRAIN_MAX_IN_FLIGHT", default_value_t = defaults().admission.max_in_flight)]
     pub max_in_flight: usize,
+    /// Requests of node agents handled at once, in a pool of their own: no other caller can take their
+    /// slots, so a flood cannot keep heartbeats out (and nodes lost).
+    #[arg(long, env = "RINGTRAIN_MAX_AGENT_IN_FLIGHT", default_value_t = defaults().admission.max_agent_in_flight)]
+    pub max_agent_in_flight: usize,
+    /// Requests one source address may have in flight without a valid token (behind a reverse proxy, every
+    /// caller shares the proxy's address).
+    #[arg(long, env = "RINGTRAIN_MAX_IN_FLIGHT_PER_ADDRESS", default_value_t = defaults().admission.max_in_flight_per_address)]
+    pub max_in_flight_per_address: usize,
+    /// Sustained requests per second one source address may make without a valid token (0: no limit).
+    #[arg(long, env = "RINGTRAIN_ADDRESS_RATE_LIMIT", default_value_t = defaults().admission.address_rate_per_second)]
+    pub address_rate_limit: f64,
+    /// Requests one source address may make in a burst without a valid token.
+    #[arg(long, env = "RINGTRAIN_ADDRESS_RATE_BURST", default_value_t = defaults().admission.address_rate_burst)]
+    pub address_rate_burst: f64,
     /// Sustained requests per second one token may make (0: no limit); beyond it 429 with Retry-After.
     #[arg(long, env = "RINGTRAIN_RATE_LIMIT", default_value_t = defaults().admission.rate_per_second)]
     pub rate_limit: f64,
@@ -64,6 +79,10 @@ pub struct LimitArgs {
 impl LimitArgs {
     pub fn apply(&self, config: &mut ApiConfig) {
         config.admission.max_in_flight = self.max_in_flight;
+        config.admission.max_agent_in_flight = self.max_agent_in_flight;
+        config.admission.max_in_flight_per_address = self.max_in_flight_per_address;
+        config.admission.address_rate_per_second = self.address_rate_limit;
+        config.admission.address_rate_burst = self.address_rate_burst;
         config.admission.rate_per_second = self.rate_limit;
         config.admission.rate_burst = self.rate_burst;
         config.admission.max_streams_per_token = self.max_streams_per_token;

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use ringtrain_protocol::model::EXIT_REFUSED;
+use ringtrain_worker::models::OperatorCheck;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -46,6 +47,19 @@ pub struct CheckArgs {
     /// fails its check instead of starving the machine (the server passes its own limit).
     #[arg(long, default_value_t = 16)]
     max_memory_gib: u64,
+    /// The most CPU time the check may take, in seconds.
+    #[arg(long, default_value_t = 120)]
+    max_cpu_s: u64,
+    /// The check's only writable folder (default: a fresh temporary one). The check always runs confined
+    /// (see `ringtrain_sandbox`): it reads only the model and the data set.
+    #[arg(long)]
+    sandbox_dir: Option<PathBuf>,
+    /// Check even where this kernel cannot confine it (no Landlock or seccomp).
+    #[arg(long)]
+    allow_unsandboxed: bool,
+    /// Skip the operator allow-list (tests of the sandbox only).
+    #[arg(long, hide = true)]
+    skip_operator_check: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -116,15 +130,41 @@ fn inputs(model: &Value) -> String {
 }
 
 fn check(args: &CheckArgs) -> ExitCode {
-    let bytes = args.max_memory_gib.saturating_mul(1 << 30);
-    let limit = rustix::process::Rlimit { current: Some(bytes), maximum: Some(bytes) };
-    if let Err(err) = rustix::process::setrlimit(rustix::process::Resource::As, limit) {
-        eprintln!("models check: error: cannot limit its memory: {err}");
-        return ExitCode::FAILURE;
+    // A fresh private folder unless the caller (the server) made one; kept until the check ends.
+    let temporary = match &args.sandbox_dir {
+        Some(_) => None,
+        None => match tempfile::Builder::new().prefix("ringtrain-check-").tempdir() {
+            Ok(dir) => Some(dir),
+            Err(err) => {
+                eprintln!("models check: error: cannot make its private folder: {err}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let private = args.sandbox_dir.clone().or_else(|| temporary.as_ref().map(|d| d.path().to_path_buf()));
+    let confinement = ringtrain_sandbox::Confinement {
+        read: vec![args.model.clone(), args.dataset.clone()],
+        write: private.into_iter().collect(),
+        gpu: false,
+        network: ringtrain_sandbox::Network::None,
+        limits: ringtrain_sandbox::Limits::model_check(args.max_memory_gib.saturating_mul(1 << 30), args.max_cpu_s),
+    };
+    let enforcement = if args.allow_unsandboxed {
+        ringtrain_sandbox::Enforcement::BestEffort
+    } else {
+        ringtrain_sandbox::Enforcement::Required
+    };
+    match ringtrain_sandbox::enter(&confinement, enforcement) {
+        Ok(applied) => eprintln!("models check: {applied}"),
+        Err(err) => {
+            eprintln!("models check: error: {err}");
+            return ExitCode::FAILURE;
+        }
     }
     // one libtorch thread: the server may run several checks beside its own work
     tch::set_num_threads(1);
-    let outcome = ringtrain_worker::model_check::check(&args.model, &args.dataset, &args.inputs);
+    let operators = if args.skip_operator_check { OperatorCheck::Skipped } else { OperatorCheck::Enforced };
+    let outcome = ringtrain_worker::model_check::check_with(&args.model, &args.dataset, &args.inputs, operators);
     let (line, status) = match &outcome {
         Ok(report) => (serde_json::to_string(report), ExitCode::SUCCESS),
         Err(refusal) => (serde_json::to_string(refusal), ExitCode::from(EXIT_REFUSED)),

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::future::IntoFuture;
 
 use anyhow::Context;
-use ringtrain_api::{app, ApiConfig, AppState};
+use ringtrain_api::{app, ApiConfig, AppState, ModelChecker};
 use ringtrain_scheduler::LoopConfig;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -42,6 +42,21 @@ pub struct Args {
     pub tls_key: Option<PathBuf>,
     #[command(flatten)]
     pub limits: super::limits::LimitArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+/// How tenant code (model checks here; ranks on agents) is confined (see `ringtrain_sandbox`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SandboxArgs {
+    /// The account model checks (and, under `up`, ranks) run as when this process runs as root: never
+    /// root itself (default ringtrain-rank, which scripts/setup.sh creates).
+    #[arg(long, env = "RINGTRAIN_RANK_USER")]
+    pub rank_user: Option<String>,
+    /// Run tenant code even where this kernel cannot confine it (no Landlock or seccomp): only for a
+    /// single-team install, where every uploaded model is trusted.
+    #[arg(long, env = "RINGTRAIN_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -92,8 +107,14 @@ impl Server {
         let mut config = ApiConfig::new(&args.data_dir);
         config.max_dataset_bytes = args.max_dataset_bytes;
         config.max_model_bytes = args.max_model_bytes;
-        // uploaded models are checked by this binary's `models check`, in a process of its own
-        config.model_checker = std::env::current_exe().ok();
+        // uploaded models are checked by this binary's `models check`, in a confined process of its own
+        config.model_checker = match std::env::current_exe() {
+            Ok(exe) => ModelChecker::prepare(exe, args.sandbox.rank_user.as_deref(), args.sandbox.allow_unsandboxed),
+            Err(err) => Err(format!("this server cannot check models: {err}")),
+        };
+        if let Err(why) = &config.model_checker {
+            tracing::warn!(%why, "model uploads are refused");
+        }
         config.idx_roots = args.idx_roots.clone();
         args.limits.apply(&mut config);
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -152,9 +173,10 @@ impl Server {
         let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
         let retention = tokio::spawn(self.state.clone().retain_logs());
-        let router = app(self.state);
+        // with each caller's address, which admission limits callers without a valid token by
+        let service = app(self.state).into_make_service_with_connect_info::<SocketAddr>();
         let serving: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> = match self.tls {
-            None => Box::pin(axum::serve(self.listener, router).with_graceful_shutdown(shutdown).into_future()),
+            None => Box::pin(axum::serve(self.listener, service).with_graceful_shutdown(shutdown).into_future()),
             Some(tls) => {
                 let handle = axum_server::Handle::new();
                 let stopper = handle.clone();
@@ -163,7 +185,7 @@ impl Server {
                     stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
                 });
                 let listener = self.listener.into_std()?;
-                Box::pin(axum_server::from_tcp_rustls(listener, tls).handle(handle).serve(router.into_make_service()))
+                Box::pin(axum_server::from_tcp_rustls(listener, tls).handle(handle).serve(service))
             }
         };
         let result = tokio::select! {

@@ -8,9 +8,11 @@ use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use ringtrain_core::dataset::DatasetRef;
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::JobSpec;
 use ringtrain_worker::metrics::Metric;
+use ringtrain_worker::models::OperatorCheck;
 use ringtrain_worker::{Backend, FaultInjection, JobError, RendezvousConfig, Stopped, TrainOptions, Trainer};
 
 use super::launch::{free_local_port, new_rendezvous_secret, one_gpu_per_rank, wait_all};
@@ -84,6 +86,46 @@ pub struct Args {
     /// NCCL accepts them and connects them over loopback sockets (NCCL refuses two ranks on one GPU).
     #[arg(long, hide = true)]
     share_gpu_for_tests: bool,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+/// How a rank confines itself (see `ringtrain_sandbox`): agents always pass `--sandbox-dir`, and
+/// `--local` gives each rank one of its own when it trains an uploaded model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxArgs {
+    /// Confine this rank before it opens any input: it reads only its spec, data, model and resume point,
+    /// writes only DIR (its HOME and TMPDIR) and --out, executes nothing, and uses TCP only for its ring.
+    #[arg(long)]
+    sandbox_dir: Option<PathBuf>,
+    /// The largest file the rank may write, in MiB (its checkpoints' largest file, with room).
+    #[arg(long, default_value_t = 2048)]
+    max_file_mib: u64,
+    /// Run even where this kernel cannot confine the rank (no Landlock or seccomp): single-team installs.
+    #[arg(long)]
+    allow_unsandboxed: bool,
+    /// Skip the operator allow-list of an uploaded model (tests of the sandbox only: they show the sandbox
+    /// alone confines a hostile model).
+    #[arg(long, hide = true)]
+    skip_operator_check: bool,
+}
+
+impl SandboxArgs {
+    fn enforcement(&self) -> ringtrain_sandbox::Enforcement {
+        if self.allow_unsandboxed {
+            ringtrain_sandbox::Enforcement::BestEffort
+        } else {
+            ringtrain_sandbox::Enforcement::Required
+        }
+    }
+
+    fn operator_check(&self) -> OperatorCheck {
+        if self.skip_operator_check {
+            OperatorCheck::Skipped
+        } else {
+            OperatorCheck::Enforced
+        }
+    }
 }
 
 /// The exit statuses the agent tells apart: a job that cannot succeed by retrying (see [`JobError`]), and a
@@ -121,11 +163,20 @@ fn load_spec(path: &PathBuf) -> Result<JobSpec> {
 }
 
 fn run_rank(args: &Args, rank: usize) -> Result<()> {
+    let spec = load_spec(&args.spec)?;
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    }
+    // First, before any thread starts or any input but the spec is opened.
+    if let Some(dir) = &args.sandbox.sandbox_dir {
+        let applied = ringtrain_sandbox::enter(&rank_confinement(args, &spec, dir), args.sandbox.enforcement())
+            .map_err(|e| JobError(format!("rank {rank}: {e}")))?;
+        let _ = writeln!(std::io::stderr(), "rank {rank}: {applied}");
+    }
     if args.exit_with_parent {
         exit_with_parent(args.parent_pid);
     }
     exit_on_out_of_memory(rank);
-    let spec = load_spec(&args.spec)?;
     let device = match spec.device {
         DeviceKind::Cpu => tch::Device::Cpu,
         DeviceKind::Gpu if tch::Cuda::is_available() => tch::Device::Cuda(0),
@@ -171,11 +222,9 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         model_file: args.model_file.clone(),
         model_inputs: args.model_inputs.clone(),
         stop_file: args.stop_file.clone(),
+        operator_check: args.sandbox.operator_check(),
         ..Default::default()
     };
-    if let Some(out) = &args.out {
-        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    }
     let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));
     let stdout = std::io::stdout();
     let mut sink = |metric: &Metric| {
@@ -186,6 +235,32 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     };
     trainer.run(&mut sink)?;
     Ok(())
+}
+
+/// What a rank may touch: its inputs (the spec, the data: an upload, an `idx:` folder or the built-in
+/// Fashion-MNIST; the model; the resume point; the folder its stop file appears in), its private folder
+/// and --out, and TCP for its ring and rendezvous.
+fn rank_confinement(args: &Args, spec: &JobSpec, private: &std::path::Path) -> ringtrain_sandbox::Confinement {
+    let mut read = vec![args.spec.clone()];
+    read.extend(args.dataset_file.iter().cloned());
+    read.extend(args.model_file.iter().cloned());
+    read.extend(args.resume.iter().cloned());
+    read.extend(args.stop_file.as_ref().and_then(|f| f.parent()).map(std::path::Path::to_path_buf));
+    match &spec.dataset {
+        DatasetRef::Idx { path } => read.push(PathBuf::from(path)),
+        DatasetRef::FashionMnist => read.push(PathBuf::from(ringtrain_worker::data::FASHION_MNIST_DIR)),
+        DatasetRef::Synthetic { .. } | DatasetRef::Uploaded(_) => {}
+    }
+    read.retain(|p| p.exists());
+    let mut write = vec![private.to_path_buf()];
+    write.extend(args.out.iter().cloned());
+    ringtrain_sandbox::Confinement {
+        read,
+        write,
+        gpu: spec.device == DeviceKind::Gpu,
+        network: ringtrain_sandbox::Network::Ring { ports: args.rendezvous.iter().map(SocketAddr::port).collect() },
+        limits: ringtrain_sandbox::Limits::rank(args.sandbox.max_file_mib << 20),
+    }
 }
 
 /// The virtual ranks each of `processes` rank processes plays: as asked, or what the spec's `devices` implies
@@ -294,6 +369,11 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
     let rendezvous = format!("127.0.0.1:{}", free_local_port()?);
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let secret = new_rendezvous_secret();
+    // An uploaded model is tenant code: each rank confines itself to a private folder of its own.
+    let private = match (&args.sandbox.sandbox_dir, &args.model_file) {
+        (None, Some(_)) => Some(tempfile::Builder::new().prefix("ringtrain-ranks-").tempdir()?),
+        _ => None,
+    };
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..k {
         let mut cmd = Command::new(&exe);
@@ -328,6 +408,23 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         }
         if let Some(inputs) = &args.model_inputs {
             cmd.arg("--model-inputs").arg(inputs.join(","));
+        }
+        let sandbox_dir = match (&private, &args.sandbox.sandbox_dir) {
+            (Some(private), _) => {
+                let dir = private.path().join(format!("rank-{rank}"));
+                std::fs::create_dir(&dir)?;
+                Some(dir)
+            }
+            (None, shared) => shared.clone(),
+        };
+        if let Some(dir) = sandbox_dir {
+            cmd.arg("--sandbox-dir").arg(dir).args(["--max-file-mib", &args.sandbox.max_file_mib.to_string()]);
+        }
+        if args.sandbox.allow_unsandboxed {
+            cmd.arg("--allow-unsandboxed");
+        }
+        if args.sandbox.skip_operator_check {
+            cmd.arg("--skip-operator-check");
         }
         children.push((rank, cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?));
     }

@@ -39,6 +39,8 @@ pub struct Args {
     idx_roots: Vec<std::path::PathBuf>,
     #[command(flatten)]
     limits: super::limits::LimitArgs,
+    #[command(flatten)]
+    sandbox: super::serve::SandboxArgs,
 }
 
 pub fn run(args: Args) -> ExitCode {
@@ -63,6 +65,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         tls_cert: None,
         tls_key: None,
         limits: args.limits.clone(),
+        sandbox: args.sandbox.clone(),
     })
     .await?;
     let url = format!("http://{}", server.address);
@@ -104,6 +107,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
         outage_grace_s: timing::OUTAGE_GRACE.as_secs(),
         idx_roots: args.idx_roots.clone(),
         transport: ringtrain_client::Transport::default(),
+        rank_user: args.sandbox.rank_user.clone(),
+        allow_unsandboxed: args.sandbox.allow_unsandboxed,
     })
     .await?;
     let node = agent.node();

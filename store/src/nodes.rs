@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use ringtrain_core::{NodeId, TokenId};
 
 use crate::error::StoreResult;
-use crate::model::{Node, NodeRegistration};
+use crate::model::{Device, Node, NodeRegistration};
 
 #[async_trait]
 pub trait NodeStore: Send + Sync {
@@ -15,6 +15,9 @@ pub trait NodeStore: Send + Sync {
     /// Records a heartbeat (a lost node is up again); false when the node is not this agent's.
     async fn heartbeat(&self, node_id: NodeId, agent_token: TokenId) -> StoreResult<bool>;
     async fn get_node(&self, id: NodeId) -> StoreResult<Option<Node>>;
+    /// Every device the node was registered with, retired ones included (by index): the most its agent may
+    /// offer again without a platform admin.
+    async fn registered_devices(&self, id: NodeId) -> StoreResult<Vec<Device>>;
     async fn list_nodes(&self) -> StoreResult<Vec<Node>>;
     /// Marks `up` nodes whose last heartbeat is older than `before` as `lost`; returns their ids.
     async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<NodeId>>;
@@ -120,6 +123,12 @@ macro_rules! impl_node_store {
                     let devices: Vec<DeviceRow> = sqlx::query_as(&sql).bind(id.0).fetch_all(self.pool()).await?;
                     let devices = devices.into_iter().map(TryInto::try_into).collect::<StoreResult<_>>()?;
                     Ok(Some(row.with_devices(devices)?))
+                }
+
+                async fn registered_devices(&self, id: NodeId) -> StoreResult<Vec<Device>> {
+                    let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE node_id = $1 ORDER BY idx");
+                    let devices: Vec<DeviceRow> = sqlx::query_as(&sql).bind(id.0).fetch_all(self.pool()).await?;
+                    devices.into_iter().map(TryInto::try_into).collect()
                 }
 
                 async fn list_nodes(&self) -> StoreResult<Vec<Node>> {

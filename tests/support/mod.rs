@@ -234,6 +234,8 @@ impl Cluster {
     pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
         let token_file = self.dir.join(format!("{name}.token"));
         std::fs::write(&token_file, token).expect("write the agent token file");
+        // the agent refuses a token file other users may read
+        std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let agent = ringtrain()
             .args(["agent", "--server", &self.url, "--token-file"])
             .arg(&token_file)
@@ -446,14 +448,16 @@ pub fn fashion_mnist(name: &str, workers: u32, train: u32, epochs: u32) -> Value
     })
 }
 
-/// Pids of the rank processes of `job` (from their command lines: the agent puts the job id in the paths).
+/// Pids of the rank processes of `job`: `train` processes whose working folder (the agent starts each in
+/// its private folder, `.../jobs/JOB/attempt-A/rank-R`) names the job.
 pub fn rank_pids(job: &str, rank: Option<u32>) -> Vec<u32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        let is_rank = args.iter().any(|a| a == "train") && args.iter().any(|a| a.contains(job));
+        let folder = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+        let is_rank = args.iter().any(|a| a == "train") && folder.to_string_lossy().contains(job);
         let rank_matches = rank.is_none_or(|r| args.windows(2).any(|w| w[0] == "--rank" && w[1] == r.to_string()));
         if is_rank && rank_matches {
             pids.push(pid);

@@ -4,10 +4,15 @@
 // Tensors cross as `new torch::Tensor(...)`: the same TensorImpl as the module's, owned by the Rust side
 // (tch's Tensor::from_ptr frees it), so an update of the Rust tensor is an update of the module's.
 // Built by worker/build.rs against libtorch's headers.
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/runtime/operator.h>
 #include <torch/script.h>
 
 #include <cstring>
+#include <set>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -39,6 +44,21 @@ int guarded(char** error, F body) {
 std::string type_name(const torch::jit::Module& module) {
   auto type = module.type();
   return type->name() ? type->name()->qualifiedName() : std::string("?");
+}
+
+// Every node kind in `block` and the blocks nested in it (if/loop bodies, closures, a fork's subgraph),
+// once per (kind, function).
+void collect_kinds(torch::jit::Block* block, const std::string& function,
+                   std::set<std::pair<std::string, std::string>>& seen) {
+  for (torch::jit::Node* node : block->nodes()) {
+    seen.emplace(node->kind().toQualString(), function);
+    for (torch::jit::Block* nested : node->blocks()) {
+      collect_kinds(nested, function, seen);
+    }
+    if (node->hasAttribute(c10::attr::Subgraph) && node->kindOf(c10::attr::Subgraph) == torch::jit::AttributeKind::g) {
+      collect_kinds(node->g(c10::attr::Subgraph)->block(), function, seen);
+    }
+  }
 }
 
 }  // namespace
@@ -95,6 +115,43 @@ int ringtrain_script_forward(void* module, torch::Tensor** inputs, int count, to
     }
     *output = new torch::Tensor(result.toTensor());
   });
+}
+
+typedef void (*ringtrain_operator_callback)(void* ctx, const char* kind, const char* function);
+
+// Every operator that any code of the module can run: each function of its compilation unit (the methods of
+// every submodule and class -- forward, __setstate__, helpers -- and free functions), plus each method of each
+// submodule in case one lives in another unit. The operator allow-list walks this.
+int ringtrain_script_operators(void* module, void* ctx, ringtrain_operator_callback callback, char** error) {
+  return guarded(error, [&] {
+    auto& root = *static_cast<torch::jit::Module*>(module);
+    std::set<std::pair<std::string, std::string>> seen;
+    auto visit = [&](torch::jit::Function& function) {
+      if (function.isGraphFunction()) {
+        collect_kinds(torch::jit::toGraphFunction(function).graph()->block(), function.qualname().qualifiedName(), seen);
+      }
+    };
+    for (torch::jit::Function* function : root._ivalue()->compilation_unit()->get_functions()) {
+      visit(*function);
+    }
+    for (const auto& sub : root.named_modules()) {
+      for (const auto& method : sub.value.get_methods()) {
+        visit(method.function());
+      }
+    }
+    for (const auto& [kind, function] : seen) {
+      callback(ctx, kind.c_str(), function.c_str());
+    }
+  });
+}
+
+// Every operator registered in this libtorch, with its schema (for the allow-list's own test).
+void ringtrain_registered_operators(void* ctx, ringtrain_operator_callback callback) {
+  for (const auto& op : torch::jit::getAllOperators()) {
+    std::ostringstream schema;
+    schema << op->schema();
+    callback(ctx, op->schema().name().c_str(), schema.str().c_str());
+  }
 }
 
 int ringtrain_script_set_train(void* module, int on, char** error) {

@@ -27,7 +27,7 @@ use crate::data::{Dataset, Labels};
 use crate::faults::FaultInjection;
 use crate::gradients::{GradientReducer, DEFAULT_BUCKET_BYTES};
 use crate::metrics::EpochRecord;
-use crate::models::{self, Network, Scripted};
+use crate::models::{self, Network, OperatorCheck, Scripted};
 use crate::optim::{Sgd, SgdConfig};
 use crate::precision;
 
@@ -82,6 +82,9 @@ pub struct TrainOptions {
     /// Wait for the GPU at each phase boundary so [`PhaseTimes`] are GPU times, not kernel-launch times
     /// (benchmarks only: it costs the overlap of host and device).
     pub sync_phases: bool,
+    /// Whether an uploaded model's operators are checked against the allow-list (always, but in the
+    /// sandbox's own tests).
+    pub operator_check: OperatorCheck,
 }
 
 impl Default for TrainOptions {
@@ -98,6 +101,7 @@ impl Default for TrainOptions {
             eval_batch: 1000,
             stop_file: None,
             sync_phases: false,
+            operator_check: OperatorCheck::Enforced,
         }
     }
 }
@@ -192,7 +196,7 @@ impl<'c> Trainer<'c> {
         let vs = VarStore::new(options.device);
         let model = match (spec.model.uploaded, &options.model_file) {
             (Some(_), Some(file)) => Network::Scripted(
-                Scripted::load(file, &vs.root())
+                Scripted::load_with(file, &vs.root(), options.operator_check)
                     .map_err(|e| JobError(format!("the uploaded model cannot be used: {e:#}")))?,
             ),
             (Some(id), None) => {

@@ -5,7 +5,6 @@
 //! samples of the declared inputs and returns what the labels need. Only then is it stored.
 
 use std::path::Path;
-use std::process::Stdio;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -21,6 +20,7 @@ use uuid::Uuid;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
+use crate::model_check::{self, ModelChecker};
 use crate::state::AppState;
 use crate::storage;
 use crate::uploads::{self, UploadKind};
@@ -40,10 +40,6 @@ pub struct ModelUploadParams {
     pub inputs: Option<String>,
 }
 
-/// The address space one model check may take, in GiB (its forward runs on two samples: a model that needs
-/// more is refused rather than let loose on the server's machine).
-const MAX_CHECK_MEMORY_GIB: u64 = 16;
-
 /// The one input of a plain data set, as a model's input list names it.
 pub const PLAIN_INPUT: &str = "x";
 
@@ -55,8 +51,9 @@ pub const PLAIN_INPUT: &str = "x";
     responses((status = 201, body = Model), (status = 403),
         (status = 413, description = "Larger than the model upload limit, or past the team's storage quota"),
         (status = 415),
-        (status = 422, description = "Not TorchScript, no trainable parameters, or forward does not take the inputs or fit the labels: the reason, at `body`, `inputs` or `dataset`"),
-        (status = 503, description = "This server has no model checker"),
+        (status = 422, description = "Not TorchScript, an operator outside the allow-list (file, thread or foreign operators), no trainable parameters, or forward does not take the inputs or fit the labels: the reason, at `body`, `inputs` or `dataset`"),
+        (status = 429, description = "A model of the team is being checked"),
+        (status = 503, description = "This server has no model checker, or cannot confine one"),
         (status = 507, description = "The server's disk would fall below its reserve of free space")),
     security(("bearer" = [])))]
 pub async fn upload_model(
@@ -75,16 +72,13 @@ pub async fn upload_model(
         .filter(|d| user.owns(d.team_id))
         .ok_or_else(|| field_error("dataset", format!("no uploaded dataset {}", params.dataset)))?;
     let inputs = declared_inputs(&dataset, params.inputs.as_deref())?;
-    let Some(checker) = state.config.model_checker.clone() else {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no-model-checker",
-            "this server cannot check models (it runs without a ringtrain binary to do so)",
-        ));
+    let checker = match &state.config.model_checker {
+        Ok(checker) => checker.clone(),
+        Err(why) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no-model-checker", why.clone())),
     };
     let limit = state.config.max_model_bytes;
     let received = uploads::receive(&state, user.team_id, &headers, body, limit, MODELS).await?;
-    let report = run_check(&state, &checker, &received.partial_path, &dataset, &inputs).await?;
+    let report = run_check(&state, user.team_id, &checker, &received.partial_path, &dataset, &inputs).await?;
     let (id, written) = (received.id, received.written.clone());
     let final_path = received.keep().await?;
     let stored = state.store.add_model(NewModel {
@@ -140,46 +134,34 @@ fn declared_inputs(dataset: &Dataset, declared: Option<&str>) -> ApiResult<Vec<S
     Ok(names)
 }
 
-/// Runs `ringtrain models check` on the uploaded file, killed after the configured timeout: its report,
-/// or 422 with the reason it refused the model (a crash or a timeout is the file's doing too).
+/// Runs `ringtrain models check` on the uploaded file (confined: see [`crate::model_check`]), killed after
+/// the configured timeout: its report, or 422 with the reason it refused the model (a crash or a timeout
+/// is the file's doing too).
 async fn run_check(
     state: &AppState,
-    checker: &Path,
+    team: ringtrain_core::TeamId,
+    checker: &ModelChecker,
     model: &Path,
     dataset: &Dataset,
     inputs: &[String],
 ) -> ApiResult<ModelReport> {
-    // at most two checks at a time: each is a process loading libtorch, and uploads may come in a burst
-    static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
-    let _turn = CHECKS.acquire().await.map_err(ApiError::internal)?;
-    let mut command = tokio::process::Command::new(checker);
-    command.args(["models", "check", "--model"]).arg(model).arg("--dataset").arg(&dataset.path);
-    command.args(["--max-memory-gib", &MAX_CHECK_MEMORY_GIB.to_string()]);
-    if !inputs.is_empty() {
-        command.arg("--inputs").arg(inputs.join(","));
-    }
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
-    let child = command.spawn().map_err(ApiError::internal)?;
+    let _turn = state.model_checks.turn(team).await?;
     let timeout = state.config.model_check_timeout;
-    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(output) => output.map_err(ApiError::internal)?,
-        Err(_) => {
-            return Err(field_error("body", format!("the check of the model did not finish in {}s", timeout.as_secs())))
-        }
+    let tmp = state.config.data_dir.join("tmp");
+    let dataset_path = Path::new(&dataset.path);
+    let Some(outcome) = model_check::run(checker, &tmp, model, dataset_path, inputs, timeout).await? else {
+        return Err(field_error("body", format!("the check of the model did not finish in {}s", timeout.as_secs())));
     };
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().last().unwrap_or("");
-    match output.status.code() {
-        Some(0) => serde_json::from_str(line).map_err(ApiError::internal),
+    match outcome.status.code() {
+        Some(0) => serde_json::from_str(&outcome.last_line).map_err(ApiError::internal),
         Some(code) if code == i32::from(EXIT_REFUSED) => {
-            let refusal: ModelRefusal = serde_json::from_str(line).map_err(ApiError::internal)?;
+            let refusal: ModelRefusal = serde_json::from_str(&outcome.last_line).map_err(ApiError::internal)?;
             Err(field_error(&refusal.field, refusal.reason))
         }
-        _ => {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-            Err(field_error("body", format!("the model crashed its check ({}): {last}", output.status)))
-        }
+        _ => Err(field_error(
+            "body",
+            format!("the model crashed its check ({}): {}", outcome.status, outcome.last_error),
+        )),
     }
 }
 

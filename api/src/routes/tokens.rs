@@ -108,7 +108,8 @@ pub async fn create_team_token(
     Ok((StatusCode::CREATED, Json(CreatedToken { token, info })))
 }
 
-/// A team's tokens, without their secrets (the team's admins, or a platform admin).
+/// A team's tokens, without their secrets (the team's admins, or a platform admin; platform tokens are listed
+/// to platform admins only).
 #[utoipa::path(get, path = "/v1/teams/{id}/tokens", tag = "tokens", params(("id" = Uuid, Path)),
     responses((status = 200, body = TokenList),
         (status = 403),
@@ -123,7 +124,14 @@ pub async fn list_team_tokens(
     if state.store.get_team(team_id).await?.is_none() {
         return Err(ApiError::not_found(format!("no team {team_id}")));
     }
-    Ok(Json(TokenList { tokens: state.store.list_tokens(Some(team_id)).await? }))
+    let tokens = state.store.list_tokens(Some(team_id)).await?;
+    Ok(Json(TokenList { tokens: tokens.into_iter().filter(|token| may_see(&user, token)).collect() }))
+}
+
+/// A platform token (the bootstrap one lives in team `default`) is above every team: to a team admin it does
+/// not exist, so that admin can neither list nor revoke it and lock the platform out.
+fn may_see(user: &User, token: &TokenInfo) -> bool {
+    !token.platform || user.is_platform_admin()
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -171,9 +179,9 @@ pub async fn list_agent_tokens(State(state): State<AppState>, user: User) -> Api
     Ok(Json(TokenList { tokens: state.store.list_tokens(None).await? }))
 }
 
-/// Revoke a token: its next request is 401. A team's tokens: the team's admins or a platform admin; an
-/// agent's: a platform admin (its nodes are then lost, and their ranks requeued, at the scheduler's next
-/// pass). Revoking a revoked token changes nothing.
+/// Revoke a token: its next request is 401. A team's tokens: the team's admins or a platform admin; a platform
+/// token: a platform admin (to anyone else it is 404); an agent's: a platform admin (its nodes are then lost,
+/// and their ranks requeued, at the scheduler's next pass). Revoking a revoked token changes nothing.
 #[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "tokens", params(("id" = Uuid, Path)),
     responses((status = 204, description = "Revoked"),
         (status = 403),
@@ -187,7 +195,12 @@ pub async fn revoke_token(
     if user.role() != Role::Admin {
         return Err(ApiError::forbidden("only an admin token can revoke tokens"));
     }
-    let token = state.store.get_token(id).await?.ok_or_else(|| ApiError::not_found(format!("no token {id}")))?;
+    let token = state
+        .store
+        .get_token(id)
+        .await?
+        .filter(|token| may_see(&user, token))
+        .ok_or_else(|| ApiError::not_found(format!("no token {id}")))?;
     match token.team_id {
         Some(team) => user.require_admin_of(team).map_err(|_| ApiError::not_found(format!("no token {id}")))?,
         None => user.require_platform_admin()?,

@@ -258,39 +258,34 @@ pub async fn download_weights(
     let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
     let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
     let archive = files::under(&folder, std::path::Path::new(&checkpoint.path)).await?;
-    let scratch = state.config.data_dir.join("tmp");
-    tokio::fs::create_dir_all(&scratch).await.map_err(ApiError::internal)?;
-    let extracted = scratch.join(format!("{}-{}", Uuid::new_v4(), file.name()));
-    let _removed_at_the_end = PartialFile::new(extracted.clone());
     let found = {
-        let (archive, extracted) = (archive.clone(), extracted.clone());
-        tokio::task::spawn_blocking(move || extract_member(&archive, file.name(), &extracted))
+        let archive = archive.clone();
+        tokio::task::spawn_blocking(move || find_member(&archive, file.name()))
             .await
             .map_err(ApiError::internal)?
             .map_err(ApiError::internal)?
     };
-    if !found {
+    let Some((offset, length)) = found else {
         return Err(ApiError::not_found(format!(
             "checkpoint {} has no {} (TorchScript is saved for uploaded models only)",
             checkpoint.id,
             file.name()
         )));
-    }
-    // the open file is streamed; its name goes when `_removed_at_the_end` drops, at the end of this call
-    files::file_response(&extracted).await
+    };
+    // served from inside the archive: no copy on the server's disk per download
+    files::file_range_response(&archive, offset, Some(length)).await
 }
 
-/// Copies the archive's `<folder>/<name>` to `to`; false when the archive has none.
-fn extract_member(archive: &std::path::Path, name: &str, to: &std::path::Path) -> std::io::Result<bool> {
+/// Where the archive's `<folder>/<name>` lies in it (the offset of its data and its length); `None` when the
+/// archive has none. The archive is uncompressed tar, so a member is a plain range of the file.
+fn find_member(archive: &std::path::Path, name: &str) -> std::io::Result<Option<(u64, u64)>> {
     let mut tar = tar::Archive::new(std::fs::File::open(archive)?);
     for entry in tar.entries()? {
-        let mut entry = entry?;
+        let entry = entry?;
         let is_it = entry.header().entry_type().is_file() && entry.path()?.file_name().is_some_and(|n| n == name);
         if is_it {
-            let mut out = std::fs::File::create(to)?;
-            std::io::copy(&mut entry, &mut out)?;
-            return Ok(true);
+            return Ok(Some((entry.raw_file_position(), entry.size())));
         }
     }
-    Ok(false)
+    Ok(None)
 }

@@ -1,6 +1,7 @@
 //! The built-in models, shaped like tch-rs's examples: a struct with `new(&nn::Path, ...)` and `ModuleT`.
 
 pub mod layers;
+pub mod operators;
 mod resnet;
 pub mod scripted;
 
@@ -11,7 +12,7 @@ use tch::Tensor;
 
 use crate::optim::{kind_by_name, ParamKind};
 pub use resnet::ResNet;
-pub use scripted::Scripted;
+pub use scripted::{OperatorCheck, Scripted};
 
 /// The network a rank trains: a built-in model (one input) or an uploaded TorchScript module (its named
 /// inputs, in its order).

@@ -78,7 +78,7 @@ impl Drop for ScriptModule {
 }
 
 /// Turns the C side's error message into an error, freeing it.
-fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()> {
+pub(crate) fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()> {
     if status == 0 && error.is_null() {
         return Ok(());
     }
@@ -119,6 +119,11 @@ impl ScriptModule {
         let raw = unsafe { ringtrain_script_load(c_path.as_ptr(), index, &mut error) };
         check(if raw.is_null() { -1 } else { 0 }, error, "not a loadable TorchScript file")?;
         Ok(ScriptModule { raw, training: None })
+    }
+
+    /// The module for the C side's other functions (live while `self` is).
+    pub(crate) fn raw_ptr(&self) -> *mut c_void {
+        self.raw
     }
 
     /// Every parameter and buffer, in the module's order.
@@ -179,6 +184,20 @@ impl ScriptModule {
     }
 }
 
+/// Whether the operator allow-list applies when a model is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OperatorCheck {
+    #[default]
+    Enforced,
+    /// Only for tests of the sandbox (`--skip-operator-check`, hidden); the server and agents never skip it.
+    Skipped,
+}
+
+/// A model refused by the operator allow-list: the job's fault, never retried.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RefusedModel(pub String);
+
 /// A scripted module registered in a VarStore.
 #[derive(Debug)]
 pub struct Scripted {
@@ -191,10 +210,21 @@ pub struct Scripted {
 
 impl Scripted {
     /// Loads `path` onto `root`'s device and registers its parameters (trainable) and buffers (not) in the
-    /// VarStore under their `state_dict` names. A module without trainable parameters is refused: there would
-    /// be nothing to train.
+    /// VarStore under their `state_dict` names. A module that calls an operator the allow-list refuses
+    /// ([`super::operators`]), or has no trainable parameters (nothing would train), is refused.
     pub fn load(path: &Path, root: &nn::Path) -> Result<Scripted> {
+        Self::load_with(path, root, OperatorCheck::Enforced)
+    }
+
+    /// As [`Scripted::load`], with the operator allow-list skipped when `check` says so (the sandbox's own
+    /// tests: they show that a hostile model is confined even where the list would not have refused it).
+    pub fn load_with(path: &Path, root: &nn::Path, check: OperatorCheck) -> Result<Scripted> {
         let module = ScriptModule::load(path, root.device())?;
+        if check == OperatorCheck::Enforced {
+            if let Some(refused) = super::operators::check(&module)? {
+                return Err(RefusedModel(refused.to_string()).into());
+            }
+        }
         let tensors = module.tensors()?;
         if !tensors.iter().any(|t| !t.buffer && t.tensor.requires_grad()) {
             bail!("the model has no trainable parameters");

@@ -2,10 +2,12 @@
 //! whose ranks it holds).
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::Json;
+use ringtrain_core::memory::human_bytes;
 use ringtrain_core::{FieldError, NodeId};
 use ringtrain_protocol::{HeartbeatAck, RegisterNode};
-use ringtrain_store::{NewDevice, Node, NodeRegistration};
+use ringtrain_store::{Device, NewDevice, Node, NodeRegistration};
 
 use crate::auth::Agent;
 use crate::error::{ApiError, ApiResult};
@@ -14,11 +16,30 @@ use crate::state::AppState;
 
 const MAX_DEVICES: usize = 1024;
 
+/// More memory than any one device has (16 TiB): a bigger claim is a lie that would disable the server's
+/// memory check for everyone, since it compares a job with the largest device of its kind.
+const MAX_MEMORY_BYTES: u64 = 16 << 40;
+
+/// Device names and addresses are shown to every tenant on `/v1/nodes`: short, one line.
+const MAX_TEXT_CHARS: usize = 200;
+
+/// Whether `text` is at most `MAX_TEXT_CHARS` characters, without control characters.
+fn is_short_line(text: &str) -> bool {
+    text.chars().count() <= MAX_TEXT_CHARS && !text.chars().any(char::is_control)
+}
+
+fn short_line_reason() -> String {
+    format!("must be at most {MAX_TEXT_CHARS} characters, without control characters")
+}
+
 /// Checks a registration and turns it into the store's, naming every field that is wrong.
 fn registration(body: RegisterNode) -> Result<NodeRegistration, Vec<FieldError>> {
     let mut errors = Vec::new();
     if body.name.trim().is_empty() || body.name.len() > 255 || body.name.chars().any(char::is_control) {
         errors.push(FieldError::new("name", "must be 1 to 255 characters without control characters"));
+    }
+    if body.address.as_deref().is_some_and(|address| !is_short_line(address)) {
+        errors.push(FieldError::new("address", short_line_reason()));
     }
     if body.devices.len() > MAX_DEVICES {
         errors.push(FieldError::new("devices", format!("at most {MAX_DEVICES} devices")));
@@ -38,9 +59,15 @@ fn registration(body: RegisterNode) -> Result<NodeRegistration, Vec<FieldError>>
         if kind.is_err() {
             errors.push(FieldError::new(format!("devices[{i}].kind"), "must be cpu or gpu"));
         }
-        let memory_bytes = device.memory_bytes.map(i64::try_from).transpose();
-        if memory_bytes.is_err() {
-            errors.push(FieldError::new(format!("devices[{i}].memory_bytes"), "too large"));
+        if !is_short_line(&device.name) {
+            errors.push(FieldError::new(format!("devices[{i}].name"), short_line_reason()));
+        }
+        let memory_bytes = device.memory_bytes.filter(|&m| m <= MAX_MEMORY_BYTES).map(i64::try_from).transpose();
+        if device.memory_bytes.is_some_and(|m| m > MAX_MEMORY_BYTES) || memory_bytes.is_err() {
+            errors.push(FieldError::new(
+                format!("devices[{i}].memory_bytes"),
+                format!("must be at most 16 TiB ({MAX_MEMORY_BYTES} bytes)"),
+            ));
         }
         if let (Ok(index), Ok(kind), Ok(memory_bytes)) = (index, kind, memory_bytes) {
             devices.push(NewDevice { index, kind, name: device.name, memory_bytes });
@@ -53,11 +80,61 @@ fn registration(body: RegisterNode) -> Result<NodeRegistration, Vec<FieldError>>
     }
 }
 
+/// How a re-registration's device goes beyond what the node was registered with; None when it does not.
+fn beyond_registered(registered: &[Device], offered: &NewDevice) -> Option<String> {
+    let index = offered.index;
+    let Some(was) = registered.iter().find(|d| d.index == index) else {
+        return Some(format!("device {index} was not registered"));
+    };
+    if was.kind != offered.kind {
+        return Some(format!("device {index} was registered as {}, not {}", was.kind.as_str(), offered.kind.as_str()));
+    }
+    // exact too: a rounded size can read the same on both sides
+    let bytes = |b: i64| format!("{} ({b} bytes)", human_bytes(b.max(0) as u64));
+    match (was.memory_bytes, offered.memory_bytes) {
+        (Some(was), Some(now)) if now > was => Some(format!(
+            "device {index} claims {} of memory, more than the {} it was registered with",
+            bytes(now),
+            bytes(was)
+        )),
+        (None, Some(now)) => {
+            Some(format!("device {index} claims {} of memory; it was registered without any", bytes(now)))
+        }
+        _ => None,
+    }
+}
+
+/// A re-registration may keep or reduce the node's devices (same index and kind, no more memory), never add
+/// or change them: otherwise a stolen agent token could make its node attract every tenant's work
+/// (security review 3, N-M6). A device retired by an earlier re-registration may come back.
+fn within_registered(registered: &[Device], offered: &[NewDevice]) -> ApiResult<()> {
+    const SHOWN: usize = 3;
+    let beyond: Vec<String> = offered.iter().filter_map(|d| beyond_registered(registered, d)).collect();
+    if beyond.is_empty() {
+        return Ok(());
+    }
+    let mut named = beyond.iter().take(SHOWN).cloned().collect::<Vec<_>>().join("; ");
+    if beyond.len() > SHOWN {
+        named.push_str(&format!("; and {} more", beyond.len() - SHOWN));
+    }
+    Err(ApiError::field(
+        StatusCode::CONFLICT,
+        "conflict",
+        "devices",
+        format!(
+            "{named}: a re-registration may keep or reduce the node's devices, not add or change them; for that a \
+             platform admin must remove the node first (revoke this agent token; the node then registers under a \
+             new name with a new token)"
+        ),
+    ))
+}
+
 /// Register (or re-register) this agent's node and its devices. An agent token belongs to one node: the
-/// first name it registers is the only one it may use (a stolen token cannot add nodes to the pool).
+/// first name it registers is the only one it may use (a stolen token cannot add nodes to the pool), and
+/// a re-registration may keep or reduce the devices it first registered, not add to them or change them.
 #[utoipa::path(post, path = "/v1/agent/nodes", tag = "agent", request_body = RegisterNode,
     responses((status = 200, body = Node), (status = 403),
-        (status = 409, description = "The name belongs to another agent, or this token to another node"),
+        (status = 409, description = "The name belongs to another agent, this token to another node, or the devices go beyond those the node was registered with"),
         (status = 422)),
     security(("bearer" = [])))]
 pub async fn register_node(
@@ -72,6 +149,9 @@ pub async fn register_node(
             "this agent token belongs to node {:?}: every node needs its own agent token",
             bound.name
         )));
+    }
+    if let Some(node) = nodes.iter().find(|n| n.agent_token_id == agent.token.id) {
+        within_registered(&state.store.registered_devices(node.id).await?, &registration.devices)?;
     }
     Ok(Json(state.store.register_node(agent.token.id, registration).await?))
 }

@@ -24,7 +24,7 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
 use crate::live::{live_progress, LiveProgress};
-use crate::queue::{self, reason_json, EstimatedStart, Standing};
+use crate::queue::{self, EstimatedStart, Reader, Standing};
 use crate::routes::specs;
 use crate::state::AppState;
 
@@ -84,6 +84,8 @@ pub struct JobView {
     /// next); absent when it starts in the next pass or cannot be placed.
     pub queue_position: Option<u32>,
     /// While queued, on `GET /v1/jobs/{id}` only: when it is expected to start, and on what that rests.
+    /// Here and in `pending_reason`, another team's job or team is null and "a job of another team" in
+    /// words (a platform admin sees the ids).
     pub estimated_start: Option<EstimatedStart>,
     /// Failed, on `GET /v1/jobs/{id}` only: the last stderr lines of its last placement's ranks (the whole
     /// output is at `/v1/jobs/{id}/logs`).
@@ -155,25 +157,31 @@ impl From<&Job> for JobView {
 }
 
 impl JobView {
-    /// Adds where a queued job stands.
-    fn with_standing(mut self, standing: Option<&Standing>) -> Self {
+    /// Adds where a queued job stands, naming only the jobs `reader` may see.
+    fn with_standing(mut self, standing: Option<&Standing>, reader: &Reader) -> Self {
         if let Some(standing) = standing {
-            self.pending_reason = Some(reason_json(&standing.reason));
+            self.pending_reason = Some(reader.reason_json(&standing.reason));
             self.queue_position = standing.position;
         }
         self
     }
 }
 
-/// Views of `jobs`, with the standing of those that are queued (one plan for the whole page).
-async fn views(state: &AppState, jobs: &[Job]) -> ApiResult<Vec<JobView>> {
+/// Views of `jobs` for `user`, with the standing of those that are queued (one plan for the whole page).
+async fn views(state: &AppState, user: &User, jobs: &[Job]) -> ApiResult<Vec<JobView>> {
     let standings = match jobs.iter().any(|j| j.state == JobState::Queued) {
-        true => queue::standings(&*state.queue_insight().await?, jobs),
-        false => Default::default(),
+        true => {
+            let insight = state.queue_insight().await?;
+            Some((queue::standings(&insight, jobs), Reader::new(user, &insight.read.view)))
+        }
+        false => None,
     };
     let mut views = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let view = JobView::from(job).with_standing(standings.get(&job.id));
+        let mut view = JobView::from(job);
+        if let Some((standings, reader)) = &standings {
+            view = view.with_standing(standings.get(&job.id), reader);
+        }
         views.push(with_progress(state, job, view).await?);
     }
     Ok(views)
@@ -185,6 +193,22 @@ async fn with_progress(state: &AppState, job: &Job, mut view: JobView) -> ApiRes
         view.progress = live_progress(state.store.as_ref(), job).await?;
     }
     Ok(view)
+}
+
+/// A dry run's answer as `user` may see it: other teams' jobs and teams are not named (`queue::Reader`).
+/// The jobs it would preempt are always other teams': to a tenant, `preempts` is empty, and
+/// `pending_reason.victims` still counts them.
+async fn dry_run_for(state: &AppState, user: &User, mut answer: dry_run::DryRunView) -> ApiResult<dry_run::DryRunView> {
+    let insight = state.queue_insight().await?;
+    let reader = Reader::new(user, &insight.read.view);
+    answer.message = reader.words(&answer.message);
+    if let Some(reason) = answer.pending_reason.as_mut() {
+        reader.hide_ids(reason);
+    }
+    answer.estimated_start = answer.estimated_start.map(|estimate| estimate.for_reader(&reader));
+    answer.preempts.retain(|preempted| reader.may_see_job(preempted.job_id));
+    answer.delays.retain(|delayed| reader.may_see_job(*delayed));
+    Ok(answer)
 }
 
 const MAX_IDEMPOTENCY_KEY: usize = 255;
@@ -280,7 +304,8 @@ pub async fn submit_job(
     specs::check_reference(&state, &user, &spec).await?;
     let new = specs::checked_job(&state, &user, &spec, spec_json, None).await?;
     if query.dry_run == Some(true) {
-        return Ok(Json(dry_run::answer(&state, &user, &spec, new.effective).await?).into_response());
+        let answer = dry_run::answer(&state, &user, &spec, new.effective).await?;
+        return Ok(Json(dry_run_for(&state, &user, answer).await?).into_response());
     }
     match state.store.submit_job(new, key).await? {
         Submitted::Created(job) => {
@@ -363,7 +388,7 @@ pub async fn list_jobs(
     let more = jobs.len() > limit as usize;
     jobs.truncate(limit as usize);
     let next_cursor = if more { jobs.last().map(|j| j.seq.to_string()) } else { None };
-    Ok(Json(JobPage { jobs: views(&state, &jobs).await?, next_cursor }))
+    Ok(Json(JobPage { jobs: views(&state, &user, &jobs).await?, next_cursor }))
 }
 
 /// One job: spec, effective hyperparameters, state, result.
@@ -387,10 +412,12 @@ pub async fn get_job(
     }
     let insight = state.queue_insight().await?;
     let standing = insight.standing(&job);
-    let mut view = JobView::from(&job).with_standing(standing.as_ref());
+    let reader = Reader::new(&user, &insight.read.view);
+    let mut view = JobView::from(&job).with_standing(standing.as_ref(), &reader);
     let planned = insight.read.view.queued.iter().any(|q| q.id == job.id);
     if planned {
-        view.estimated_start = Some(queue::estimate(&state, &insight, insight.read.view.clone(), job.id).await?);
+        let estimate = queue::estimate(&state, &insight, insight.read.view.clone(), job.id).await?;
+        view.estimated_start = Some(estimate.for_reader(&reader));
     }
     Ok(Json(view))
 }

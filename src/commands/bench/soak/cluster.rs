@@ -89,6 +89,8 @@ impl SoakCluster {
             let token = token["token"].as_str().context("no agent token in the answer")?;
             let token_file = dir.join(format!("{name}.token"));
             std::fs::write(&token_file, token)?;
+            // the agent refuses a token file other users may read
+            std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
             cluster.agents.push(AgentProcess { name, token_file, process: None });
             cluster.start_agent(n)?;
         }
@@ -201,7 +203,8 @@ impl SoakCluster {
     }
 }
 
-/// Rank processes whose spec lies under `root` (an agent writes it to `NODE/jobs/JOB/attempt-A/rank-R/`).
+/// Rank processes whose working folder lies under `root` (an agent starts each in its private folder
+/// `NODE/jobs/JOB/attempt-A/rank-R/`; its arguments name only the files passed to it, `/proc/self/fd/N`).
 pub fn rank_processes(root: &Path) -> Vec<RankProcess> {
     let mut found = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else { return found };
@@ -213,8 +216,8 @@ pub fn rank_processes(root: &Path) -> Vec<RankProcess> {
         if args.get(1).map(String::as_str) != Some("train") {
             continue;
         }
-        let Some(spec) = args.windows(2).find(|w| w[0] == "--spec").map(|w| PathBuf::from(&w[1])) else { continue };
-        if let Some(rank) = spec.strip_prefix(root).ok().and_then(|relative| parse_rank_path(pid, relative)) {
+        let Ok(folder) = std::fs::read_link(entry.path().join("cwd")) else { continue };
+        if let Some(rank) = folder.strip_prefix(root).ok().and_then(|relative| parse_rank_path(pid, relative)) {
             found.push(rank);
         }
     }
@@ -224,7 +227,7 @@ pub fn rank_processes(root: &Path) -> Vec<RankProcess> {
 fn parse_rank_path(pid: u32, relative: &Path) -> Option<RankProcess> {
     let parts: Vec<&str> = relative.iter().map(|p| p.to_str()).collect::<Option<_>>()?;
     match parts.as_slice() {
-        [node, "jobs", job, attempt, rank, "spec.json"] => Some(RankProcess {
+        [node, "jobs", job, attempt, rank] => Some(RankProcess {
             pid,
             node: node.to_string(),
             job: job.to_string(),
@@ -240,11 +243,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_rank_is_known_by_the_path_of_its_spec() {
-        let path = Path::new("node2/jobs/5b1c/attempt-3/rank-1/spec.json");
+    fn a_rank_is_known_by_its_working_folder() {
+        let path = Path::new("node2/jobs/5b1c/attempt-3/rank-1");
         let rank = parse_rank_path(7, path).unwrap();
         assert_eq!(rank, RankProcess { pid: 7, node: "node2".into(), job: "5b1c".into(), attempt: 3, rank: 1 });
-        assert!(parse_rank_path(7, Path::new("node2/jobs/5b1c/attempt-x/rank-1/spec.json")).is_none());
-        assert!(parse_rank_path(7, Path::new("server/spec.json")).is_none());
+        assert!(parse_rank_path(7, Path::new("node2/jobs/5b1c/attempt-x/rank-1")).is_none());
+        assert!(parse_rank_path(7, Path::new("server")).is_none());
     }
 }
