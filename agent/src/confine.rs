@@ -43,16 +43,7 @@ impl RankSandbox {
                 support.missing().join(" and ")
             );
         }
-        let user = match (support.root, rank_user) {
-            (true, name) => Some(
-                RankUser::lookup(name.unwrap_or(ringtrain_sandbox::user::DEFAULT_RANK_USER))
-                    .map_err(anyhow::Error::msg)?,
-            ),
-            (false, Some(name)) => {
-                bail!("--rank-user {name}: only an agent running as root can run ranks as another user")
-            }
-            (false, None) => None,
-        };
+        let user = RankUser::for_tenant_code(support.root, rank_user).map_err(anyhow::Error::msg)?;
         if let Some(user) = &user {
             can_run(user, exe)?;
         }

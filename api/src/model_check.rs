@@ -43,13 +43,7 @@ impl ModelChecker {
                 support.missing().join(" and ")
             ));
         }
-        let user = match (support.root, rank_user) {
-            (true, name) => Some(RankUser::lookup(name.unwrap_or(ringtrain_sandbox::user::DEFAULT_RANK_USER))?),
-            (false, Some(name)) => {
-                return Err(format!("--rank-user {name}: only a server running as root can switch users"))
-            }
-            (false, None) => None,
-        };
+        let user = RankUser::for_tenant_code(support.root, rank_user)?;
         Ok(ModelChecker { exe, user, allow_unsandboxed, max_memory_gib: 16 })
     }
 }

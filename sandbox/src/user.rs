@@ -39,6 +39,17 @@ impl RankUser {
         }
     }
 
+    /// The account tenant code started by this process runs as: `name` (default [`DEFAULT_RANK_USER`])
+    /// where the process is root; none elsewhere (it runs as the process's own user, and naming one is an
+    /// error: only root can switch users).
+    pub fn for_tenant_code(root: bool, name: Option<&str>) -> Result<Option<RankUser>, String> {
+        match (root, name) {
+            (true, name) => Self::lookup(name.unwrap_or(DEFAULT_RANK_USER)).map(Some),
+            (false, Some(name)) => Err(format!("--rank-user {name}: only a process running as root can switch users")),
+            (false, None) => Ok(None),
+        }
+    }
+
     /// Gives `path` to this user (the folder a confined process writes).
     pub fn own(&self, path: &Path) -> std::io::Result<()> {
         std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))
