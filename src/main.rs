@@ -60,6 +60,9 @@ enum Command {
     /// A team's tokens.
     #[command(subcommand)]
     Tokens(commands::pool::Tokens),
+    /// On the server host, straight on its database: `reset-token` when the platform admin's is lost.
+    #[command(subcommand)]
+    Admin(commands::admin::Admin),
     /// Print a shell completion script: `ringtrain completions bash > /etc/bash_completion.d/ringtrain`.
     Completions { shell: clap_complete::Shell },
     /// What this binary and machine can do: libtorch, CUDA devices, cuDNN, NCCL, CPU threads, data sets.
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Command::Nodes(nodes) => commands::block_on("nodes", commands::pool::nodes(&nodes)),
         Command::Teams(teams) => commands::block_on("teams", commands::pool::teams(&teams)),
         Command::Tokens(tokens) => commands::block_on("tokens", commands::pool::tokens(&tokens)),
+        Command::Admin(admin) => commands::admin::run(admin),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "ringtrain", &mut std::io::stdout());
             ExitCode::SUCCESS

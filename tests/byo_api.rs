@@ -308,3 +308,37 @@ async fn a_hostile_model_is_refused_at_upload_and_reads_and_writes_nothing_on_th
     }
     assert_eq!(attacker.get("/v1/models").await["models"], serde_json::json!([]), "no hostile model was stored");
 }
+
+/// The check measures what a training step of an uploaded model takes (here forward makes a 16 MiB
+/// temporary per sample), and admission extrapolates it to the job's per-worker batch: a batch that no
+/// device can hold is refused at submission, naming the batch and the measure; a small one passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_models_step_memory_is_measured_and_a_batch_that_cannot_fit_is_refused() {
+    let cluster = Cluster::up("byo-memory", 2).await;
+    let api = &cluster.api;
+    let (status, dataset) = api.upload("/v1/datasets?name=multi", repo("examples/multi-input/data.safetensors")).await;
+    assert_eq!(status, 201, "{dataset}");
+    let dataset_id = dataset["id"].as_str().unwrap();
+    let models = cluster.dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let body = "big = torch.ones([(numeric).size(0), 4194304])\n\
+                numeric = torch.add(numeric, torch.mul(torch.sum(big, [1], True), 0.))";
+    let file = std::fs::read(hostile::model(&models, "wide", body)).unwrap();
+    let (status, model) = api.upload(&format!("/v1/models?name=wide&dataset={dataset_id}&inputs=numeric"), file).await;
+    assert_eq!(status, 201, "{model}");
+    let memory = &model["report"]["memory"];
+    let per_sample = memory["step_per_sample_bytes"].as_u64().unwrap();
+    assert!((15 << 20..20 << 20).contains(&per_sample), "16 MiB a sample: {memory}");
+    assert_eq!(memory["measured"].as_array().unwrap().len(), 2, "{memory}");
+    assert!(memory["trainable_bytes"].as_u64().unwrap() > 0 && memory["weights_bytes"].as_u64().unwrap() > 0);
+
+    let spec = |batch: u32| {
+        serde_json::json!({"model": {"uploaded": model["id"]}, "dataset": dataset_id, "workers": 1,
+            "per_worker_batch": batch, "epochs": 2, "lr": {"warmup": {"kind": "gradual", "epochs": 1}}})
+    };
+    // 4,000 samples of 16 MiB: about 62 GiB, past any CPU slot's share of this machine
+    let refused = api.request(reqwest::Method::POST, "/v1/jobs", Some(spec(4000))).await;
+    assert_refused(&refused, "per_worker_batch", "from its steps the model's check measured");
+    let (status, planned) = api.request(reqwest::Method::POST, "/v1/jobs?dry_run=true", Some(spec(8))).await;
+    assert_eq!(status, 200, "{planned}");
+}

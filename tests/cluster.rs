@@ -184,7 +184,7 @@ async fn a_team_below_its_guarantee_reclaims_borrowed_devices_and_the_borrower_r
     let total = resumed["effective"]["total_iterations"].as_i64().unwrap();
     assert_complete_series(&team_a.metrics(&borrower, "iteration").await, 4, total);
     let events = team_a.get(&format!("/v1/jobs/{borrower}/events")).await;
-    assert!(events.to_string().contains("preempted: reclaimed by team"), "{events}");
+    assert!(events.to_string().contains("preempted: reclaimed by another team, below its guarantee"), "{events}");
     // It stopped after a checkpoint of where it was (mid-epoch), so no work was redone: every iteration was
     // reported by exactly one placement.
     let checkpoints = team_a.get(&format!("/v1/jobs/{borrower}/checkpoints")).await;
@@ -460,4 +460,38 @@ async fn a_study_runs_its_points_and_stops_the_one_that_falls_off_its_reference(
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("TEST ERR %") && text.contains("fell off its reference"), "{text}");
+}
+
+/// `ringtrain admin reset-token` on the host of a running `ringtrain up`: the lost admin token is
+/// revoked, the new one works at once and is what `up` keeps; a mistyped data directory is an error, not
+/// a fresh empty database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_admin_token_is_reset_on_the_server_host() {
+    let cluster = Cluster::up("reset-token", 1).await;
+    let data_dir = cluster.dir.join("data");
+    let kept = data_dir.join("admin-token");
+    std::fs::write(&kept, format!("{}\n", support::ADMIN_TOKEN)).unwrap();
+    let reset = |dir: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+            .args(["admin", "reset-token", "--data-dir"])
+            .arg(dir)
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap()
+    };
+    let out = reset(&data_dir);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let token = text.lines().find_map(|l| l.strip_prefix("platform admin token (shown once): ")).unwrap().to_string();
+    assert!(text.contains("revoked 1 other platform token(s)"), "{text}");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap().trim(), token, "up's admin-token holds the new one");
+
+    let fresh = support::Api::new(&cluster.url, &token);
+    assert_eq!(fresh.http_status("/v1/teams").await, Some(200));
+    assert_eq!(cluster.api.http_status("/v1/teams").await, Some(401), "the lost token is revoked");
+
+    let missing = reset(&cluster.dir.join("no-such-dir"));
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no database at"), "{missing:?}");
+    assert!(!cluster.dir.join("no-such-dir").exists(), "nothing was created");
 }

@@ -46,6 +46,46 @@ pub async fn bootstrap(store: &dyn Store, preset: Option<&str>) -> StoreResult<O
     }
 }
 
+/// What [`reset_admin_token`] did.
+#[derive(Debug)]
+pub struct Reset {
+    /// The new platform admin token (shown once; only its hash is stored).
+    pub token: String,
+    /// How many other platform tokens it revoked.
+    pub revoked: usize,
+}
+
+/// A new platform admin token, in team `default` (made again if it was deleted): `ringtrain admin
+/// reset-token` on the server host, when the platform admin's token is lost. No token can mint one through
+/// the API, so the database itself is the authority. With `revoke_others`, every other live platform token
+/// is revoked (a lost token may be in someone else's hands).
+pub async fn reset_admin_token(store: &dyn Store, revoke_others: bool) -> StoreResult<Reset> {
+    let team = default_team(store).await?;
+    let token = generate_token();
+    let new = NewToken {
+        token_hash: hash_token(&token),
+        role: Role::Admin,
+        team_id: Some(team.id),
+        platform: true,
+        label: Some("reset on the server host".into()),
+        expires_at: None,
+    };
+    // made before any is revoked: a failure half way never leaves the platform without an admin
+    let made = store.create_token(new).await?;
+    let mut revoked = 0;
+    if revoke_others {
+        let now = chrono::Utc::now();
+        for team in store.list_teams().await? {
+            for old in store.list_tokens(Some(team.id)).await? {
+                if old.id != made.id && old.platform && old.is_live(now) && store.revoke_token(old.id, now).await? {
+                    revoked += 1;
+                }
+            }
+        }
+    }
+    Ok(Reset { token, revoked })
+}
+
 async fn default_team(store: &dyn Store) -> StoreResult<Team> {
     if let Some(team) = store.get_team_by_name(DEFAULT_TEAM).await? {
         return Ok(team);

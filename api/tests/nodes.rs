@@ -54,17 +54,28 @@ async fn a_re_registration_may_keep_or_reduce_its_devices_but_not_add_to_them(ap
     refused_at_devices(&register(&app, &agent, cpu_slots(3, 8 * GIB)).await, "a third slot");
     let more_memory = register(&app, &agent, cpu_slots(2, 9 * GIB)).await;
     refused_at_devices(&more_memory, "more memory");
-    assert!(more_memory.text.contains("more than the 8.0 GiB"), "{}", more_memory.text);
+    assert!(
+        more_memory.text.contains("18.0 GiB") && more_memory.text.contains("more than the 16.0 GiB"),
+        "{}",
+        more_memory.text
+    );
     assert_eq!(listed_devices(&app).await, two_slots);
 
     let same = register(&app, &agent, cpu_slots(2, 8 * GIB)).await;
     assert_eq!(same.status, 200, "{}", same.text);
     assert_eq!(same.body["id"], first.body["id"]);
-    // fewer devices or less memory: fine; and a device that went away may come back
+    // an agent restarted with fewer --cpus gives each slot a larger share of the same machine: fine
+    let fewer = register(&app, &agent, cpu_slots(1, 16 * GIB)).await;
+    assert_eq!(fewer.status, 200, "{}", fewer.text);
+    assert_eq!(listed_devices(&app).await, [("cpu".to_string(), 0)]);
+    refused_at_devices(&register(&app, &agent, cpu_slots(1, 17 * GIB)).await, "more memory in all");
+    // fewer devices or less memory: fine; and a device that went away may come back, within the same total
+    assert_eq!(register(&app, &agent, cpu_slots(2, 8 * GIB)).await.status, 200);
     assert_eq!(register(&app, &agent, cpu_slots(1, 4 * GIB)).await.status, 200);
     assert_eq!(listed_devices(&app).await, [("cpu".to_string(), 0)]);
-    assert_eq!(register(&app, &agent, cpu_slots(2, 4 * GIB)).await.status, 200);
+    assert_eq!(register(&app, &agent, cpu_slots(2, 2 * GIB)).await.status, 200);
     assert_eq!(listed_devices(&app).await, two_slots);
+    refused_at_devices(&register(&app, &agent, cpu_slots(2, 4 * GIB)).await, "a lowered total is the ceiling");
     // the memory last registered is the ceiling: once unsaid, a claim is a raise
     let unsaid = json!([{"index": 0, "kind": "cpu", "name": "cpu slot 0"}]);
     assert_eq!(register(&app, &agent, unsaid).await.status, 200);

@@ -150,16 +150,22 @@ async fn device_slots(app: &TestApp) -> BTreeMap<String, (String, u64)> {
     slots
 }
 
-/// Jobs preempted for `job` (their preemption event names it), by id.
-async fn preempted_for(app: &TestApp, job: &str) -> BTreeSet<String> {
-    let mut victims = BTreeSet::new();
+/// How many times each queued job has been reclaimed (its preemption events, which name neither the
+/// reclaiming team nor its job), by id.
+async fn reclaims(app: &TestApp) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
     for queued in app.store.list_queued(10_000).await.unwrap() {
         let events = app.store.list_events(queued.id, 0, 10_000).await.unwrap();
-        if events.iter().any(|e| e.reason.as_deref().is_some_and(|r| r.ends_with(&format!("for job {job}")))) {
-            victims.insert(queued.id.to_string());
-        }
+        let reclaimed =
+            events.iter().filter(|e| e.reason.as_deref().is_some_and(|r| r.contains("reclaimed by"))).count();
+        counts.insert(queued.id.to_string(), reclaimed);
     }
-    victims
+    counts
+}
+
+/// The jobs reclaimed between two counts.
+fn newly_reclaimed(before: &BTreeMap<String, usize>, after: &BTreeMap<String, usize>) -> BTreeSet<String> {
+    after.iter().filter(|(id, n)| **n > before.get(*id).copied().unwrap_or(0)).map(|(id, _)| id.clone()).collect()
 }
 
 /// The tokens of one team the dry-run rounds use: a member, and a platform admin of the team (it sees the
@@ -184,12 +190,13 @@ async fn dry_run_then_pass(
     let dry = dry.body;
     let tenant = app.post("/v1/jobs?dry_run=true", member, submission).await.body;
     assert_eq!(tenant["verdict"], dry["verdict"], "round {round}: {tenant}");
+    let before = reclaims(app).await;
     let id = app.submit(member, submission).await;
     app.state.scheduler(config.clone()).pass().await.expect("a pass");
     app.state.changed().await; // as the loop announces what it did
     let seen = job(app, member, &id).await;
     let verdict = dry["verdict"].as_str().unwrap().to_string();
-    let preempted = preempted_for(app, &id).await;
+    let preempted = newly_reclaimed(&before, &reclaims(app).await);
     match verdict.as_str() {
         "start" => {
             assert_eq!(seen["state"], "scheduled", "round {round}: {dry} then {seen}");
@@ -214,6 +221,11 @@ async fn dry_run_then_pass(
                 dry["preempts"].as_array().unwrap().iter().map(|p| p["job_id"].as_str().unwrap().to_string()).collect();
             assert!(!named.is_empty());
             assert_eq!(named, preempted, "round {round}: the jobs the dry run said it would preempt");
+            for victim in &preempted {
+                let events = app.store.list_events(victim.parse().unwrap(), 0, 10_000).await.unwrap();
+                let texts: Vec<&str> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
+                assert!(texts.iter().all(|t| !t.contains(&id)), "round {round}: a victim learns the job: {texts:?}");
+            }
             // the member learns how many of other teams' jobs, not which
             assert_eq!(tenant["preempts"], json!([]), "round {round}: {tenant}");
             let victims = tenant["pending_reason"]["victims"].as_array().unwrap();

@@ -304,6 +304,25 @@ async fn a_team_admin_cannot_revoke_a_platform_token(app: TestApp) {
     assert_eq!(app.call(Method::DELETE, &format!("/v1/tokens/{own}"), Some(&team_admin), None).await.status, 204);
 }
 
+/// `ringtrain admin reset-token`'s work: a new platform admin token that works at once; the lost one and
+/// every other platform token are revoked unless kept; team tokens are untouched.
+async fn a_lost_admin_token_is_reset_on_the_server_host(app: TestApp) {
+    let team = app.team("alpha").await;
+    let kept = ringtrain_api::bootstrap::reset_admin_token(app.state.store.as_ref(), false).await.unwrap();
+    assert_eq!(kept.revoked, 0);
+    assert_eq!(app.get("/v1/teams", &kept.token).await.status, 200, "the new token is a platform admin");
+    assert_eq!(app.get("/v1/teams", ADMIN).await.status, 200, "kept: the old one still works");
+
+    let reset = ringtrain_api::bootstrap::reset_admin_token(app.state.store.as_ref(), true).await.unwrap();
+    assert_eq!(reset.revoked, 2, "the bootstrap token and the first reset's");
+    assert_eq!(app.get("/v1/teams", &reset.token).await.status, 200);
+    app.get("/v1/teams", ADMIN).await.problem(401);
+    app.get("/v1/teams", &kept.token).await.problem(401);
+    assert_eq!(app.get("/v1/jobs", &team.admin).await.status, 200, "a team's own tokens are untouched");
+    let minted = app.post("/v1/teams", &reset.token, &json!({"name": "beta", "gpu_quota": 1, "cpu_quota": 1})).await;
+    assert_eq!(minted.status, 201, "{}", minted.text);
+}
+
 /// `idx:` paths must lie inside the server's --idx-root folders (here /data): no reading the host's files or
 /// another team's folders by path.
 async fn idx_paths_stay_inside_the_allowed_roots(app: TestApp) {
@@ -360,6 +379,7 @@ ringtrain_store::on_both_backends!(
     a_team_admin_is_not_a_platform_admin,
     tokens_are_listed_revoked_and_expire,
     a_team_admin_cannot_revoke_a_platform_token,
+    a_lost_admin_token_is_reset_on_the_server_host,
     a_revoked_agent_token_loses_its_node,
     an_agent_token_belongs_to_one_node,
     idx_paths_stay_inside_the_allowed_roots,

@@ -105,6 +105,24 @@ pub fn estimate(model: &ModelSpec, shape: &SampleShape, batch: u64, data_bytes: 
     })
 }
 
+/// The estimate for an uploaded model from what its check measured: its weights (`weights_bytes`), a
+/// gradient and a momentum buffer for each trainable parameter (`trainable_bytes`), a training step's peak
+/// at the job's batch (`step_bytes`: activations, the batch, temporaries) and the data each rank holds.
+pub fn measured(weights_bytes: u64, trainable_bytes: u64, step_bytes: u64, data_bytes: u64) -> MemoryEstimate {
+    let total = weights_bytes
+        .saturating_add(trainable_bytes.saturating_mul(2))
+        .saturating_add(step_bytes)
+        .saturating_add(data_bytes);
+    MemoryEstimate {
+        parameters: weights_bytes,
+        gradients: trainable_bytes,
+        momentum: trainable_bytes,
+        activations: step_bytes,
+        data: data_bytes,
+        total,
+    }
+}
+
 /// Parameters (scalars) and kept activations (scalars per sample) of a model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {

@@ -1,3 +1,4 @@
+pub mod admin;
 pub mod agent;
 pub mod artifacts;
 pub mod bench;

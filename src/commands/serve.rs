@@ -220,7 +220,7 @@ async fn listen_for_other_servers(state: AppState) {
 }
 
 /// The database URL without its password, for the log.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
         _ => url.to_string(),

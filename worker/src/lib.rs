@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod model_check;
 pub mod models;
 pub mod optim;
+pub mod peak_memory;
 pub mod precision;
 pub mod trainer;
 

@@ -2,17 +2,24 @@
 //! server starts it, so a hostile or broken file can crash nothing but that process): the file loads in
 //! libtorch, has trainable parameters, and its `forward` takes two samples of the data set's named inputs
 //! and returns what the labels need (class scores, or one value per label), in evaluation mode and in
-//! training mode with a backward pass that reaches its parameters.
+//! training mode with a backward pass that reaches its parameters. It then measures what a training step
+//! takes in memory at two batch sizes ([`MEASURED_BATCHES`]), which admission extrapolates to a job's
+//! per-worker batch.
 
 use std::path::Path;
 
-use ringtrain_protocol::model::{ModelRefusal, ModelReport};
+use ringtrain_protocol::model::{MeasuredStep, ModelMemory, ModelRefusal, ModelReport};
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 
 use crate::data::{Dataset, Labels};
 use crate::models::{OperatorCheck, Scripted};
+use crate::peak_memory::PeakMeter;
 use crate::trainer::{loss_and_tally, training_loss};
+
+/// The batch sizes whose training steps the check measures: small enough for one CPU thread on the
+/// server, far enough apart that what grows with the batch stands out of the allocator's noise.
+pub const MEASURED_BATCHES: (u64, u64) = (2, 16);
 
 fn refuse(field: &str, reason: impl Into<String>) -> ModelRefusal {
     ModelRefusal { field: field.to_string(), reason: reason.into() }
@@ -41,15 +48,18 @@ fn forward_refusal(e: anyhow::Error) -> ModelRefusal {
 /// Checks `model` against the safetensors data set `dataset`, whose tensors `x.NAME` for each of `inputs`
 /// (or its one `x` when `inputs` is empty) are passed to `forward` in that order.
 pub fn check(model: &Path, dataset: &Path, inputs: &[String]) -> Result<ModelReport, ModelRefusal> {
-    check_with(model, dataset, inputs, OperatorCheck::Enforced)
+    check_with(model, dataset, inputs, OperatorCheck::Enforced, PeakMeter::open())
 }
 
-/// As [`check`], with the operator allow-list skipped when `operators` says so (the sandbox's own tests).
+/// As [`check`], with the operator allow-list skipped when `operators` says so (the sandbox's own tests),
+/// and the steps measured with `meter` (none: the report has no memory). A confined check opens its meter
+/// before it confines itself.
 pub fn check_with(
     model: &Path,
     dataset: &Path,
     inputs: &[String],
     operators: OperatorCheck,
+    meter: Option<PeakMeter>,
 ) -> Result<ModelReport, ModelRefusal> {
     let named = (!inputs.is_empty()).then_some(inputs);
     let data = Dataset::load_safetensors(dataset, named, None, None)
@@ -80,6 +90,10 @@ pub fn check_with(
     if !trainable.iter().any(|t| t.grad().defined()) {
         return Err(refuse("body", "the loss does not reach any of the model's parameters: nothing would train"));
     }
+    let memory = match meter {
+        Some(meter) => measure_steps(&mut scripted, &data, loss, meter, &tensors)?,
+        None => None,
+    };
     let input_names = if inputs.is_empty() { vec!["x".to_string()] } else { inputs.to_vec() };
     Ok(ModelReport {
         parameters: trainable.iter().map(|t| t.numel() as u64).sum(),
@@ -92,7 +106,47 @@ pub fn check_with(
             Labels::Classes(_) => "classes".to_string(),
             Labels::Values { .. } => "values".to_string(),
         },
+        memory,
     })
+}
+
+/// Bytes of a set of tensors.
+fn bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> u64 {
+    tensors.map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum()
+}
+
+/// Measures a training step (the batch, forward, loss, backward) at each of [`MEASURED_BATCHES`], after
+/// the check's own step has allocated the gradients, as they are in training. A step that fails here
+/// (memory, most likely) is the model's refusal; a meter the kernel stops answering is no measure.
+fn measure_steps(
+    scripted: &mut Scripted,
+    data: &Dataset,
+    loss: ringtrain_core::spec::Loss,
+    mut meter: PeakMeter,
+    tensors: &[crate::models::scripted::ScriptTensor],
+) -> Result<Option<ModelMemory>, ModelRefusal> {
+    let samples = data.train.len().max(1) as i64;
+    let mut step = |batch: u64| -> Result<Option<MeasuredStep>, ModelRefusal> {
+        // the data set may hold fewer samples than the batch: they repeat
+        let indices: Vec<i64> = (0..batch as i64).map(|i| i % samples).collect();
+        let measured = meter.measure(|| -> anyhow::Result<()> {
+            let (x, y) = data.train_batch(&indices, Device::Cpu);
+            let out = scripted.module.forward(&x)?;
+            let (value, _) = loss_and_tally(loss, data.classes(), &out, &y)?;
+            value.backward();
+            Ok(())
+        });
+        match measured {
+            Ok((outcome, peak_bytes)) => {
+                outcome.map(|()| Some(MeasuredStep { batch, peak_bytes })).map_err(forward_refusal)
+            }
+            Err(_) => Ok(None),
+        }
+    };
+    let (Some(small), Some(large)) = (step(MEASURED_BATCHES.0)?, step(MEASURED_BATCHES.1)?) else { return Ok(None) };
+    let weights = bytes(tensors.iter().map(|t| &t.tensor));
+    let trainable = bytes(tensors.iter().filter(|t| !t.buffer && t.tensor.requires_grad()).map(|t| &t.tensor));
+    Ok(Some(ModelMemory::from_steps(weights, trainable, small, large)))
 }
 
 #[cfg(test)]
@@ -116,6 +170,11 @@ mod tests {
         assert_eq!(report.output_shape, vec![2, 3]);
         assert_eq!(report.labels, "classes");
         assert!(report.parameters > 10_000 && !report.batch_norm, "{report:?}");
+        let memory = report.memory.expect("the steps were measured");
+        assert_eq!(memory.trainable_bytes, report.parameters * 4, "float32 parameters");
+        assert!(memory.weights_bytes >= memory.trainable_bytes);
+        assert_eq!(memory.measured.iter().map(|s| s.batch).collect::<Vec<_>>(), [2, 16]);
+        assert!(memory.measured[0].peak_bytes > 0, "a step makes something resident: {memory:?}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use ringtrain_core::memory::{self, human_bytes, SampleShape};
 use ringtrain_core::{DatasetRef, Effective, FieldError, JobId, JobSpec};
+use ringtrain_protocol::model::{ModelMemory, ModelReport};
 use ringtrain_store::{NewJob, StudyPoint};
 use serde_json::Value;
 
@@ -150,8 +151,9 @@ pub fn effective(spec: &JobSpec, dataset_size: Option<u64>) -> ApiResult<Option<
 
 /// Refuses (422) a job whose estimated memory per rank (`ringtrain_core::memory`) exceeds every device of
 /// its kind that reports its memory, naming the field most to blame and every part of the estimate. Passes
-/// when it cannot tell: no device of the kind says how much memory it has, or the data's shape is known
-/// only to the worker (`idx:`).
+/// when it cannot tell: no device of the kind says how much memory it has, the data's shape is known
+/// only to the worker (`idx:`), or an uploaded model's check did not measure its steps. An uploaded
+/// model's need is extrapolated from the two steps its check measured (`ModelMemory`).
 pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<()> {
     let data = match &spec.dataset {
         DatasetRef::Uploaded(id) => match state.store.get_dataset(*id).await? {
@@ -168,7 +170,19 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
     };
     let Some((shape, data_bytes)) = data else { return Ok(()) };
     let batch = u64::from(spec.per_worker_batch);
-    let Some(need) = memory::estimate(&spec.model, &shape, batch, data_bytes) else { return Ok(()) };
+    let (need, source) = match spec.model.uploaded {
+        Some(model) => match measured_step(state, user, model).await? {
+            Some(memory) => (
+                memory::measured(memory.weights_bytes, memory.trainable_bytes, memory.step_bytes(batch), data_bytes),
+                ", from its steps the model's check measured",
+            ),
+            None => return Ok(()),
+        },
+        None => match memory::estimate(&spec.model, &shape, batch, data_bytes) {
+            Some(need) => (need, ""),
+            None => return Ok(()),
+        },
+    };
     let nodes = state.store.list_nodes().await?;
     let devices = nodes.iter().flat_map(|node| &node.devices).filter(|device| device.kind == spec.device);
     let Some(largest) = devices.filter_map(|device| device.memory_bytes).max() else { return Ok(()) };
@@ -177,7 +191,7 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
         return Ok(());
     }
     let reason = format!(
-        "one rank needs about {} (parameters {}, gradients {}, momentum {}, activations {} at a batch of {batch}, \
+        "one rank needs about {} (parameters {}, gradients {}, momentum {}, activations {} at a batch of {batch}{source}, \
          data {}); the largest {} device offers {}",
         human_bytes(need.total),
         human_bytes(need.parameters),
@@ -189,4 +203,11 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
         human_bytes(largest),
     );
     Err(ApiError::validation(vec![FieldError::new(need.largest_part(), reason)]))
+}
+
+/// What the check of the team's uploaded model `id` measured of its training steps; None when it is not
+/// the team's (refused elsewhere) or was checked before the check measured.
+async fn measured_step(state: &AppState, user: &User, id: uuid::Uuid) -> ApiResult<Option<ModelMemory>> {
+    let Some(model) = state.store.get_model(id).await?.filter(|m| user.owns(m.team_id)) else { return Ok(None) };
+    Ok(serde_json::from_value::<ModelReport>(model.report).ok().and_then(|report| report.memory))
 }

@@ -17,6 +17,7 @@ pub(super) async fn apply(
 ) -> StoreResult<()> {
     for preempt in &plan.preemptions {
         let Some(job) = snapshot.active.get(&preempt.job) else { continue };
+        tracing::info!(job = %job.id, reason = ?preempt.reason, "preempting");
         // one failed preemption (a busy database) must not cost the pass its starts: the next pass retries it
         match store.preempt_job(job.id, job.attempt, &preempt.reason.to_string()).await {
             Ok(Some(_)) => report.preempted += 1,

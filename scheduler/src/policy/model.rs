@@ -129,12 +129,12 @@ pub enum PreemptReason {
     Reclaim { team: TeamId, for_job: JobId },
 }
 
+/// The text the preempted job's team reads in its events: it names neither the other team nor its job
+/// (the scheduler's log has both).
 impl fmt::Display for PreemptReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PreemptReason::Reclaim { team, for_job } => {
-                write!(f, "reclaimed by team {team} (below its guarantee) for job {for_job}")
-            }
+            PreemptReason::Reclaim { .. } => write!(f, "reclaimed by another team, below its guarantee"),
         }
     }
 }

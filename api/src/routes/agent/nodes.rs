@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::memory::human_bytes;
+use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{FieldError, NodeId};
 use ringtrain_protocol::{HeartbeatAck, RegisterNode};
 use ringtrain_store::{Device, NewDevice, Node, NodeRegistration};
@@ -89,8 +90,10 @@ fn beyond_registered(registered: &[Device], offered: &NewDevice) -> Option<Strin
     if was.kind != offered.kind {
         return Some(format!("device {index} was registered as {}, not {}", was.kind.as_str(), offered.kind.as_str()));
     }
-    // exact too: a rounded size can read the same on both sides
-    let bytes = |b: i64| format!("{} ({b} bytes)", human_bytes(b.max(0) as u64));
+    // CPU slots share one machine's memory: their total is checked instead (`cpu_memory_beyond`)
+    if offered.kind == DeviceKind::Cpu {
+        return None;
+    }
     match (was.memory_bytes, offered.memory_bytes) {
         (Some(was), Some(now)) if now > was => Some(format!(
             "device {index} claims {} of memory, more than the {} it was registered with",
@@ -104,12 +107,45 @@ fn beyond_registered(registered: &[Device], offered: &NewDevice) -> Option<Strin
     }
 }
 
-/// A re-registration may keep or reduce the node's devices (same index and kind, no more memory), never add
-/// or change them: otherwise a stolen agent token could make its node attract every tenant's work
-/// (security review 3, N-M6). A device retired by an earlier re-registration may come back.
-fn within_registered(registered: &[Device], offered: &[NewDevice]) -> ApiResult<()> {
+/// Exact too: a rounded size can read the same on both sides.
+fn bytes(b: i64) -> String {
+    format!("{} ({b} bytes)", human_bytes(b.max(0) as u64))
+}
+
+/// How a re-registration's CPU slots claim more memory in all than the node's CPU slots have now; None
+/// when they do not. Each slot's figure is its share of the machine, so an agent restarted with fewer
+/// `--cpus` gives each slot more: that is the same machine, not a raise.
+fn cpu_memory_beyond(current: &[Device], offered: &[NewDevice]) -> Option<String> {
+    let claims: Vec<i64> =
+        offered.iter().filter(|d| d.kind == DeviceKind::Cpu).filter_map(|d| d.memory_bytes).collect();
+    if claims.is_empty() {
+        return None;
+    }
+    let claimed: i64 = claims.iter().sum();
+    // None when a slot of the node says no memory: then any claim is a raise
+    let now: Option<i64> = current.iter().filter(|d| d.kind == DeviceKind::Cpu).map(|d| d.memory_bytes).sum();
+    match now {
+        Some(now) if claimed <= now => None,
+        Some(now) => Some(format!(
+            "the CPU slots claim {} of memory in all, more than the {} the node's slots have now",
+            bytes(claimed),
+            bytes(now)
+        )),
+        None => Some(format!("the CPU slots claim {} of memory; the node's slots have none said", bytes(claimed))),
+    }
+}
+
+/// A re-registration may keep or reduce the node's devices (same index and kind, no more memory; CPU slots
+/// no more memory in all), never add or change them: otherwise a stolen agent token could make its node
+/// attract every tenant's work (security review 3, N-M6). A device retired by an earlier re-registration
+/// may come back.
+fn within_registered(registered: &[Device], current: &[Device], offered: &[NewDevice]) -> ApiResult<()> {
     const SHOWN: usize = 3;
-    let beyond: Vec<String> = offered.iter().filter_map(|d| beyond_registered(registered, d)).collect();
+    let beyond: Vec<String> = offered
+        .iter()
+        .filter_map(|d| beyond_registered(registered, d))
+        .chain(cpu_memory_beyond(current, offered))
+        .collect();
     if beyond.is_empty() {
         return Ok(());
     }
@@ -151,7 +187,7 @@ pub async fn register_node(
         )));
     }
     if let Some(node) = nodes.iter().find(|n| n.agent_token_id == agent.token.id) {
-        within_registered(&state.store.registered_devices(node.id).await?, &registration.devices)?;
+        within_registered(&state.store.registered_devices(node.id).await?, &node.devices, &registration.devices)?;
     }
     Ok(Json(state.store.register_node(agent.token.id, registration).await?))
 }
