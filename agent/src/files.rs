@@ -8,6 +8,7 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use ringtrain_protocol::rank::{checkpoint_files, CheckpointName};
 use ringtrain_protocol::{Checkpoint, Work};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -99,20 +100,10 @@ pub(crate) async fn fetch_checkpoint(
     Ok(target)
 }
 
-/// The trainer's checkpoint folder names: `epoch-NNNN`, or `epoch-NNNN-iter-NNNNNNNNNN` mid-epoch.
+/// The trainer's checkpoint folder names (`protocol::rank::CheckpointName`).
 pub(crate) fn is_checkpoint_folder(name: &str) -> bool {
-    let digits =
-        |t: &str, min: usize, max: usize| (min..=max).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit());
-    let Some(rest) = name.strip_prefix("epoch-") else { return false };
-    match rest.split_once("-iter-") {
-        Some((epoch, iteration)) => digits(epoch, 4, 10) && digits(iteration, 10, 20),
-        None => digits(rest, 4, 10),
-    }
+    CheckpointName::parse(name).is_some()
 }
-
-/// The files a trainer checkpoint folder holds.
-const CHECKPOINT_FILES: &[&str] =
-    &["model.safetensors", "optimizer.safetensors", "batch_norm.safetensors", "state.json", "model.pt"];
 
 /// Unpacks a checkpoint archive into a fresh `into`: one checkpoint folder and the trainer's files in it,
 /// regular files and folders only (no links, devices or other paths), then writes `latest` naming the
@@ -142,7 +133,7 @@ pub(crate) fn unpack_checkpoint(archive: &Path, into: &Path) -> Result<String> {
         folder = Some(top.clone());
         match (parts.len(), kind) {
             (1, tar::EntryType::Directory) => std::fs::create_dir_all(into.join(top))?,
-            (2, tar::EntryType::Regular) if CHECKPOINT_FILES.contains(&parts[1].as_str()) => {
+            (2, tar::EntryType::Regular) if checkpoint_files::ALL.contains(&parts[1].as_str()) => {
                 std::fs::create_dir_all(into.join(top))?;
                 let destination = into.join(top).join(&parts[1]);
                 let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&destination)?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::AssignmentState;
-use ringtrain_protocol::rank::{EXIT_JOB_ERROR, EXIT_STOPPED};
+use ringtrain_protocol::rank::{RankCommand, EXIT_JOB_ERROR, EXIT_STOPPED};
 use ringtrain_protocol::{Assignment, ResultReport, Work};
 use serde_json::Value;
 use tokio::io::BufReader;
@@ -118,35 +118,32 @@ async fn run_inner(
     let (mut launch, cgroup) = ctx.sandbox.launch(&group_name)?;
     let private = confine::pass(&mut launch, &rank_dir)?;
     launch.private_dir(private.clone());
-    let mut command = Command::new(&ctx.exe);
-    command.arg("train").arg("--spec").arg(private.join("spec.json")).arg("--out").arg(private.join("out"));
-    command.arg("--sandbox-dir").arg(&private).arg("--exit-with-parent");
-    if ctx.sandbox.allow_unsandboxed {
-        command.arg("--allow-unsandboxed");
-    }
-    // Named, so a rank whose agent died while it was still loading exits instead of training on unseen.
-    command.args(["--parent-pid", &std::process::id().to_string()]);
-    command.arg("--stop-file").arg(private.join("stop"));
+    let mut rank = RankCommand {
+        spec: private.join("spec.json"),
+        out: Some(private.join("out")),
+        sandbox_dir: Some(private.clone()),
+        allow_unsandboxed: ctx.sandbox.allow_unsandboxed,
+        exit_with_parent: true,
+        // named, so a rank whose agent died while it was still loading exits instead of training on unseen
+        parent_pid: Some(std::process::id()),
+        stop_file: Some(private.join("stop")),
+        threads: ctx.threads,
+        resume: resume.as_ref().map(|_| private.join("resume")),
+        ..Default::default()
+    };
     if let Some(file) = &dataset {
-        command.arg("--dataset-file").arg(confine::pass(&mut launch, file)?);
+        rank.dataset_file = Some(confine::pass(&mut launch, file)?);
     }
     if let Some(file) = &model {
-        command.arg("--model-file").arg(confine::pass(&mut launch, file)?);
+        rank.model_file = Some(confine::pass(&mut launch, file)?);
         // a plain data set's one input is `x`: the rank reads it without names
         let inputs = work.model.as_ref().map(|m| m.inputs.clone()).unwrap_or_default();
-        if inputs != ["x"] {
-            command.arg("--model-inputs").arg(inputs.join(","));
-        }
+        rank.model_inputs = (inputs != ["x"]).then_some(inputs);
         // its checkpoints hold the module itself beside the weights and momentum: room for both, and more
         let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
-        command.args(["--max-file-mib", &max_file_mib(size).to_string()]);
+        rank.max_file_mib = Some(max_file_mib(size));
     }
-    if let Some(threads) = ctx.threads {
-        command.args(["--threads", &threads.to_string()]);
-    }
-    if resume.is_some() {
-        command.arg("--resume").arg(private.join("resume"));
-    }
+    let mut command = Command::new(&ctx.exe);
     launch.apply(command.as_std_mut())?;
     if let Some(secret) = &work.rendezvous_secret {
         command.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, secret);
@@ -161,7 +158,8 @@ async fn run_inner(
     } else {
         work.rendezvous.clone().context("rank 0's address is not known yet")?
     };
-    command.args(["--rank", &a.rank.to_string(), "--world", &a.world_size.to_string(), "--rendezvous", &rendezvous]);
+    (rank.rank, rank.world, rank.rendezvous) = (a.rank as usize, a.world_size as usize, rendezvous);
+    command.args(rank.args());
     if work.spec.get("device").and_then(Value::as_str) == Some(DeviceKind::Gpu.as_str()) {
         // The rank sees only its own GPU, as CUDA device 0.
         command.env("CUDA_VISIBLE_DEVICES", work.device_index.to_string());

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ringtrain_client::CallError;
+use ringtrain_protocol::rank::{checkpoint_files, CheckpointProgress};
 use ringtrain_protocol::Work;
 use serde_json::{Map, Value};
 use tokio::sync::Notify;
@@ -331,9 +332,10 @@ impl Shared {
             return Ok(());
         }
         let dir = root.join(&name);
-        let state: Value = serde_json::from_slice(&tokio::fs::read(dir.join("state.json")).await?)?;
-        let epoch = state["epochs_done"].as_u64().context("state.json has no epochs_done")?;
-        let iteration = state["next_iteration"].as_u64().context("state.json has no next_iteration")?;
+        let state = tokio::fs::read(dir.join(checkpoint_files::STATE)).await?;
+        let progress: CheckpointProgress = serde_json::from_slice(&state)
+            .with_context(|| format!("the rank's {name}/{} says not where training stood", checkpoint_files::STATE))?;
+        let (epoch, iteration) = (progress.epochs_done, progress.next_iteration);
         let archive_path = self.scratch.join(format!("{name}.tar"));
         let (source, target, folder) = (dir.clone(), archive_path.clone(), name.clone());
         tokio::task::spawn_blocking(move || -> Result<()> {

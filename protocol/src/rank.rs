@@ -1,5 +1,13 @@
-//! The exit statuses of a rank process (`ringtrain train`) that its agent tells apart. Anything else that
-//! is not success is a crash, which the agent reports as a retryable failure.
+//! The conventions between a rank process (`ringtrain train`) and whoever starts and reads it (the agent,
+//! `train --local`, `bench submit`, the server): its command line ([`RankCommand`]), the exit statuses its
+//! agent tells apart (anything else that is not success is a crash, a retryable failure), and its
+//! checkpoint folders' names and files ([`checkpoint`]).
+
+pub mod checkpoint;
+mod command;
+
+pub use checkpoint::{checkpoint_files, CheckpointName, CheckpointProgress};
+pub use command::RankCommand;
 
 /// The rank's job cannot succeed by retrying (bad data, bad shapes, a NaN loss): the agent reports a final
 /// failure rather than restarting the job.

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
 use ringtrain_client::ApiClient;
+use ringtrain_protocol::rank::RankCommand;
 
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
@@ -158,13 +159,16 @@ fn first_line_direct(spec: &PathBuf, workers: u64) -> Result<f64> {
     let started = Instant::now();
     let mut ranks = Vec::new();
     for rank in 0..workers {
+        let command = RankCommand {
+            spec: spec.clone(),
+            rank: rank as usize,
+            world: workers as usize,
+            rendezvous: format!("127.0.0.1:{port}"),
+            out: Some(out.join(format!("rank-{rank}"))),
+            ..Default::default()
+        };
         let child = Command::new(&exe)
-            .arg("train")
-            .arg("--spec")
-            .arg(spec)
-            .args(["--rank", &rank.to_string(), "--world", &workers.to_string()])
-            .args(["--rendezvous", &format!("127.0.0.1:{port}"), "--out"])
-            .arg(out.join(format!("rank-{rank}")))
+            .args(command.args())
             .stdout(if rank == 0 { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::null())
             .spawn()

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use ringtrain_core::dataset::DatasetRef;
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::JobSpec;
+use ringtrain_protocol::rank::RankCommand;
 use ringtrain_worker::metrics::Metric;
 use ringtrain_worker::models::OperatorCheck;
 use ringtrain_worker::{Backend, FaultInjection, JobError, RendezvousConfig, Stopped, TrainOptions, Trainer};
@@ -376,39 +377,6 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
     };
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..k {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("train").arg("--spec").arg(&args.spec);
-        cmd.args(["--rank", &rank.to_string(), "--world", &k.to_string(), "--rendezvous", &rendezvous]);
-        if let Some(v) = args.virtual_ranks {
-            cmd.args(["--virtual-ranks", &v.to_string()]);
-        }
-        cmd.args(["--comm-timeout-s", &args.comm_timeout_s.to_string()]);
-        cmd.args(["--join-timeout-s", &args.join_timeout_s.to_string()]);
-        cmd.args(["--bucket-mb", &args.bucket_mb.to_string()]);
-        cmd.args(["--collective", args.collective.name()]);
-        if gpu {
-            one_gpu_per_rank(&mut cmd, rank, args.share_gpu_for_tests);
-        }
-        // Killing this launcher leaves no rank behind.
-        cmd.arg("--exit-with-parent");
-        cmd.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, &secret);
-        if let Some(threads) = args.threads {
-            cmd.args(["--threads", &threads.to_string()]);
-        }
-        let files = [
-            ("--out", &args.out),
-            ("--resume", &args.resume),
-            ("--dataset-file", &args.dataset_file),
-            ("--model-file", &args.model_file),
-        ];
-        for (flag, value) in files {
-            if let Some(value) = value {
-                cmd.arg(flag).arg(value);
-            }
-        }
-        if let Some(inputs) = &args.model_inputs {
-            cmd.arg("--model-inputs").arg(inputs.join(","));
-        }
         let sandbox_dir = match (&private, &args.sandbox.sandbox_dir) {
             (Some(private), _) => {
                 let dir = private.path().join(format!("rank-{rank}"));
@@ -417,15 +385,36 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
             }
             (None, shared) => shared.clone(),
         };
-        if let Some(dir) = sandbox_dir {
-            cmd.arg("--sandbox-dir").arg(dir).args(["--max-file-mib", &args.sandbox.max_file_mib.to_string()]);
+        let command = RankCommand {
+            spec: args.spec.clone(),
+            rank,
+            world: k,
+            rendezvous: rendezvous.clone(),
+            out: args.out.clone(),
+            resume: args.resume.clone(),
+            virtual_ranks: args.virtual_ranks,
+            threads: args.threads,
+            comm_timeout_s: Some(args.comm_timeout_s),
+            join_timeout_s: Some(args.join_timeout_s),
+            bucket_mb: Some(args.bucket_mb),
+            collective: Some(args.collective.name().to_string()),
+            dataset_file: args.dataset_file.clone(),
+            model_file: args.model_file.clone(),
+            model_inputs: args.model_inputs.clone(),
+            // killing this launcher leaves no rank behind
+            exit_with_parent: true,
+            max_file_mib: sandbox_dir.as_ref().map(|_| args.sandbox.max_file_mib),
+            sandbox_dir,
+            allow_unsandboxed: args.sandbox.allow_unsandboxed,
+            skip_operator_check: args.sandbox.skip_operator_check,
+            ..Default::default()
+        };
+        let mut cmd = Command::new(&exe);
+        cmd.args(command.args());
+        if gpu {
+            one_gpu_per_rank(&mut cmd, rank, args.share_gpu_for_tests);
         }
-        if args.sandbox.allow_unsandboxed {
-            cmd.arg("--allow-unsandboxed");
-        }
-        if args.sandbox.skip_operator_check {
-            cmd.arg("--skip-operator-check");
-        }
+        cmd.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, &secret);
         children.push((rank, cmd.spawn().with_context(|| format!("cannot start rank {rank}"))?));
     }
     wait_all(children)
@@ -433,7 +422,62 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_out_of_memory;
+    use super::{is_out_of_memory, Args, RankCommand};
+
+    /// What the agent, `--local` and the bench build is what this subcommand parses, flag for flag.
+    #[test]
+    fn a_rank_command_line_parses_as_train_arguments() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Sub,
+        }
+        #[derive(clap::Subcommand)]
+        enum Sub {
+            Train(Args),
+        }
+        let command = RankCommand {
+            spec: "spec.json".into(),
+            rank: 1,
+            world: 4,
+            rendezvous: "10.0.0.1:4000".into(),
+            out: Some("out".into()),
+            resume: Some("resume".into()),
+            virtual_ranks: Some(2),
+            threads: Some(3),
+            comm_timeout_s: Some(60),
+            join_timeout_s: Some(30),
+            bucket_mb: Some(8),
+            collective: Some("ring".into()),
+            dataset_file: Some("/proc/self/fd/3".into()),
+            model_file: Some("/proc/self/fd/4".into()),
+            model_inputs: Some(vec!["numeric".into(), "tokens".into()]),
+            exit_with_parent: true,
+            parent_pid: Some(77),
+            stop_file: Some("stop".into()),
+            sandbox_dir: Some("private".into()),
+            max_file_mib: Some(4096),
+            allow_unsandboxed: true,
+            skip_operator_check: true,
+        };
+        let line = std::iter::once(std::ffi::OsString::from("ringtrain")).chain(command.args());
+        let Sub::Train(args) = <Cli as clap::Parser>::try_parse_from(line).unwrap().command;
+        assert_eq!(args.spec, std::path::PathBuf::from("spec.json"));
+        assert_eq!((args.rank, args.world), (Some(1), Some(4)));
+        assert_eq!(args.rendezvous, Some("10.0.0.1:4000".parse().unwrap()));
+        assert_eq!((args.out.as_deref(), args.resume.as_deref()), (Some("out".as_ref()), Some("resume".as_ref())));
+        assert_eq!((args.virtual_ranks, args.threads), (Some(2), Some(3)));
+        assert_eq!((args.comm_timeout_s, args.join_timeout_s, args.bucket_mb), (60, 30, 8));
+        assert_eq!(args.collective.name(), "ring");
+        assert_eq!(args.dataset_file, Some("/proc/self/fd/3".into()));
+        assert_eq!(args.model_file, Some("/proc/self/fd/4".into()));
+        assert_eq!(args.model_inputs, Some(vec!["numeric".to_string(), "tokens".to_string()]));
+        assert!(args.exit_with_parent);
+        assert_eq!((args.parent_pid, args.stop_file), (Some(77), Some("stop".into())));
+        assert_eq!(args.sandbox.sandbox_dir, Some("private".into()));
+        assert_eq!(args.sandbox.max_file_mib, 4096);
+        assert!(args.sandbox.allow_unsandboxed && args.sandbox.skip_operator_check);
+    }
 
     #[test]
     fn libtorch_allocation_failures_are_recognised() {

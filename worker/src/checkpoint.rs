@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
 use ringtrain_core::Effective;
+use ringtrain_protocol::rank::{checkpoint_files, CheckpointName};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
@@ -66,18 +67,16 @@ pub struct CheckpointTensors {
     pub batch_norm: Vec<(String, Tensor)>,
 }
 
-/// `epoch-0007` for a checkpoint after 7 epochs; `epoch-0007-iter-0000000450` for one taken mid-epoch,
-/// before iteration 450. Names sort in training order.
+/// The folder's name (`protocol::rank::CheckpointName`): `epoch-0007`, or `epoch-0007-iter-0000000450`
+/// mid-epoch. Names sort in training order.
 fn dir_name(state: &CheckpointState) -> String {
-    match state.partial {
-        None => format!("epoch-{:04}", state.epochs_done),
-        Some(_) => format!("epoch-{:04}-iter-{:010}", state.epochs_done, state.next_iteration),
-    }
+    let next_iteration = state.partial.as_ref().map(|_| state.next_iteration);
+    CheckpointName { epochs_done: state.epochs_done, next_iteration }.to_string()
 }
 
 /// The TorchScript file of an uploaded model's weights in a checkpoint folder (with rank 0's BatchNorm
 /// statistics), loadable with `torch.jit.load`.
-pub const SCRIPT_FILE: &str = "model.pt";
+pub const SCRIPT_FILE: &str = checkpoint_files::SCRIPT;
 
 pub fn write(root: &Path, state: &CheckpointState, tensors: &CheckpointTensors) -> Result<PathBuf> {
     write_with(root, state, tensors, &|_| Ok(()))
@@ -99,16 +98,16 @@ pub fn write_with(
     }
     std::fs::create_dir_all(&tmp)?;
     for (file, named) in [
-        ("model.safetensors", &tensors.model),
-        ("optimizer.safetensors", &tensors.optimizer),
-        ("batch_norm.safetensors", &tensors.batch_norm),
+        (checkpoint_files::MODEL, &tensors.model),
+        (checkpoint_files::OPTIMIZER, &tensors.optimizer),
+        (checkpoint_files::BATCH_NORM, &tensors.batch_norm),
     ] {
         if !named.is_empty() {
             Tensor::write_safetensors(named, tmp.join(file)).with_context(|| format!("cannot write {file}"))?;
         }
     }
     extra(&tmp)?;
-    std::fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(state)?)?;
+    std::fs::write(tmp.join(checkpoint_files::STATE), serde_json::to_vec_pretty(state)?)?;
     if done.exists() {
         std::fs::remove_dir_all(&done)?;
     }
@@ -123,10 +122,7 @@ fn prune(root: &Path, keep: usize) -> Result<()> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.is_dir()
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("epoch-") && !n.ends_with(".tmp"))
+            p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| CheckpointName::parse(n).is_some())
         })
         .collect();
     dirs.sort();
@@ -151,7 +147,8 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>> {
 
 pub fn read(dir: &Path) -> Result<(CheckpointState, CheckpointTensors)> {
     let state: CheckpointState = serde_json::from_slice(
-        &std::fs::read(dir.join("state.json")).with_context(|| format!("{} has no state.json", dir.display()))?,
+        &std::fs::read(dir.join(checkpoint_files::STATE))
+            .with_context(|| format!("{} has no {}", dir.display(), checkpoint_files::STATE))?,
     )?;
     let load = |file: &str| -> Result<Vec<(String, Tensor)>> {
         let path = dir.join(file);
@@ -162,9 +159,9 @@ pub fn read(dir: &Path) -> Result<(CheckpointState, CheckpointTensors)> {
         }
     };
     let tensors = CheckpointTensors {
-        model: load("model.safetensors")?,
-        optimizer: load("optimizer.safetensors")?,
-        batch_norm: load("batch_norm.safetensors")?,
+        model: load(checkpoint_files::MODEL)?,
+        optimizer: load(checkpoint_files::OPTIMIZER)?,
+        batch_norm: load(checkpoint_files::BATCH_NORM)?,
     };
     Ok((state, tensors))
 }

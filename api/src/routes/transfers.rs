@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use ringtrain_core::{FieldError, JobId};
+use ringtrain_protocol::rank::{checkpoint_files, CheckpointName};
 use ringtrain_protocol::ArchiveParams;
 use ringtrain_store::{Checkpoint, NewCheckpoint};
 use uuid::Uuid;
@@ -21,21 +22,13 @@ use crate::files::{self, PartialFile};
 use crate::state::AppState;
 use crate::storage;
 
-/// The trainer's checkpoint directory names: `epoch-0007` after an epoch, `epoch-0007-iter-0000000450` for
-/// one taken mid-epoch when a preempted job stopped.
+/// An upload's `name` must be a trainer checkpoint folder's (`protocol::rank::CheckpointName`).
 fn check_name(name: &str) -> Result<(), FieldError> {
-    let digits = |text: &str, range: std::ops::RangeInclusive<usize>| {
-        range.contains(&text.len()) && text.chars().all(|c| c.is_ascii_digit())
-    };
-    let rest = name.strip_prefix("epoch-").unwrap_or("");
-    let valid = match rest.split_once("-iter-") {
-        Some((epoch, iteration)) => digits(epoch, 4..=10) && digits(iteration, 10..=20),
-        None => digits(rest, 4..=10),
-    };
-    if valid {
-        Ok(())
-    } else {
-        Err(FieldError::new("name", format!("{name:?} is not a checkpoint name (epoch-NNNN[-iter-NNNNNNNNNN])")))
+    match CheckpointName::parse(name) {
+        Some(_) => Ok(()),
+        None => {
+            Err(FieldError::new("name", format!("{name:?} is not a checkpoint name (epoch-NNNN[-iter-NNNNNNNNNN])")))
+        }
     }
 }
 
@@ -49,7 +42,7 @@ mod tests {
             assert!(check_name(good).is_ok(), "{good}");
         }
         for bad in ["latest", "epoch-7", "epoch-0001-iter-21", "epoch-0001/../x", "epoch-0001-iter-", ""] {
-            assert!(check_name(bad).is_err(), "{bad}");
+            assert!(check_name(bad).unwrap_err().reason.contains("not a checkpoint name"), "{bad}");
         }
     }
 }
@@ -233,8 +226,8 @@ pub enum WeightsFile {
 impl WeightsFile {
     fn name(self) -> &'static str {
         match self {
-            WeightsFile::TorchScript => "model.pt",
-            WeightsFile::Safetensors => "model.safetensors",
+            WeightsFile::TorchScript => checkpoint_files::SCRIPT,
+            WeightsFile::Safetensors => checkpoint_files::MODEL,
         }
     }
 }
