@@ -4,5 +4,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck source=common.sh
 source "$ROOT/scripts/common.sh"
+[ -f "${RINGTRAIN_CACHE:-$(default_cache)}/env.sh" ] ||
+  say "first run on this machine: setting up libtorch, the data set and the tools (setup.sh says what it downloads)..."
 # shellcheck disable=SC1090
 source "$("$ROOT/scripts/setup.sh")"

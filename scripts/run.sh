@@ -9,6 +9,7 @@
 #   RINGTRAIN_LISTEN, RINGTRAIN_DATA_DIR   as for `ringtrain up` (default 127.0.0.1:8080, $RINGTRAIN_CACHE/up)
 # Extra arguments go to `ringtrain up` (e.g. --cpus 4).
 source "$(dirname "$0")/lib.sh"
+say "building ringtrain (release; a first, clean build takes many minutes on a small machine, later ones seconds)..."
 cargo build --release --quiet --bin ringtrain
 ringtrain="$CARGO_TARGET_DIR/release/ringtrain"
 spec="${RINGTRAIN_SPEC:-examples/fashion-mnist-lenet5.json}"
@@ -18,6 +19,7 @@ url="http://$RINGTRAIN_LISTEN"
 mkdir -p "$RINGTRAIN_DATA_DIR"
 log="$RINGTRAIN_DATA_DIR/up.log"
 
+say "starting ringtrain up (server, scheduler and a local agent; its log: $log)..."
 "$ringtrain" up "$@" >"$log" 2>&1 &
 up_pid=$!
 stop() { kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; }
@@ -39,6 +41,7 @@ id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$job")
 echo "job $id queued; the server log is $log"
 echo "\$ ringtrain jobs watch $id"
 status=0
+say "training; the progress bar below follows the job until it ends"
 "$ringtrain" jobs watch "$id" --server "$url" || status=$?
 
 final=$(curl -sS -H "Authorization: Bearer $RINGTRAIN_TOKEN" "$url/v1/jobs/$id")

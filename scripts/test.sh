@@ -8,6 +8,7 @@ source "$ROOT/scripts/postgres.sh"
 ensure_postgres
 say "DATABASE_URL=$DATABASE_URL"
 # Only `worker` (and the binary) may link libtorch: the server side and the node agent build and test without it.
+say "checking that only ringtrain-worker links libtorch (cargo tree; the first time cargo also fetches the crates)..."
 for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-scheduler ringtrain-api ringtrain-client ringtrain-agent ringtrain-sandbox; do
   if cargo tree -q -p "$crate" -e normal,build --prefix none | grep -q '^torch-sys '; then
     say "error: $crate depends on libtorch (torch-sys); only ringtrain-worker may"; exit 1
@@ -16,9 +17,12 @@ done
 # The API document against a running server: Schemathesis, every check (a failure fails the run, after
 # the tests below have run too).
 schemathesis=0
+say "Schemathesis: building ringtrain (debug; the first, clean build takes many minutes on 2 cores) and checking the API against its document..."
 "$ROOT/scripts/schemathesis/run.sh" || schemathesis=1
+say "building the tests and running them (a first run of test.sh takes about 20 minutes on 2 cores once apt and libtorch are cached; later runs rebuild only what changed)..."
 if cargo nextest --version >/dev/null 2>&1; then
   # doc tests first (nextest does not run them), so the run ends with nextest's summary of every test
+  say "the doc tests first, then every test with cargo-nextest"
   cargo test --workspace --doc --quiet
   cargo nextest run --workspace --no-fail-fast "$@"
 else
@@ -28,3 +32,4 @@ if [ "$schemathesis" -ne 0 ]; then
   say "error: schemathesis failed (its report is above the tests')"
   exit 1
 fi
+say "done: Schemathesis and every test passed"

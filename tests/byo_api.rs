@@ -148,7 +148,7 @@ async fn an_uploaded_model_trains_through_the_api_and_comes_back_as_torchscript(
     builtin["model"] = serde_json::json!({"name": "mlp"});
     assert_refused(&api.request(reqwest::Method::POST, "/v1/jobs", Some(builtin)).await, "dataset", "named inputs");
 
-    // submitted as the README does it, trained on 2 rank processes
+    // submitted as the user guide does it, trained on 2 rank processes
     let id = api.submit(&spec_for(&model_id, &dataset_id)).await;
     let (status, _) = api.request(reqwest::Method::DELETE, &format!("/v1/models/{model_id}"), None).await;
     assert_eq!(status, 409, "a model a queued or running job trains stays");

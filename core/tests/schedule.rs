@@ -172,7 +172,7 @@ fn remainder_of_each_epoch_is_dropped() {
 /// and a warmup from the base would ramp down: it is skipped, and the effective hyperparameters say why.
 #[test]
 fn warmup_is_skipped_where_it_would_go_down() {
-    // the README's example: kn = 2 × 32 = 64 against a reference batch of 256
+    // the user guide's example: kn = 2 × 32 = 64 against a reference batch of 256
     let spec = JobSpec::from_json(
         r#"{"model": {"name": "lenet5"}, "dataset": "fashion-mnist", "workers": 2, "per_worker_batch": 32,
             "epochs": 6, "lr": {"base": 0.1, "reference_batch": 256, "warmup": {"kind": "gradual", "epochs": 1}}}"#,

@@ -410,7 +410,7 @@ step_share() {
   [ "$rc" -eq 0 ] || { STATUS=FAIL; FIG="rc $rc: $(first_error "$f"); $FIG"; }
 }
 
-# api URL TOKEN OUTFILE [JSONFILE]: GET (or POST the file) with curl, as the README does (python3 when the
+# api URL TOKEN OUTFILE [JSONFILE]: GET (or POST the file) with curl, as the user guide does (python3 when the
 # machine has no curl); prints the HTTP status.
 api() {
   if command -v curl >/dev/null 2>&1; then

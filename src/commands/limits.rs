@@ -1,4 +1,4 @@
-//! The server's limits as command-line flags, shared by `serve` and `up` (the README's Limits table lists
+//! The server's limits as command-line flags, shared by `serve` and `up` (the operator guide's Limits table lists
 //! them with their defaults).
 
 use std::time::Duration;

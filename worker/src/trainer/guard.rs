@@ -1,7 +1,7 @@
 //! The collapse guard: a run whose training error sits at chance level for a whole epoch after its warmup has
 //! stopped learning (typically every ReLU dead after too large an lr, with a finite loss, so the NaN check
 //! never fires), and training it to the end only holds devices. Goyal et al. warn of this beyond kn ≈ 8k; the
-//! README's LeNet-5 at lr 0.4 is a case.
+//! user guide's LeNet-5 at lr 0.4 is a case.
 
 use ringtrain_core::Effective;
 

@@ -76,7 +76,7 @@ pub struct JobView {
     /// (what its next pass decides). `code` is one of waiting_for_devices, head_of_line,
     /// head_of_line_reserved, behind_reservation, team_at_guarantee_pool_full, reclaiming,
     /// reclaim_after_min_run_time, too_large, no_devices_of_kind, previous_placement_stopping,
-    /// beyond_queue_window, starting_next_pass, budget_exhausted; the other fields are the code's numbers (README, "Why a job
+    /// beyond_queue_window, starting_next_pass, budget_exhausted; the other fields are the code's numbers (user guide, "Why a job
     /// waits"); `message` says it in words.
     #[schema(value_type = Option<Object>)]
     pub pending_reason: Option<Value>,
