@@ -8,18 +8,17 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use ringtrain_core::DatasetRef;
 use ringtrain_protocol::rank::{checkpoint_files, CheckpointName};
 use ringtrain_protocol::{Checkpoint, Work};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::rank::AgentContext;
 
 /// The file of an uploaded dataset, downloaded once per node. A cached copy whose sha256 is not the one the
 /// server sent is downloaded again.
-pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work) -> Result<Option<PathBuf>> {
-    let Some(dataset) = work.spec.get("dataset").and_then(Value::as_str) else { return Ok(None) };
-    let Ok(id) = dataset.parse::<uuid::Uuid>() else { return Ok(None) };
+pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work, dataset: &DatasetRef) -> Result<Option<PathBuf>> {
+    let DatasetRef::Uploaded(id) = dataset else { return Ok(None) };
     let route = format!("/v1/agent/datasets/{id}");
     let expected = work.dataset_sha256.as_deref();
     let path = cached_download(ctx, &route, "datasets", &format!("{id}.safetensors"), expected).await?;

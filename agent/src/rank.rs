@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::AssignmentState;
+use ringtrain_core::{AssignmentState, DatasetRef};
 use ringtrain_protocol::rank::{RankCommand, EXIT_JOB_ERROR, EXIT_STOPPED};
 use ringtrain_protocol::{Assignment, ResultReport, Work};
 use serde_json::Value;
@@ -103,11 +103,12 @@ async fn run_inner(
     let rank_dir = placement_dir.join(format!("rank-{}", a.rank));
     let out = rank_dir.join("out");
     ctx.sandbox.private_folder(&rank_dir)?;
-    check_idx_dataset(&work.spec, &ctx.idx_roots)?;
+    let spec = work.job_spec().context("the job's spec does not parse")?;
+    check_idx_dataset(&spec.dataset, &ctx.idx_roots)?;
     tokio::fs::write(rank_dir.join("spec.json"), serde_json::to_vec_pretty(&work.spec)?).await?;
     let stop_file = rank_dir.join("stop");
     let _ = tokio::fs::remove_file(&stop_file).await;
-    let dataset = dataset_file(ctx, work).await?;
+    let dataset = dataset_file(ctx, work, &spec.dataset).await?;
     let model = model_file(ctx, work).await?;
     let resume = match (&work.resume, a.rank) {
         (Some(checkpoint), 0) => Some(fetch_checkpoint(ctx, work, checkpoint, &rank_dir).await?),
@@ -160,7 +161,7 @@ async fn run_inner(
     };
     (rank.rank, rank.world, rank.rendezvous) = (a.rank as usize, a.world_size as usize, rendezvous);
     command.args(rank.args());
-    if work.spec.get("device").and_then(Value::as_str) == Some(DeviceKind::Gpu.as_str()) {
+    if spec.device == DeviceKind::Gpu {
         // The rank sees only its own GPU, as CUDA device 0.
         command.env("CUDA_VISIBLE_DEVICES", work.device_index.to_string());
     }
@@ -355,10 +356,8 @@ pub(crate) struct NotRunnable(String);
 
 /// An `idx:` dataset must resolve (links followed) inside one of this node's `--idx-root` folders: a job
 /// must not make a worker read another team's data or the host's files.
-pub(crate) fn check_idx_dataset(spec: &Value, roots: &[PathBuf]) -> Result<(), NotRunnable> {
-    let Some(path) = spec.get("dataset").and_then(Value::as_str).and_then(|d| d.strip_prefix("idx:")) else {
-        return Ok(());
-    };
+pub(crate) fn check_idx_dataset(dataset: &DatasetRef, roots: &[PathBuf]) -> Result<(), NotRunnable> {
+    let DatasetRef::Idx { path } = dataset else { return Ok(()) };
     let refused = || NotRunnable(format!("idx:{path} is not inside this node's --idx-root folders"));
     let resolved = std::fs::canonicalize(path).map_err(|_| refused())?;
     let inside = roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|root| resolved.starts_with(root));
@@ -377,7 +376,7 @@ fn max_file_mib(model_bytes: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_idx_dataset, max_file_mib};
+    use super::{check_idx_dataset, max_file_mib, DatasetRef};
 
     #[test]
     fn idx_datasets_must_resolve_inside_the_nodes_roots() {
@@ -387,14 +386,14 @@ mod tests {
         let outside = dir.path().join("secret");
         std::fs::create_dir_all(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-        let spec = |path: &std::path::Path| serde_json::json!({"dataset": format!("idx:{}", path.display())});
+        let spec = |path: &std::path::Path| DatasetRef::Idx { path: path.display().to_string() };
         let roots = [root.clone()];
         assert!(check_idx_dataset(&spec(&root.join("mnist")), &roots).is_ok());
         assert!(check_idx_dataset(&spec(&root.join("link")), &roots).is_err(), "a link out of the root");
         assert!(check_idx_dataset(&spec(&root.join("mnist/../../secret")), &roots).is_err());
         assert!(check_idx_dataset(&spec(&outside), &roots).is_err());
         assert!(check_idx_dataset(&spec(&root.join("mnist")), &[]).is_err(), "no roots: no idx:");
-        assert!(check_idx_dataset(&serde_json::json!({"dataset": "fashion-mnist"}), &[]).is_ok());
+        assert!(check_idx_dataset(&DatasetRef::FashionMnist, &[]).is_ok());
     }
 
     #[test]

@@ -70,11 +70,12 @@ pub async fn rank_zero_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i
 /// Whether this agent holds a live rank of a job that trains on uploaded dataset `dataset`: the only time
 /// it may download it.
 pub async fn agent_uses_dataset(state: &AppState, agent: &Agent, dataset: Uuid) -> ApiResult<bool> {
-    let wanted = DatasetRef::Uploaded(dataset).to_string();
+    let wanted = DatasetRef::Uploaded(dataset);
     for node in state.store.list_nodes().await?.into_iter().filter(|n| n.agent_token_id == agent.token.id) {
         for assignment in state.store.node_assignments(node.id, &AssignmentState::LIVE).await? {
             let job = state.store.get_job(assignment.job_id).await?;
-            if job.is_some_and(|j| j.attempt == assignment.attempt && j.spec["dataset"].as_str() == Some(&wanted)) {
+            let Some(job) = job.filter(|j| j.attempt == assignment.attempt) else { continue };
+            if job.parsed_spec()?.dataset == wanted {
                 return Ok(true);
             }
         }

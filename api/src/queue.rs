@@ -119,8 +119,8 @@ impl QueueInsight {
 /// samples per second. None until it has reported a rate.
 async fn seconds_left(store: &dyn Store, id: JobId) -> StoreResult<Option<f64>> {
     let Some(job) = store.get_job(id).await? else { return Ok(None) };
-    let batch = job.effective.as_ref().and_then(|e| e.get("global_batch")).and_then(Value::as_f64);
-    let Some(batch) = batch else { return Ok(None) };
+    let Some(effective) = job.parsed_effective()? else { return Ok(None) };
+    let batch = effective.global_batch as f64;
     Ok(crate::live::live_progress(store, &job).await?.and_then(|p| p.seconds_left(batch)))
 }
 

@@ -60,19 +60,20 @@ pub async fn after_report(state: &AppState, job: &Job, points: &[MetricPoint]) -
     if !points.iter().any(|p| p.kind == "epoch" && p.rank == 0) {
         return Ok(());
     }
-    if let Some(reference) = guard_of(job).and_then(|g| g.reference_job) {
+    if let Some(reference) = guard_of(job)?.and_then(|g| g.reference_job) {
         check(state, job, reference).await?;
     }
     for follower in state.store.active_jobs().await? {
-        if follower.id != job.id && guard_of(&follower).and_then(|g| g.reference_job) == Some(job.id) {
+        if follower.id != job.id && guard_of(&follower)?.and_then(|g| g.reference_job) == Some(job.id) {
             check(state, &follower, job.id).await?;
         }
     }
     Ok(())
 }
 
-fn guard_of(job: &Job) -> Option<GuardSpec> {
-    serde_json::from_value(job.spec.get("guard")?.clone()).ok()
+/// The job's guard, when it has a reference to follow.
+fn guard_of(job: &Job) -> ApiResult<Option<GuardSpec>> {
+    Ok(Some(job.parsed_spec()?.guard).filter(|guard| guard.reference_job.is_some()))
 }
 
 async fn epoch_ends(state: &AppState, job: &Job) -> ApiResult<Vec<EpochEnd>> {
@@ -94,14 +95,13 @@ async fn check(state: &AppState, job: &Job, reference_id: ringtrain_core::JobId)
     if !matches!(job.state, JobState::Scheduled | JobState::Running) {
         return Ok(());
     }
-    let Some(guard) = guard_of(job) else { return Ok(()) };
+    let Some(guard) = guard_of(job)? else { return Ok(()) };
     let Some(reference) = state.store.get_job(reference_id).await? else { return Ok(()) };
     if reference.team_id != job.team_id {
         return Ok(());
     }
-    let effective = job.effective.as_ref();
-    let warmup = effective.and_then(|e| e["warmup_iterations"].as_i64()).unwrap_or(0);
-    let epochs_total = job.spec["epochs"].as_i64().unwrap_or(0);
+    let warmup = job.parsed_effective()?.map_or(0, |e| e.warmup_iterations as i64);
+    let epochs_total = i64::from(job.parsed_spec()?.epochs);
     let (mine, theirs) = (epoch_ends(state, job).await?, epoch_ends(state, &reference).await?);
     let Some(fall) = first_fall(&guard, warmup, epochs_total, &mine, &theirs) else { return Ok(()) };
     let device_hours = fall.seconds_left * f64::from(job.devices.max(1)) / 3600.0;

@@ -97,6 +97,14 @@ pub struct Work {
     pub device_index: i32,
 }
 
+impl Work {
+    /// The spec, typed: the agent reads its fields this way, never by JSON key. (It travels as the JSON the
+    /// team submitted, which the rank parses again from its `spec.json`.)
+    pub fn job_spec(&self) -> Result<ringtrain_core::JobSpec, serde_json::Error> {
+        serde_json::from_value(self.spec.clone())
+    }
+}
+
 /// An uploaded model a rank needs: its file's id and sha256, and its inputs in `forward`'s order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ModelFile {

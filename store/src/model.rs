@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{DeviceId, JobId, JobState, NodeId, StudyId, TeamId, TokenId};
+use ringtrain_core::{DeviceId, Effective, JobId, JobSpec, JobState, NodeId, StudyId, TeamId, TokenId};
 pub use ringtrain_protocol::{Assignment, Checkpoint, Device, Node};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -236,6 +236,27 @@ pub struct Job {
     pub unplaceable: Option<Unplaceable>,
     /// The study this job is a point of.
     pub study: Option<StudyPoint>,
+}
+
+impl Job {
+    /// The spec, typed: the one way the server reads a job's fields (never by JSON key, where a renamed
+    /// field would silently become a default). It was validated at submission, so a spec that no longer
+    /// parses is a row this version cannot read: corrupt, said with the job's id.
+    pub fn parsed_spec(&self) -> crate::StoreResult<JobSpec> {
+        serde_json::from_value(self.spec.clone())
+            .map_err(|e| crate::StoreError::Corrupt(format!("job {}: its stored spec does not parse: {e}", self.id)))
+    }
+
+    /// The effective hyperparameters, typed; None while the dataset's size is unknown (`idx:` datasets).
+    pub fn parsed_effective(&self) -> crate::StoreResult<Option<Effective>> {
+        let Some(effective) = &self.effective else { return Ok(None) };
+        serde_json::from_value(effective.clone()).map(Some).map_err(|e| {
+            crate::StoreError::Corrupt(format!(
+                "job {}: its stored effective hyperparameters do not parse: {e}",
+                self.id
+            ))
+        })
+    }
 }
 
 /// A study as stored: what was asked, and which point is the reference. Its points are jobs

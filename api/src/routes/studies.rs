@@ -471,8 +471,10 @@ async fn point_view(
     let epochs = state.store.query_metrics(job.id, &MetricsQuery::epoch_curve()).await?;
     let field = |name: &str| -> Vec<f64> { epochs.iter().filter_map(|p| p.fields.get(name)?.as_f64()).collect() };
     let (train_error, test_error) = (field("train_error"), field("test_error"));
-    let effective = job.effective.as_ref();
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let effective = job.parsed_effective()?;
+    let effective = effective.as_ref();
+    // the kinds as the API spells them (their serde names)
+    let text = |kind: Option<Value>| kind.as_ref().and_then(Value::as_str).map(str::to_string);
     let result = job.result.as_ref();
     let final_test_error = match job.state {
         JobState::Succeeded => {
@@ -491,12 +493,12 @@ async fn point_view(
         job_id: job.id,
         state: job.state,
         is_reference,
-        workers: job.spec["workers"].as_u64().unwrap_or(1) as u32,
+        workers: job.parsed_spec()?.workers,
         devices: job.devices,
-        global_batch: effective.and_then(|e| e["global_batch"].as_u64()).unwrap_or(0),
-        scaled_lr: effective.and_then(|e| e["scaled_lr"].as_f64()),
-        warmup: text(effective.map(|e| &e["warmup_kind"])),
-        scaling: text(effective.map(|e| &e["scaling"])),
+        global_batch: effective.map_or(0, |e| e.global_batch),
+        scaled_lr: effective.map(|e| e.scaled_lr),
+        warmup: text(effective.and_then(|e| serde_json::to_value(e.warmup_kind).ok())),
+        scaling: text(effective.and_then(|e| serde_json::to_value(e.scaling).ok())),
         train_error,
         test_error,
         final_test_error,

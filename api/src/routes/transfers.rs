@@ -75,7 +75,7 @@ pub async fn upload_checkpoint(
         )));
     }
     // The newest checkpoint is every later placement's resume point: its iteration must be one the job has.
-    let total = job.effective.as_ref().and_then(|e| e["total_iterations"].as_u64()).unwrap_or(i64::MAX as u64);
+    let total = job.parsed_effective()?.map_or(i64::MAX as u64, |e| e.total_iterations);
     if params.iteration > total {
         return Err(ApiError::validation(vec![FieldError::new(
             "iteration",
@@ -204,7 +204,7 @@ pub async fn agent_download_model(
     let job = state.store.get_job(JobId(id)).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
     let job = assigned_job(&state, &agent, id, job.attempt).await?;
     let not_found = || ApiError::not_found(format!("job {id} trains no uploaded model"));
-    let model_id = job.spec["model"]["uploaded"].as_str().and_then(|m| m.parse::<Uuid>().ok()).ok_or_else(not_found)?;
+    let model_id = job.parsed_spec()?.model.uploaded.ok_or_else(not_found)?;
     let model = state.store.get_model(model_id).await?.ok_or_else(not_found)?;
     let folder = state.config.data_dir.join("models");
     files::file_response(&files::under(&folder, std::path::Path::new(&model.path)).await?).await

@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
-use ringtrain_core::{AssignmentId, AssignmentState, FieldError, JobState, NodeId};
+use ringtrain_core::{AssignmentId, AssignmentState, DatasetRef, FieldError, JobState, NodeId};
 use ringtrain_protocol::agent::ModelFile;
 use ringtrain_protocol::{AssignmentUpdate, EndpointReport, Poll, PollQuery, Work};
 use ringtrain_store::{Assignment, Checkpoint, Job};
-use uuid::Uuid;
 
 use crate::access::{own_assignment, own_node};
 use crate::auth::Agent;
@@ -88,11 +87,12 @@ pub async fn poll_assignments(
             None
         };
         let device_index = node.devices.iter().find(|d| d.id == assignment.device_id).map_or(0, |d| d.index);
-        let dataset_sha256 = match job.spec["dataset"].as_str().and_then(|d| d.parse::<Uuid>().ok()) {
-            Some(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
-            None => None,
+        let spec = job.parsed_spec()?;
+        let dataset_sha256 = match spec.dataset {
+            DatasetRef::Uploaded(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
+            _ => None,
         };
-        let model = match job.spec["model"]["uploaded"].as_str().and_then(|m| m.parse::<Uuid>().ok()) {
+        let model = match spec.model.uploaded {
             Some(id) => state.store.get_model(id).await?.map(|m| ModelFile { id, sha256: m.sha256, inputs: m.inputs }),
             None => None,
         };
@@ -125,8 +125,10 @@ async fn resume_checkpoint(state: &AppState, job: &Job) -> ApiResult<(Option<Che
     }
     let shape = ReportShape {
         ranks: job.devices,
-        log_every: job.spec["log_every_iterations"].as_i64().unwrap_or(1),
-        iterations_per_epoch: job.effective.as_ref().and_then(|e| e["iterations_per_epoch"].as_i64()).unwrap_or(1),
+        log_every: i64::from(job.parsed_spec()?.log_every_iterations),
+        // unknown only for `idx:` data before a rank reported its size: one iteration an epoch is the
+        // cautious reading (every iteration may end an epoch)
+        iterations_per_epoch: job.parsed_effective()?.map_or(1, |e| e.iterations_per_epoch as i64),
     };
     Ok((resume_point(checkpoints, &progress, shape), reached))
 }

@@ -127,7 +127,7 @@ pub async fn report_metrics(
         return Err(ApiError::validation(vec![FieldError::new("reports", format!("at most {MAX_REPORTS} per batch"))]));
     }
     let job = assigned_job(&state, &agent, id, body.attempt).await?;
-    let total_iterations = job.effective.as_ref().and_then(|e| e["total_iterations"].as_u64());
+    let total_iterations = job.parsed_effective()?.map(|e| e.total_iterations);
     let mut points = Vec::with_capacity(body.reports.len());
     let mut errors = Vec::new();
     for (i, report) in body.reports.into_iter().enumerate() {

@@ -123,7 +123,8 @@ impl From<&Job> for JobView {
             team_id: job.team_id,
             priority: job.priority,
             device: job.device,
-            workers: job.spec["workers"].as_i64().map_or(1, |k| k as i32),
+            // a view, not a decision: a row this version cannot parse still shows (its spec is echoed below)
+            workers: job.parsed_spec().map_or(1, |spec| spec.workers as i32),
             devices: job.devices,
             study: job.study.map(|s| StudyMembership { id: s.study_id, point: s.point }),
             attempt: job.user_attempt(),
