@@ -1,9 +1,10 @@
 //! The web page in a real headless Chromium against `ringtrain up`: sign in; check a spec (a field error at
 //! its path, the schedule previewed for four worker counts) and submit it; watch the job reach `succeeded`
 //! with its charts drawn, its checkpoint downloaded and its ranks' lines searched; submit it again; see a
-//! running job's progress and the devices it holds, then cancel it; filter and page the run history; compare
-//! two jobs; create a team and its tokens from the Team view, revoke one; and see that the other team's
-//! token shows none of the first team's jobs. Screenshots of each page are saved in the test's folder.
+//! running job's progress and the devices it holds, then cancel it (a second cancel's refusal shown); filter
+//! and page the run history; compare two jobs; create a team and its tokens from the Team view, revoke one;
+//! and see that the other team's token shows none of the first team's jobs. Screenshots of each page are
+//! saved in the test's folder.
 
 mod support;
 
@@ -202,6 +203,10 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.wait_text("#job-state", "running", SHORT).await;
     browser.click("#cancel").await;
     browser.wait_text("#job-state", "cancelled", Duration::from_secs(30)).await;
+    // a refusal reaches the user: a second cancel (as when the job ended just before the click) shows the 409's
+    // detail where the view shows its errors
+    browser.run("document.getElementById('cancel').click();", json!([])).await;
+    browser.wait_text("#job-error", "already cancelled", SHORT).await;
 
     // the run history: filtered by name, and paged
     browser.click("#nav button[data-page=jobs]").await;
