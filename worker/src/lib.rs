@@ -4,7 +4,7 @@
 mod batch_norm;
 pub mod checkpoint;
 pub mod collective;
-pub mod cuda;
+pub(crate) mod cuda;
 pub mod data;
 pub mod doctor;
 pub mod faults;

@@ -38,7 +38,8 @@ struct AutocastGuard {
 impl AutocastGuard {
     fn enter(device: Device) -> AutocastGuard {
         let cuda = c_int::from(device.is_cuda());
-        // SAFETY: the shim only touches ATen's thread-local autocast state and catches C++ exceptions.
+        // SAFETY: the shim takes and returns plain ints, touches only ATen's thread-local autocast state, and
+        // catches every C++ exception (returning -1), so none unwinds into Rust.
         let was_enabled = unsafe { ringtrain_autocast_enter(cuda) };
         assert!(was_enabled >= 0, "libtorch refused to enable bf16 autocast on {device:?}");
         AutocastGuard { cuda, was_enabled }
@@ -47,7 +48,8 @@ impl AutocastGuard {
 
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
-        // SAFETY: as in `enter`; leaves the level entered there.
+        // SAFETY: as in `enter`. It leaves the nesting level `enter` entered on this thread (the guard is a
+        // local of `forward_in`, dropped on the thread that made it).
         unsafe { ringtrain_autocast_exit(self.cuda, self.was_enabled) };
     }
 }

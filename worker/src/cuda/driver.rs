@@ -29,7 +29,8 @@ pub fn probe() -> Result<DriverReport, String> {
     let lib = open("the NVIDIA driver", &["libcuda.so.1", "libcuda.so"]).map_err(|e: LoadError| e.to_string())?;
     let symbol_error = |e: LoadError| e.to_string();
     type Int = unsafe extern "C" fn(*mut c_int) -> c_int;
-    // SAFETY: each type is the signature cuda.h declares for that name (CUdevice is an int).
+    // SAFETY: `function`'s contract: each type is the signature cuda.h declares for that name (CUdevice is an
+    // int), and `lib` stays loaded until this function returns, after the last call through them.
     let (init, driver_version, count, get, name, total_mem, error_string) = unsafe {
         (
             function::<unsafe extern "C" fn(u32) -> c_int>(&lib, "libcuda", "cuInit").map_err(symbol_error)?,
@@ -57,7 +58,8 @@ pub fn probe() -> Result<DriverReport, String> {
         };
         format!("the NVIDIA driver's {op} failed: {message} (CUresult {code})")
     };
-    // SAFETY: plain driver calls with out-pointers to locals.
+    // SAFETY: plain driver calls whose out-pointers are to locals that outlive them; `buf` is zeroed and
+    // cuDeviceGetName writes at most `buf.len()` bytes, NUL included, so `CStr::from_ptr` finds a NUL inside it.
     unsafe {
         let code = init(0);
         if code != 0 {

@@ -18,7 +18,8 @@ pub enum LoadError {
 pub(super) fn open(what: &'static str, names: &[&'static str]) -> Result<Library, LoadError> {
     let mut detail = String::new();
     for name in names {
-        // SAFETY: these are the CUDA and NCCL libraries, whose initialisers have no preconditions.
+        // SAFETY: the callers (`driver`, `runtime`, `nccl`) pass only file names of NVIDIA's driver, CUDA
+        // runtime and NCCL libraries, whose load-time initialisers have no preconditions on the caller.
         match unsafe { Library::new(name) } {
             Ok(lib) => return Ok(lib),
             Err(err) => detail = err.to_string(),
@@ -30,8 +31,10 @@ pub(super) fn open(what: &'static str, names: &[&'static str]) -> Result<Library
 /// Whether a library with this file name is already loaded in the process (it is not loaded if not).
 pub fn is_loaded(name: &str) -> bool {
     use libloading::os::unix::{Library as UnixLibrary, RTLD_LAZY};
-    const RTLD_NOLOAD: std::os::raw::c_int = 0x4; // glibc
-                                                  // SAFETY: RTLD_NOLOAD never runs initialisers; it only looks up a library that is already there.
+    // glibc's value (<dlfcn.h>); libloading does not export it.
+    const RTLD_NOLOAD: std::os::raw::c_int = 0x4;
+    // SAFETY: with RTLD_NOLOAD, dlopen never loads a library, so it runs no initialisers: it only returns a
+    // handle to one already in the process (or fails), and dropping that handle only undoes its own count.
     unsafe { UnixLibrary::open(Some(name), RTLD_LAZY | RTLD_NOLOAD) }.is_ok()
 }
 
@@ -39,7 +42,8 @@ pub fn is_loaded(name: &str) -> bool {
 /// as long as the pointer is used and names `F` exactly as the C header declares the function.
 pub(super) unsafe fn function<F: Copy>(lib: &Library, what: &'static str, symbol: &str) -> Result<F, LoadError> {
     let name = format!("{symbol}\0");
-    // SAFETY: the caller promises F is the function's C signature.
+    // SAFETY: the caller promises F is the function's C signature (so reading the symbol as an `F` is sound)
+    // and keeps `lib` loaded while the copied pointer is used.
     unsafe { lib.get::<F>(name.as_bytes()) }.map(|f| *f).map_err(|err| LoadError::Symbol {
         what,
         symbol: symbol.to_string(),

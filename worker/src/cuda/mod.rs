@@ -14,4 +14,4 @@ mod library;
 pub mod nccl;
 pub mod runtime;
 
-pub use library::{is_loaded, LoadError};
+pub use library::is_loaded;

@@ -20,7 +20,7 @@ pub const UNIQUE_ID_BYTES: usize = 128;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct UniqueId {
-    pub internal: [c_char; UNIQUE_ID_BYTES],
+    internal: [c_char; UNIQUE_ID_BYTES],
 }
 
 impl std::fmt::Debug for UniqueId {
@@ -42,24 +42,24 @@ impl UniqueId {
 /// `ncclConfig_t` as of NCCL 2.28 (`ncclConfig_v22800`), field for field.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct Config {
-    pub size: usize,
-    pub magic: u32,
-    pub version: u32,
-    pub blocking: c_int,
-    pub cga_cluster_size: c_int,
-    pub min_ctas: c_int,
-    pub max_ctas: c_int,
-    pub net_name: *const c_char,
-    pub split_share: c_int,
-    pub traffic_class: c_int,
-    pub comm_name: *const c_char,
-    pub collnet_enable: c_int,
-    pub cta_policy: c_int,
-    pub shrink_share: c_int,
-    pub nvls_ctas: c_int,
-    pub n_channels_per_net_peer: c_int,
-    pub nvlink_centric_sched: c_int,
+struct Config {
+    size: usize,
+    magic: u32,
+    version: u32,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+    traffic_class: c_int,
+    comm_name: *const c_char,
+    collnet_enable: c_int,
+    cta_policy: c_int,
+    shrink_share: c_int,
+    nvls_ctas: c_int,
+    n_channels_per_net_peer: c_int,
+    nvlink_centric_sched: c_int,
 }
 
 /// `NCCL_CONFIG_UNDEF_INT`: "let NCCL choose".
@@ -68,7 +68,7 @@ const UNDEF_INT: c_int = c_int::MIN;
 impl Config {
     /// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`: calls return at once (`ncclInProgress`) and the
     /// communicator can be aborted at any point, which is what makes a dead peer an error instead of a hang.
-    pub fn non_blocking() -> Config {
+    fn non_blocking() -> Config {
         Config {
             size: std::mem::size_of::<Config>(),
             magic: 0xcafe_beef,
@@ -92,8 +92,8 @@ impl Config {
 }
 
 /// `ncclResult_t` values.
-pub const SUCCESS: c_int = 0;
-pub const IN_PROGRESS: c_int = 7;
+const SUCCESS: c_int = 0;
+const IN_PROGRESS: c_int = 7;
 const FLOAT32: c_int = 7; // ncclFloat32
 const SUM: c_int = 0; // ncclSum
 
@@ -174,7 +174,9 @@ impl Nccl {
     fn open_library() -> Result<Nccl, LoadError> {
         const WHAT: &str = "NCCL";
         let lib = open(WHAT, LIBRARY_NAMES)?;
-        // SAFETY: each type below is the signature nccl.h (2.28.9) declares for that name.
+        // SAFETY: `function`'s contract: each type below is the signature nccl.h (2.28.9) declares for that
+        // name, and the pointers live in `Nccl::f` next to `Nccl::_lib`, which keeps the library loaded for as
+        // long as they can be called.
         let f = unsafe {
             Functions {
                 get_version: function(&lib, WHAT, "ncclGetVersion")?,
@@ -197,7 +199,7 @@ impl Nccl {
     /// `ncclGetVersion`: e.g. 22809 for 2.28.9.
     pub fn version_code(&self) -> Result<i32, NcclError> {
         let mut version = 0;
-        // SAFETY: writes one int.
+        // SAFETY: ncclGetVersion writes one int through the pointer, to a local that outlives the call.
         self.check("version", unsafe { (self.f.get_version)(&mut version) }, std::ptr::null_mut())?;
         Ok(version)
     }
@@ -205,7 +207,8 @@ impl Nccl {
     /// A new unique id (rank 0 only): starts NCCL's bootstrap listener on this host.
     pub fn unique_id(&self) -> Result<UniqueId, NcclError> {
         let mut id = UniqueId { internal: [0; UNIQUE_ID_BYTES] };
-        // SAFETY: writes one ncclUniqueId.
+        // SAFETY: ncclGetUniqueId writes one ncclUniqueId through the pointer; `UniqueId` is its 128-byte
+        // `#[repr(C)]` layout, and `id` is a local that outlives the call.
         self.check("unique id", unsafe { (self.f.get_unique_id)(&mut id) }, std::ptr::null_mut())?;
         Ok(id)
     }
@@ -215,7 +218,8 @@ impl Nccl {
     pub fn start_comm(self: &Arc<Self>, world: usize, id: UniqueId, rank: usize) -> Result<Comm, NcclError> {
         let mut raw: RawComm = std::ptr::null_mut();
         let mut config = Config::non_blocking();
-        // SAFETY: NCCL writes the handle; `config` outlives the call (NCCL copies it).
+        // SAFETY: NCCL writes the new handle to `raw`, a local; `config` is a valid `ncclConfig_v22800` (its
+        // layout is pinned by the test below) that outlives the call, and NCCL copies what it needs of it.
         let code = unsafe { (self.f.comm_init_rank_config)(&mut raw, world as c_int, id, rank as c_int, &mut config) };
         if code != SUCCESS && code != IN_PROGRESS {
             return Err(self.error("init", code, raw));
@@ -232,12 +236,14 @@ impl Nccl {
     }
 
     fn error(&self, op: &'static str, code: c_int, raw: RawComm) -> NcclError {
-        // SAFETY: ncclGetLastError accepts a null communicator and returns a static or per-comm string.
+        // SAFETY: ncclGetLastError ignores its argument (nccl.h: "comm is currently unused and can be set to
+        // NULL"), so a null `raw`, or one whose creation failed, is fine; it returns NCCL's last-error buffer.
         let text = unsafe { (self.f.get_last_error)(raw) };
         let detail = if text.is_null() {
             String::new()
         } else {
-            // SAFETY: NCCL returns a NUL-terminated string that lives at least until the next NCCL call.
+            // SAFETY: not null (checked); the buffer is a static NUL-terminated array inside the library,
+            // which `self._lib` keeps loaded, and NCCL rewrites it only on a later error. It is copied at once.
             unsafe { CStr::from_ptr(text) }.to_string_lossy().trim().to_string()
         };
         NcclError { op, code, detail }
@@ -261,23 +267,38 @@ pub enum CommState {
     Failed(NcclError),
 }
 
-/// One rank's non-blocking communicator. Only one thread uses it at a time (the trainer's, or the helper
-/// thread that aborts it after the trainer gave up on it).
+/// One rank's non-blocking communicator: a raw handle, with no teardown policy of its own. Only one thread
+/// uses it at a time (the trainer's, or the helper thread that aborts it after the trainer gave up on it).
+///
+/// It has no `Drop`, deliberately. The only way to free a communicator that may be broken is
+/// `ncclCommAbort`, which can hang when a peer is gone, and a `drop` cannot be given up on; a clean
+/// `ncclCommFinalize` has to be polled to completion first. So the owner decides the teardown:
+/// [`NcclCollective`](crate::NcclCollective)'s `Drop` finalizes and destroys a healthy communicator within a
+/// bound, and otherwise aborts it on a helper thread it can leave behind. A `Comm` dropped without
+/// [`Comm::abort`] or [`Comm::destroy`] leaks the communicator (its NCCL threads, sockets and device memory)
+/// without a word, so any new code that holds one must hand it to one of them on every path.
 #[derive(Debug)]
 pub struct Comm {
     nccl: Arc<Nccl>,
+    /// From `ncclCommInitRankConfig` (which succeeded or is in progress), live until `abort` or `destroy`
+    /// consumes the `Comm`.
     raw: RawComm,
 }
 
-// SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not concurrent, which
-// `&mut self` on every call guarantees.
+// SAFETY: NCCL allows a communicator to be used from any thread as long as only one thread operates it at a
+// time, and a group's calls all come from one thread (NCCL's user guide, "Thread Safety"). Moving a `Comm`
+// moves the only handle to it. Non-concurrency is not given by `&mut self`: `state` takes `&self`. It is
+// given by `Comm` being `!Sync` (the raw pointer field makes it so, and there is no `unsafe impl Sync`), so
+// a `&Comm` never reaches another thread and every call, `&self` or not, runs on the thread that holds the
+// `Comm`; `grouped` makes a whole group within one call. The other field, `Arc<Nccl>`, is `Send` and `Sync`
+// by itself (function pointers and a `Library`).
 unsafe impl Send for Comm {}
 
 impl Comm {
     /// `ncclCommGetAsyncError`: ready, still working (creation, or a non-blocking call), or failed.
     pub fn state(&self, op: &'static str) -> CommState {
         let mut status = SUCCESS;
-        // SAFETY: writes one int; the handle is live.
+        // SAFETY: the handle is live (see `raw`); NCCL writes one int to `status`, a local.
         let code = unsafe { (self.nccl.f.comm_get_async_error)(self.raw, &mut status) };
         let status = if code == SUCCESS { status } else { code };
         match status {
@@ -292,7 +313,9 @@ impl Comm {
     pub fn all_reduce_sum(&mut self, tensors: &[Tensor]) -> Result<(), NcclError> {
         self.grouped("all-reduce", tensors, |f, t, raw| {
             let p = t.data_ptr();
-            // SAFETY: `p` is the device address of `numel` contiguous f32 (checked by `grouped`); in place.
+            // SAFETY: `p` is the device address of `t`'s `numel` contiguous f32 (checked by `grouped`), summed
+            // in place. The kernel goes to the default stream, the one libtorch's caching allocator orders any
+            // reuse of that memory on (tch allocates there), so the memory stays `t`'s until the kernel is done.
             unsafe { (f.all_reduce)(p, p, t.numel(), FLOAT32, SUM, raw, std::ptr::null_mut()) }
         })
     }
@@ -319,7 +342,7 @@ impl Comm {
             }
         }
         let f = &self.nccl.f;
-        // SAFETY: group calls take no arguments.
+        // SAFETY: group calls take no arguments; the group is opened and closed within this call, on one thread.
         self.nccl.check(op, unsafe { (f.group_start)() }, self.raw)?;
         for t in tensors {
             let code = call(f, t, self.raw);
@@ -342,15 +365,14 @@ impl Comm {
     /// `ncclCommAbort`: frees the communicator, stopping whatever it has in flight. May itself hang when a
     /// peer is gone (NVIDIA/nccl#829, #1777): callers run it on a thread they can give up on.
     pub fn abort(self) -> Result<(), NcclError> {
-        let comm = std::mem::ManuallyDrop::new(self);
-        // SAFETY: the handle is live and never used again (ManuallyDrop: no Drop runs after).
-        let code = unsafe { (comm.nccl.f.comm_abort)(comm.raw) };
-        comm.nccl.check("abort", code, std::ptr::null_mut())
+        // SAFETY: the handle is live (see `raw`); `self` is consumed, so it is freed once and never used again.
+        let code = unsafe { (self.nccl.f.comm_abort)(self.raw) };
+        self.nccl.check("abort", code, std::ptr::null_mut())
     }
 
     /// `ncclCommFinalize` (flush; polled to completion by the caller via `state`), then `destroy`.
     pub fn finalize(&mut self) -> Result<(), NcclError> {
-        // SAFETY: the handle is live.
+        // SAFETY: the handle is live (see `raw`); finalize does not free it (`destroy` or `abort` does).
         let code = unsafe { (self.nccl.f.comm_finalize)(self.raw) };
         if code != SUCCESS && code != IN_PROGRESS {
             return Err(self.nccl.error("finalize", code, self.raw));
@@ -360,10 +382,9 @@ impl Comm {
 
     /// `ncclCommDestroy` after a completed `finalize`.
     pub fn destroy(self) -> Result<(), NcclError> {
-        let comm = std::mem::ManuallyDrop::new(self);
-        // SAFETY: the handle is live and never used again.
-        let code = unsafe { (comm.nccl.f.comm_destroy)(comm.raw) };
-        comm.nccl.check("destroy", code, std::ptr::null_mut())
+        // SAFETY: as in `abort`: live, and freed once, since `self` is consumed.
+        let code = unsafe { (self.nccl.f.comm_destroy)(self.raw) };
+        self.nccl.check("destroy", code, std::ptr::null_mut())
     }
 }
 

@@ -25,7 +25,6 @@ struct Functions {
     event_query: unsafe extern "C" fn(RawEvent) -> c_int,
     event_elapsed_time: unsafe extern "C" fn(*mut c_float, RawEvent, RawEvent) -> c_int,
     event_destroy: unsafe extern "C" fn(RawEvent) -> c_int,
-    get_device_count: unsafe extern "C" fn(*mut c_int) -> c_int,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
 }
 
@@ -62,7 +61,8 @@ impl Runtime {
     fn open_library() -> Result<Runtime, LoadError> {
         const WHAT: &str = "the CUDA runtime";
         let lib = open(WHAT, LIBRARY_NAMES)?;
-        // SAFETY: each type is the signature cuda_runtime_api.h declares for that name.
+        // SAFETY: `function`'s contract: each type is the signature cuda_runtime_api.h declares for that name,
+        // and the pointers live in `Runtime::f` next to `Runtime::_lib`, which keeps the library loaded.
         let f = unsafe {
             Functions {
                 event_create_with_flags: function(&lib, WHAT, "cudaEventCreateWithFlags")?,
@@ -70,19 +70,10 @@ impl Runtime {
                 event_query: function(&lib, WHAT, "cudaEventQuery")?,
                 event_elapsed_time: function(&lib, WHAT, "cudaEventElapsedTime")?,
                 event_destroy: function(&lib, WHAT, "cudaEventDestroy")?,
-                get_device_count: function(&lib, WHAT, "cudaGetDeviceCount")?,
                 get_error_string: function(&lib, WHAT, "cudaGetErrorString")?,
             }
         };
         Ok(Runtime { f, _lib: lib })
-    }
-
-    /// How many devices this process may use (after CUDA_VISIBLE_DEVICES), or why none.
-    pub fn device_count(&self) -> Result<usize, CudaError> {
-        let mut count = 0;
-        // SAFETY: writes one int.
-        self.check("device count", unsafe { (self.f.get_device_count)(&mut count) })?;
-        Ok(count.max(0) as usize)
     }
 
     /// Records a new event on the default stream (where tch's kernels and NCCL's go): it completes when
@@ -135,9 +126,10 @@ impl Event {
     /// GPU time from `start` to this event; both recorded with timing and both complete.
     pub fn elapsed_since(&self, start: &Event) -> Result<Duration, CudaError> {
         let mut ms: c_float = 0.0;
-        // SAFETY: two live events; writes one float.
-        self.runtime
-            .check("event timing", unsafe { (self.runtime.f.event_elapsed_time)(&mut ms, start.raw, self.raw) })?;
+        // SAFETY: two live events (each `Event` owns its handle until its drop); writes one float to `ms`, a
+        // local.
+        let code = unsafe { (self.runtime.f.event_elapsed_time)(&mut ms, start.raw, self.raw) };
+        self.runtime.check("event timing", code)?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 }

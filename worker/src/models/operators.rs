@@ -104,6 +104,7 @@ pub fn registered_operators() -> Vec<(String, String)> {
 unsafe extern "C" fn collect_pair(ctx: *mut c_void, first: *const c_char, second: *const c_char) {
     // SAFETY: ctx is the `Vec` the caller passed; both strings are NUL-terminated and live for this call.
     let out = unsafe { &mut *(ctx as *mut Vec<(String, String)>) };
+    // SAFETY: both are `c_str()`s of std::strings the C side keeps alive until this call returns.
     let (first, second) = unsafe { (CStr::from_ptr(first), CStr::from_ptr(second)) };
     out.push((first.to_string_lossy().into_owned(), second.to_string_lossy().into_owned()));
 }

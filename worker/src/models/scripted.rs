@@ -9,8 +9,10 @@
 //! when it is 1-D and named `bias`.
 //!
 //! The module is driven through csrc/script_module.cpp, because tch's `CModule` lists no buffers. The unsafe
-//! code is the calls into it: every pointer passed is live for the call, and every tensor it returns is a
-//! fresh `torch::Tensor` handle that the `Tensor` made of it owns.
+//! code is the calls into it: every pointer passed is live for the call, every C++ exception is caught on the
+//! C side (its `guarded`) and comes back as a malloc'd message that `check` frees, and every tensor it
+//! returns is a fresh `new torch::Tensor` handle (tch's `C_tensor`) that the `Tensor` made of it owns and
+//! frees. Each block's `SAFETY` comment says which of these it relies on.
 #![allow(unsafe_code)]
 
 use std::collections::HashSet;
@@ -64,20 +66,35 @@ pub fn is_batch_norm_type(owner: &str) -> bool {
 /// A loaded TorchScript module.
 #[derive(Debug)]
 pub struct ScriptModule {
+    /// A `torch::jit::Module*`, never null: made by `new` in `ringtrain_script_load`, owned by this value
+    /// alone (the C side keeps no copy, and `raw_ptr` only lends it), deleted in `Drop`.
     raw: *mut c_void,
     training: Option<bool>,
 }
 
-// The module is used by one thread at a time (the rank's training loop); libtorch's Module is safe to move.
+// SAFETY: a `ScriptModule` is the only owner of its heap `torch::jit::Module` (see `raw`), so moving it to
+// another thread moves the only access to the module. The module has no thread affinity: it is a handle to
+// refcounted libtorch objects (atomic counts), its methods use the calling thread's thread-local state
+// (grad mode, autocast) rather than the creating thread's, and its CUDA tensors live in the process-wide
+// primary context. Concurrent calls are not ruled out by `&mut self` (`forward`, `tensors` and `save` take
+// `&self`) nor by how callers use it, but by `ScriptModule` being `!Sync` (the raw pointer field makes it so,
+// and there is no `unsafe impl Sync`): a `&ScriptModule` never reaches another thread, so every call into the
+// module runs on the thread that holds it.
 unsafe impl Send for ScriptModule {}
 
 impl Drop for ScriptModule {
     fn drop(&mut self) {
+        // SAFETY: `raw` is the non-null `torch::jit::Module*` that `ringtrain_script_load` made with `new` and
+        // only this value owns; `ringtrain_script_free` deletes it, once, and nothing uses it after `drop`.
         unsafe { ringtrain_script_free(self.raw) }
     }
 }
 
 /// Turns the C side's error message into an error, freeing it.
+///
+/// `error` must be the `char*` a `ringtrain_script_*` call's `error` out-parameter was left holding: the
+/// caller sets it to null before the call, and the C side stores there only a malloc'd message (or null,
+/// should malloc fail; its `guarded`). It is freed here, so the caller must not use it again.
 pub(crate) fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()> {
     if status == 0 && error.is_null() {
         return Ok(());
@@ -85,7 +102,12 @@ pub(crate) fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()>
     let message = if error.is_null() {
         "unknown error".to_string()
     } else {
+        // SAFETY: `error` is not null, so (by this function's contract) it is `copy_message`'s malloc'd copy
+        // of an exception's text, NUL-terminated by `strcpy` and not freed yet. The `CStr` borrow ends at
+        // `into_owned`, before the free below.
         let text = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+        // SAFETY: the same malloc'd pointer, freed once, with the C side's `free` (the allocator that made
+        // it); it is not used after.
         unsafe { ringtrain_script_free_error(error) };
         text
     };
@@ -116,6 +138,10 @@ impl ScriptModule {
             _ => -1,
         };
         let mut error = std::ptr::null_mut();
+        // SAFETY: `c_path` is NUL-terminated and outlives the call (the C side copies it into a std::string);
+        // `error` is a null local the C side may set to a message; `index` is a plain int (the C side makes a
+        // c10::Device of it, and whatever libtorch throws for a bad one is caught there). It returns a new
+        // module or null, checked next.
         let raw = unsafe { ringtrain_script_load(c_path.as_ptr(), index, &mut error) };
         check(if raw.is_null() { -1 } else { 0 }, error, "not a loadable TorchScript file")?;
         Ok(ScriptModule { raw, training: None })
@@ -128,6 +154,12 @@ impl ScriptModule {
 
     /// Every parameter and buffer, in the module's order.
     pub fn tensors(&self) -> Result<Vec<ScriptTensor>> {
+        /// The C side's `ringtrain_tensor_callback`, called once per tensor.
+        ///
+        /// # Safety
+        ///
+        /// `ctx` is a `*mut Vec<ScriptTensor>` that nothing else uses during the call; `name` and `owner` are
+        /// NUL-terminated and live for the call; `t` is a `new torch::Tensor` whose ownership passes here.
         unsafe extern "C" fn collect(
             ctx: *mut c_void,
             name: *const c_char,
@@ -135,16 +167,26 @@ impl ScriptModule {
             buffer: c_int,
             t: *mut c_void,
         ) {
-            let out = &mut *(ctx as *mut Vec<ScriptTensor>);
-            out.push(ScriptTensor {
-                name: CStr::from_ptr(name).to_string_lossy().into_owned(),
-                owner: CStr::from_ptr(owner).to_string_lossy().into_owned(),
-                buffer: buffer != 0,
-                tensor: Tensor::from_ptr(t as *mut _),
-            });
+            // SAFETY: the contract above, which `ringtrain_script_tensors` keeps: `ctx` is `out` of `tensors`,
+            // untouched by it while the C call runs, and this `&mut` ends when the callback returns; the strings
+            // are `c_str()`s of std::strings the C side keeps alive until the callback returns; `t` is a heap
+            // `torch::Tensor` nothing else owns or frees, so the `Tensor` may own it (tch's `at_free` deletes it).
+            unsafe {
+                let out = &mut *(ctx as *mut Vec<ScriptTensor>);
+                out.push(ScriptTensor {
+                    name: CStr::from_ptr(name).to_string_lossy().into_owned(),
+                    owner: CStr::from_ptr(owner).to_string_lossy().into_owned(),
+                    buffer: buffer != 0,
+                    tensor: Tensor::from_ptr(t as *mut _),
+                });
+            }
         }
         let mut out: Vec<ScriptTensor> = Vec::new();
         let mut error = std::ptr::null_mut();
+        // SAFETY: `self.raw` is the live module (`self` is borrowed for the call). `collect` has the type of the
+        // C side's `ringtrain_tensor_callback` and keeps its contract with `ctx` = `out`, which outlives the
+        // call; the C side calls it only before returning and keeps neither. `error` is as in `load`. Should
+        // the C side throw midway, the tensors already pushed stay owned by `out` and are freed with it.
         let status =
             unsafe { ringtrain_script_tensors(self.raw, &mut out as *mut _ as *mut c_void, collect, &mut error) };
         check(status, error, "cannot list the model's tensors")?;
@@ -154,12 +196,18 @@ impl ScriptModule {
     /// `forward(*inputs)`, which must return one tensor.
     pub fn forward(&self, inputs: &[Tensor]) -> Result<Tensor> {
         let pointers: Vec<*mut c_void> = inputs.iter().map(|t| t.as_ptr() as *mut c_void).collect();
+        let count = c_int::try_from(pointers.len()).context("too many inputs for the model's forward")?;
         let mut output = std::ptr::null_mut();
         let mut error = std::ptr::null_mut();
-        let status = unsafe {
-            ringtrain_script_forward(self.raw, pointers.as_ptr(), pointers.len() as c_int, &mut output, &mut error)
-        };
+        // SAFETY: `self.raw` is the live module. `pointers` holds `count` `torch::Tensor*` (tch's `C_tensor`)
+        // owned by `inputs`, which is borrowed across the call; the C side only reads them (each becomes an
+        // IValue holding a new reference to the same TensorImpl), never writes through the `*mut` nor keeps or
+        // frees them. `output` and `error` are null locals the C side may set.
+        let status = unsafe { ringtrain_script_forward(self.raw, pointers.as_ptr(), count, &mut output, &mut error) };
         check(status, error, "the model's forward failed")?;
+        // SAFETY: `check` passed, so the C side's body ran to its end, whose last statement stored a fresh
+        // `new torch::Tensor` in `output` (not null: `new` throws instead, and a throw would have failed the
+        // status). Nothing else owns it, so the `Tensor` takes it over and frees it.
         Ok(unsafe { Tensor::from_ptr(output as *mut _) })
     }
 
@@ -169,6 +217,7 @@ impl ScriptModule {
             return Ok(());
         }
         let mut error = std::ptr::null_mut();
+        // SAFETY: `self.raw` is the live module, borrowed mutably for the call; `error` is as in `load`.
         let status = unsafe { ringtrain_script_set_train(self.raw, c_int::from(on), &mut error) };
         check(status, error, "cannot switch the model's mode")?;
         self.training = Some(on);
@@ -179,6 +228,8 @@ impl ScriptModule {
     pub fn save(&self, path: &Path) -> Result<()> {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).context("the path holds a NUL")?;
         let mut error = std::ptr::null_mut();
+        // SAFETY: `self.raw` is the live module; `c_path` is NUL-terminated and outlives the call (the C side
+        // copies it into a std::string); `error` is as in `load`.
         let status = unsafe { ringtrain_script_save(self.raw, c_path.as_ptr(), &mut error) };
         check(status, error, "cannot save the model")
     }
