@@ -2,6 +2,7 @@
 //! binary, so handler tests drive it with `tower::ServiceExt::oneshot` and `ringtrain serve` just binds it.
 
 pub mod access;
+pub mod admission;
 pub mod auth;
 pub mod bench;
 pub mod bootstrap;
@@ -9,19 +10,17 @@ pub mod changes;
 pub mod error;
 pub mod extract;
 pub mod files;
-pub mod history;
-pub mod ingest;
-pub mod limits;
-pub mod live;
-pub mod logs;
-pub mod metrics;
 pub mod model_check;
+pub mod placements;
+pub mod progress;
+pub mod prometheus;
 pub mod queue;
 pub mod reference_guard;
 pub mod resume;
 pub mod routes;
 pub mod state;
 pub mod storage;
+pub mod submission;
 pub mod unread_body;
 pub mod uploads;
 pub mod web;
@@ -55,8 +54,8 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(error::log_internal_errors))
         // inside the request metrics, so refusals are counted too
-        .layer(middleware::from_fn_with_state(state.clone(), limits::admit))
-        .layer(middleware::from_fn_with_state(state.clone(), metrics::record))
+        .layer(middleware::from_fn_with_state(state.clone(), admission::requests::admit))
+        .layer(middleware::from_fn_with_state(state.clone(), prometheus::record))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(CompressionLayer::new())
@@ -72,7 +71,7 @@ pub fn app(state: AppState) -> Router {
 /// The OpenAPI 3.1 document of every route.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = routes::router().split_for_parts().1;
-    utoipa::Modify::modify(&routes::spec_schema::JobSpecSchema, &mut doc);
+    utoipa::Modify::modify(&submission::schema::JobSpecSchema, &mut doc);
     utoipa::Modify::modify(&routes::ProblemResponses, &mut doc);
     doc
 }

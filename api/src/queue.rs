@@ -121,7 +121,7 @@ async fn seconds_left(store: &dyn Store, id: JobId) -> StoreResult<Option<f64>> 
     let Some(job) = store.get_job(id).await? else { return Ok(None) };
     let Some(effective) = job.parsed_effective()? else { return Ok(None) };
     let batch = effective.global_batch as f64;
-    Ok(crate::live::live_progress(store, &job).await?.and_then(|p| p.seconds_left(batch)))
+    Ok(crate::progress::live_progress(store, &job).await?.and_then(|p| p.seconds_left(batch)))
 }
 
 /// A reason as the API shows it: its code and numbers, and a sentence.

@@ -8,12 +8,12 @@ use ringtrain_protocol::timing;
 use ringtrain_scheduler::{ChangeNotifier, LoopConfig, Scheduler, ViewConfig};
 use ringtrain_store::Store;
 
+use crate::admission::log_budget::LogBudgets;
+use crate::admission::metric_budget::MetricBudgets;
+use crate::admission::requests::{Admission, AdmissionConfig};
 use crate::changes::Changes;
-use crate::ingest::MetricBudgets;
-use crate::limits::{Admission, AdmissionConfig};
-use crate::logs::LogBudgets;
-use crate::metrics::ServerMetrics;
 use crate::model_check::{CheckSlots, ModelChecker};
+use crate::prometheus::ServerMetrics;
 use crate::queue::QueueCache;
 
 /// Limits and locations of the API.

@@ -25,7 +25,7 @@ pub const MAX_DRAINED_BYTES: u64 = 64 << 20;
 pub const MAX_DRAIN_TIME: Duration = Duration::from_secs(10);
 /// ... or this long when the caller is not authenticated (401) or not allowed (403): the request holds its
 /// admission slot while it is drained, and a caller without a valid token must not hold one for long
-/// (trickling bodies to be drained was a way to fill the request slots, see [`crate::limits`]). A client
+/// (trickling bodies to be drained was a way to fill the request slots, see [`crate::admission::requests`]). A client
 /// that really sends its body still finishes well within it: 64 MiB over loopback take milliseconds.
 pub const MAX_UNAUTHENTICATED_DRAIN_TIME: Duration = Duration::from_secs(2);
 

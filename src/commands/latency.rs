@@ -5,7 +5,7 @@
 //! (queueing, placement, the agents, the metrics relay).
 
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -152,7 +152,7 @@ async fn wait_for_free_devices(api: &ApiClient) -> Result<()> {
 
 /// Seconds from starting the k rank processes (`ringtrain train --rank r --world k --rendezvous ...`, as an
 /// agent starts them) to rank 0's first metrics line.
-fn first_line_direct(spec: &PathBuf, workers: u64) -> Result<f64> {
+fn first_line_direct(spec: &Path, workers: u64) -> Result<f64> {
     let out = tempfile_dir()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let exe = std::env::current_exe()?;
@@ -160,7 +160,7 @@ fn first_line_direct(spec: &PathBuf, workers: u64) -> Result<f64> {
     let mut ranks = Vec::new();
     for rank in 0..workers {
         let command = RankCommand {
-            spec: spec.clone(),
+            spec: spec.to_path_buf(),
             rank: rank as usize,
             world: workers as usize,
             rendezvous: format!("127.0.0.1:{port}"),

@@ -50,12 +50,12 @@ pub struct Contents {
 /// integer labels with shape [N], every label in 0..MAX_CLASSES; and the same of `x_test`/`y_test` when
 /// given (both or neither; the test samples shaped like the training ones). Without them the worker holds
 /// out the last 10% as the test split, so the training samples counted are the rest. A file with tensors
-/// `x.NAME` instead of `x` is a data set of named inputs, for uploaded models ([`super::named_inputs`]).
+/// `x.NAME` instead of `x` is a data set of named inputs, for uploaded models ([`crate::submission::named_inputs`]).
 pub fn check_safetensors(bytes: &[u8]) -> Result<Contents, Vec<FieldError>> {
     let tensors = SafeTensors::deserialize(bytes)
         .map_err(|e| vec![FieldError::new("", format!("not a safetensors file: {e}"))])?;
-    if super::named_inputs::is_named(&tensors) {
-        return super::named_inputs::check_named(&tensors);
+    if crate::submission::named_inputs::is_named(&tensors) {
+        return crate::submission::named_inputs::check_named(&tensors);
     }
     let mut errors = Vec::new();
     let train = check_split(&tensors, "x", "y", &mut errors);

@@ -13,8 +13,8 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiQuery, JsonBytes};
 use crate::routes::jobs::progress::MAX_PER_ITERATION;
-use crate::routes::specs;
 use crate::state::AppState;
+use crate::submission::checks;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -60,8 +60,8 @@ pub async fn preview_schedule(
     ApiQuery(params): ApiQuery<PreviewParams>,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<Value>> {
-    let (spec, _) = specs::parse_spec(&body)?;
-    let known = specs::dataset_size(&state, &user, &spec).await?;
+    let (spec, _) = checks::parse_spec(&body)?;
+    let known = checks::dataset_size(&state, &user, &spec).await?;
     let Some(size) = params.dataset_size.or(known) else {
         let mut errors = spec.validate().err().unwrap_or_default();
         errors.push(FieldError::new(
@@ -72,7 +72,7 @@ pub async fn preview_schedule(
     };
     let per_iteration = params.per_iteration.unwrap_or(false);
     let render = |spec: &ringtrain_core::JobSpec| -> ApiResult<Value> {
-        let effective = specs::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal_msg("size was known"))?;
+        let effective = checks::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal_msg("size was known"))?;
         if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
             return Err(ApiError::field(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -20,8 +20,8 @@ use uuid::Uuid;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
-use crate::routes::specs;
 use crate::state::AppState;
+use crate::submission::checks;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -190,7 +190,7 @@ pub async fn create_study(
         }
         let spec = JobSpec::from_json(&point.spec_json.to_string()).map_err(ApiError::validation)?;
         let membership = StudyPoint { study_id, point: i as i32 };
-        match specs::checked_job(&state, &user, &spec, point.spec_json.clone(), Some(membership)).await {
+        match checks::checked_job(&state, &user, &spec, point.spec_json.clone(), Some(membership)).await {
             Ok(mut job) => {
                 job.id = ids[i];
                 jobs.push(job);
@@ -277,8 +277,8 @@ async fn dry_run(
 ) -> ApiResult<StudyDryRun> {
     let mut planned = Vec::with_capacity(points.len());
     for (i, point) in points.iter().enumerate() {
-        let size = specs::dataset_size(state, user, &point.spec).await?;
-        let effective = specs::effective(&point.spec, size)?;
+        let size = checks::dataset_size(state, user, &point.spec).await?;
+        let effective = checks::effective(&point.spec, size)?;
         let schedule =
             effective.map(|e| serde_json::to_value(e.render(false))).transpose().map_err(ApiError::internal)?;
         planned.push(PlannedPointView {

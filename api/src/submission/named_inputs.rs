@@ -8,7 +8,7 @@ use ringtrain_store::DatasetInput;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
-use super::datasets::{Contents, MAX_CLASSES};
+use crate::routes::datasets::{Contents, MAX_CLASSES};
 
 /// Whether an upload is a data set of named inputs (it has `x.NAME` tensors and no plain `x`).
 pub fn is_named(tensors: &SafeTensors) -> bool {
@@ -213,7 +213,7 @@ fn first_non_finite(y: &TensorView) -> Option<usize> {
 mod tests {
     use safetensors::tensor::{Dtype, TensorView};
 
-    use super::super::datasets::check_safetensors;
+    use crate::routes::datasets::check_safetensors;
 
     /// A file of `tensors`, each (name, dtype, shape, little-endian bytes).
     fn file(tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> Vec<u8> {

@@ -215,8 +215,8 @@ pub async fn report_result(
         Outcome::Succeeded => {
             let mut result = body.result;
             if let Some(result) = result.as_mut() {
-                let history = crate::history::job_history(state.store.as_ref(), job.id, Some(body.attempt)).await?;
-                crate::history::annotate(result, &history);
+                let history = crate::placements::job_history(state.store.as_ref(), job.id, Some(body.attempt)).await?;
+                crate::placements::annotate(result, &history);
             }
             state.store.succeed_job(job.id, body.attempt, result).await?
         }

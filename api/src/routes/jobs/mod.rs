@@ -23,10 +23,10 @@ use crate::access::team_job;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
-use crate::live::{live_progress, LiveProgress};
+use crate::progress::{live_progress, LiveProgress};
 use crate::queue::{self, EstimatedStart, Reader, Standing};
-use crate::routes::specs;
 use crate::state::AppState;
+use crate::submission::checks;
 
 /// A job as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -292,7 +292,7 @@ pub async fn submit_job(
             Some(IdempotencyKey { key: key.to_string(), request_hash })
         }
     };
-    let (spec, spec_json) = specs::parse_spec(&body)?;
+    let (spec, spec_json) = checks::parse_spec(&body)?;
     let queued = state.store.count_queued(user.team_id).await?;
     let limit = state.config.max_queued_per_team;
     if queued >= limit {
@@ -302,8 +302,8 @@ pub async fn submit_job(
             60,
         ));
     }
-    specs::check_reference(&state, &user, &spec).await?;
-    let new = specs::checked_job(&state, &user, &spec, spec_json, None).await?;
+    checks::check_reference(&state, &user, &spec).await?;
+    let new = checks::checked_job(&state, &user, &spec, spec_json, None).await?;
     if query.dry_run == Some(true) {
         let answer = dry_run::answer(&state, &user, &spec, new.effective).await?;
         return Ok(Json(dry_run_for(&state, &user, answer).await?).into_response());

@@ -17,10 +17,10 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::access::team_job;
+use crate::admission::requests::StreamSlot;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
-use crate::limits::StreamSlot;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
