@@ -7,6 +7,7 @@ pub mod auth;
 pub mod bench;
 pub mod bootstrap;
 pub mod changes;
+pub mod dispatch;
 pub mod error;
 pub mod extract;
 pub mod files;

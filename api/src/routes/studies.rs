@@ -9,9 +9,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use ringtrain_core::study::{self, PlannedPoint, StudyRequest};
-use ringtrain_core::{FieldError, JobId, JobSpec, JobState, StudyId, TeamId};
-use ringtrain_store::{Job, MetricsQuery, NewStudy, Study, StudyPoint};
+use ringtrain_core::study::{self, StudyRequest};
+use ringtrain_core::{JobId, JobState, StudyId, TeamId};
+use ringtrain_store::{Job, MetricsQuery, Study};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -22,6 +22,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
 use crate::state::AppState;
 use crate::submission::checks;
+use crate::submission::study::{self as study_submission, PlannedStudy};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -154,127 +155,20 @@ pub async fn create_study(
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Response> {
     user.require_write()?;
-    let request = parse_request(&body)?;
-    let request = request.resolved().map_err(|e| ApiError::validation(vec![e]))?;
-    if let Some(name) = &request.name {
-        check_name(name)?;
-    }
-    let mut points = request.plan().map_err(ApiError::validation)?;
-    let reference = study::reference_point(&request, &points);
-    fit_devices(&state, &mut points).await?;
+    let mut planned = study_submission::plan(&body)?;
+    study_submission::fit_devices(&state, &mut planned.points).await?;
     if query.dry_run == Some(true) {
-        let planned = dry_run(&state, &user, &request, &points, reference).await?;
-        return Ok(Json(planned).into_response());
+        return Ok(Json(dry_run(&state, &user, &planned).await?).into_response());
     }
-    let queued = state.store.count_queued(user.team_id).await?;
-    let limit = state.config.max_queued_per_team;
-    if queued + points.len() as i64 > limit {
-        return Err(ApiError::too_many(
-            "queue-full",
-            format!(
-                "the study's {} points would make {} queued jobs; your team may have {limit}",
-                points.len(),
-                queued + points.len() as i64
-            ),
-            60,
-        ));
-    }
-    let study_id = StudyId::new();
-    let ids: Vec<JobId> = points.iter().map(|_| JobId::new()).collect();
-    let mut jobs = Vec::with_capacity(points.len());
-    let mut errors = Vec::new();
-    for (i, point) in points.iter_mut().enumerate() {
-        point.spec_json["name"] = study::point_name(request.name.as_deref(), i, &point.overrides).into();
-        if request.guard_points && i != reference {
-            point.spec_json["guard"]["reference_job"] = ids[reference].to_string().into();
-        }
-        let spec = JobSpec::from_json(&point.spec_json.to_string()).map_err(ApiError::validation)?;
-        let membership = StudyPoint { study_id, point: i as i32 };
-        match checks::checked_job(&state, &user, &spec, point.spec_json.clone(), Some(membership)).await {
-            Ok(mut job) => {
-                job.id = ids[i];
-                jobs.push(job);
-            }
-            // name the point each problem belongs to
-            Err(err) if err.status() == StatusCode::UNPROCESSABLE_ENTITY => {
-                errors.extend(err.problem().errors.into_iter().map(|e| {
-                    let at = if e.path.is_empty() { format!("points[{i}]") } else { format!("points[{i}].{}", e.path) };
-                    FieldError::new(at, e.reason)
-                }))
-            }
-            Err(err) => return Err(err),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::validation(errors));
-    }
-    let definition = serde_json::to_value(&request).map_err(ApiError::internal)?;
-    let new = NewStudy {
-        id: study_id,
-        team_id: user.team_id,
-        created_by: Some(user.token.id),
-        name: request.name.clone(),
-        definition,
-        reference_point: reference as i32,
-    };
-    let (study, jobs) = state.store.create_study(new, jobs).await?;
-    state.changed().await;
+    let (study, jobs) = study_submission::submit(&state, &user, planned).await?;
     let view = view(&state, &study, jobs).await?;
     let location = format!("/v1/studies/{}", study.id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(view)).into_response())
 }
 
-/// The request, with the JSON path of a wrong type or an unknown field.
-fn parse_request(body: &[u8]) -> ApiResult<StudyRequest> {
-    let value = crate::extract::parse_value(body)?;
-    crate::extract::require_object(&value)?;
-    serde_path_to_error::deserialize(value).map_err(|err| {
-        let path = err.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        ApiError::validation(vec![FieldError::new(path, err.inner().to_string())])
-    })
-}
-
-fn check_name(name: &str) -> ApiResult<()> {
-    let max = ringtrain_core::validate::limits::MAX_NAME_CHARS;
-    let bad = |reason: String| ApiError::validation(vec![FieldError::new("name", reason)]);
-    if name.trim().is_empty() || name.chars().any(char::is_control) {
-        return Err(bad("must be non-blank text without control characters".into()));
-    }
-    if name.chars().count() > max {
-        return Err(bad(format!("must be at most {max} characters")));
-    }
-    Ok(())
-}
-
-/// Points that leave `devices` unset and ask for more workers than the pool has devices of their kind get
-/// the most devices that fit and divide k: a study is meant to run, not to wait for a pool it cannot have.
-async fn fit_devices(state: &AppState, points: &mut [PlannedPoint]) -> ApiResult<()> {
-    if points.iter().all(|p| p.spec.devices.is_some()) {
-        return Ok(());
-    }
-    let insight = state.queue_insight().await?;
-    for point in points.iter_mut().filter(|p| p.spec.devices.is_none()) {
-        let capacity =
-            insight.read.view.nodes.iter().flat_map(|n| &n.devices).filter(|d| d.kind == point.spec.device).count();
-        let k = point.spec.workers;
-        if (k as usize) <= capacity || capacity == 0 {
-            continue;
-        }
-        let fits = (1..=capacity as u32).rev().find(|d| k % d == 0).unwrap_or(1);
-        point.spec.devices = Some(fits);
-        point.spec_json["devices"] = fits.into();
-    }
-    Ok(())
-}
-
-async fn dry_run(
-    state: &AppState,
-    user: &User,
-    request: &StudyRequest,
-    points: &[PlannedPoint],
-    reference: usize,
-) -> ApiResult<StudyDryRun> {
+/// Every point's schedule, with nothing stored.
+async fn dry_run(state: &AppState, user: &User, study: &PlannedStudy) -> ApiResult<StudyDryRun> {
+    let (request, points, reference) = (&study.request, &study.points, study.reference);
     let mut planned = Vec::with_capacity(points.len());
     for (i, point) in points.iter().enumerate() {
         let size = checks::dataset_size(state, user, &point.spec).await?;
