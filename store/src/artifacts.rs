@@ -2,11 +2,105 @@
 //! (per iteration, and the final weights), uploaded datasets and uploaded (TorchScript) models.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use ringtrain_core::{JobId, TeamId};
+pub use ringtrain_protocol::Checkpoint;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::error::StoreResult;
-use crate::model::{Checkpoint, Dataset, Model, NewCheckpoint, NewDataset, NewModel};
+
+#[derive(Debug, Clone)]
+pub struct NewCheckpoint {
+    pub job_id: JobId,
+    pub attempt: i32,
+    pub epoch: i64,
+    pub iteration: i64,
+    pub path: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub is_final: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Dataset {
+    pub id: Uuid,
+    pub team_id: TeamId,
+    pub name: String,
+    /// Where the file lies in the server's data directory: never sent.
+    #[serde(skip)]
+    pub path: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub train_samples: i64,
+    /// The shape of one sample (`x` without its first dimension; the first named input's for a data set
+    /// of named inputs).
+    pub sample_shape: Vec<i64>,
+    /// Classes of the labels (0 when they are values).
+    pub num_classes: i32,
+    /// The named inputs (`x.NAME` tensors, for uploaded models); empty for a data set of one `x`.
+    pub inputs: Vec<DatasetInput>,
+    /// `classes` (integer labels) or `values` (float labels, for regression).
+    pub labels: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A named input of a data set: the tensor `x.NAME` (and `x_test.NAME`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DatasetInput {
+    pub name: String,
+    /// The safetensors dtype, e.g. F32, I64.
+    pub dtype: String,
+    /// The shape of one sample (without the first dimension).
+    pub shape: Vec<i64>,
+}
+
+/// An uploaded TorchScript model.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Model {
+    pub id: Uuid,
+    pub team_id: TeamId,
+    pub name: String,
+    /// Where the file lies in the server's data directory: never sent.
+    #[serde(skip)]
+    pub path: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    /// forward's inputs in order: the data set's tensors `x.NAME` (`x`: the one input of a plain data set).
+    pub inputs: Vec<String>,
+    /// What the upload's check found.
+    #[schema(value_type = Object)]
+    pub report: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewModel {
+    pub id: Uuid,
+    pub team_id: TeamId,
+    pub name: String,
+    pub path: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub inputs: Vec<String>,
+    pub report: serde_json::Value,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewDataset {
+    pub id: Uuid,
+    pub team_id: TeamId,
+    pub name: String,
+    pub path: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub train_samples: i64,
+    pub sample_shape: Vec<i64>,
+    pub num_classes: i32,
+    pub inputs: Vec<DatasetInput>,
+    pub labels: String,
+}
 
 #[async_trait]
 pub trait ArtifactStore: Send + Sync {

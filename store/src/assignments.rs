@@ -3,10 +3,17 @@
 //! live one (pending, delivered or running) holds its device, which a unique index enforces.
 
 use async_trait::async_trait;
-use ringtrain_core::{AssignmentId, AssignmentState, JobId, NodeId};
+use ringtrain_core::{AssignmentId, AssignmentState, DeviceId, JobId, NodeId};
+pub use ringtrain_protocol::Assignment;
 
 use crate::error::StoreResult;
-use crate::model::Assignment;
+
+#[derive(Debug, Clone)]
+pub struct NewAssignment {
+    pub node_id: NodeId,
+    pub device_id: DeviceId,
+    pub rank: i32,
+}
 
 #[async_trait]
 pub trait AssignmentStore: Send + Sync {

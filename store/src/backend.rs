@@ -1,8 +1,9 @@
 //! The private contract between the SQL written once (the aggregate modules: [`teams`](crate::teams),
 //! [`jobs`](crate::jobs), [`lifecycle`](crate::lifecycle), [`metrics`](crate::metrics),
-//! [`nodes`](crate::nodes), [`assignments`](crate::assignments), [`artifacts`](crate::artifacts)) and the two
-//! databases. Each aggregate is a small `macro_rules!` instantiated once per backend; everything it needs
-//! from the backend is named here, so a backend that lacks a piece fails to compile with that piece's name.
+//! [`nodes`](crate::nodes), [`assignments`](crate::assignments), [`artifacts`](crate::artifacts),
+//! [`usage`](crate::usage), [`logs`](crate::logs), [`studies`](crate::studies)) and the two databases. Each
+//! aggregate is a small `macro_rules!` instantiated once per backend; everything it needs from the backend is
+//! named here, so a backend that lacks a piece fails to compile with that piece's name.
 //!
 //! Why macros and not one generic `impl<DB: sqlx::Database>`: every generic body would restate
 //! `for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>` plus `Encode + Type` bounds for each bound
@@ -14,7 +15,7 @@ use std::future::Future;
 use sqlx::migrate::Migrator;
 
 use crate::error::{StoreError, StoreResult};
-use crate::model::Backend;
+use crate::records::Backend;
 
 /// What an aggregate's SQL needs from the database it runs on.
 pub(crate) trait SqlBackend: Send + Sync {

@@ -3,10 +3,169 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use ringtrain_core::{JobId, JobState, TeamId};
+use ringtrain_core::spec::DeviceKind;
+use ringtrain_core::{Effective, JobId, JobSpec, JobState, StudyId, TeamId, TokenId};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::error::StoreResult;
-use crate::model::{IdempotencyKey, Job, JobEvent, JobFilter, NewJob, Submitted};
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub id: JobId,
+    /// Insertion order: the run history's sort key and cursor.
+    pub seq: i64,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
+    pub name: Option<String>,
+    pub spec: Value,
+    /// `ringtrain_core::Effective` as JSON; None while the dataset's size is unknown (`idx:` datasets).
+    pub effective: Option<Value>,
+    pub dataset_size: Option<i64>,
+    pub state: JobState,
+    pub priority: i32,
+    pub device: DeviceKind,
+    /// The rank processes placed (the spec's `devices`), each on a device of its own.
+    pub devices: i32,
+    /// Placements so far: every start (a claim) makes it one more, and it guards every agent report.
+    pub attempt: i32,
+    /// Placements that ended in a preemption: not failures, so they use none of the restart budget.
+    pub preemptions: i32,
+    pub max_restarts: i32,
+    pub lease_owner: Option<String>,
+    pub lease_expires: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+    /// Set while the job is queued and cannot be placed on the pool as it exists.
+    pub unplaceable: Option<Unplaceable>,
+    /// The study this job is a point of.
+    pub study: Option<StudyPoint>,
+}
+
+impl Job {
+    /// The spec, typed: the one way the server reads a job's fields (never by JSON key, where a renamed
+    /// field would silently become a default). It was validated at submission, so a spec that no longer
+    /// parses is a row this version cannot read: corrupt, said with the job's id.
+    pub fn parsed_spec(&self) -> crate::StoreResult<JobSpec> {
+        serde_json::from_value(self.spec.clone())
+            .map_err(|e| crate::StoreError::Corrupt(format!("job {}: its stored spec does not parse: {e}", self.id)))
+    }
+
+    /// The effective hyperparameters, typed; None while the dataset's size is unknown (`idx:` datasets).
+    pub fn parsed_effective(&self) -> crate::StoreResult<Option<Effective>> {
+        let Some(effective) = &self.effective else { return Ok(None) };
+        serde_json::from_value(effective.clone()).map(Some).map_err(|e| {
+            crate::StoreError::Corrupt(format!(
+                "job {}: its stored effective hyperparameters do not parse: {e}",
+                self.id
+            ))
+        })
+    }
+
+    /// The attempt as users count it: 1 for the first run, one more per failure-restart. A preempted run that
+    /// resumes elsewhere continues the same attempt.
+    pub fn user_attempt(&self) -> i32 {
+        self.attempt - self.preemptions
+    }
+
+    /// How events name the current placement: "placement 3 (attempt 2)" (the third time it was placed, the
+    /// second run after one failure, one preemption).
+    pub fn placement_name(&self) -> String {
+        format!("placement {} (attempt {})", self.attempt, self.user_attempt())
+    }
+
+    /// Whether a failed placement may be retried: restarts used so far (failures, not preemptions) are below
+    /// `max_restarts`.
+    pub fn may_restart(&self) -> bool {
+        self.user_attempt() <= self.max_restarts
+    }
+}
+
+/// Which point of which study a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StudyPoint {
+    pub study_id: StudyId,
+    /// 0-based, in the order the study's points were made.
+    pub point: i32,
+}
+
+/// Why a queued job cannot be placed on the pool as it exists, and since when.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Unplaceable {
+    pub since: DateTime<Utc>,
+    /// In words, with the numbers: "needs 8 cpu devices; the pool has 1".
+    pub reason: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub id: JobId,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
+    pub name: Option<String>,
+    pub spec: Value,
+    pub effective: Option<Value>,
+    pub dataset_size: Option<i64>,
+    pub priority: i32,
+    pub device: DeviceKind,
+    pub devices: i32,
+    pub max_restarts: i32,
+    pub study: Option<StudyPoint>,
+}
+
+/// An `Idempotency-Key` and the hash of the request body it came with.
+#[derive(Debug, Clone)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub request_hash: String,
+}
+
+/// The outcome of a submission.
+#[derive(Debug, Clone)]
+pub enum Submitted {
+    /// A new job was stored.
+    Created(Job),
+    /// The key was used before with the same body: the job it made then.
+    Replayed(Job),
+    /// The key was used before with another body.
+    KeyReused,
+}
+
+/// Run-history filters; newest first.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub name_prefix: Option<String>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only jobs older than this `seq` (the cursor of the previous page).
+    pub before_seq: Option<i64>,
+    pub limit: i64,
+}
+
+/// A row of a job's history: a state change, a restart, a note.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct JobEvent {
+    pub seq: i64,
+    pub job_id: JobId,
+    pub at: DateTime<Utc>,
+    /// `state` for transitions.
+    pub kind: String,
+    pub from_state: Option<String>,
+    pub to_state: Option<String>,
+    /// The placement it belongs to: 1 for the first time the job was placed, one more per start (after a
+    /// failure or a preemption); 0 before the first.
+    pub placement: i32,
+    /// The attempt as the job's view counts it: one more per failure-restart, the same across a preemption.
+    pub attempt: i32,
+    pub reason: Option<String>,
+}
 
 #[async_trait]
 pub trait JobStore: Send + Sync {

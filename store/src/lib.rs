@@ -1,18 +1,22 @@
 //! ringtrain's durable state behind one [`Store`] trait, with a Postgres and an embedded SQLite
 //! implementation.
 //!
-//! The interface is split by aggregate, one module each, and [`Store`] is all of them together:
+//! The interface is split by aggregate, one module each, and [`Store`] is all of them together. Each module
+//! holds its trait and the records of the tables it owns (every one of them is re-exported here at the crate
+//! root); the private `records` module keeps the few definitions all of them share.
 //!
-//! | module | trait | what |
-//! |---|---|---|
-//! | [`teams`] | [`TeamStore`] | teams and their tokens |
-//! | [`jobs`] | [`JobStore`] | submitting, reading and listing jobs; the queue; events |
-//! | [`lifecycle`] | [`LifecycleStore`] | every job state change: start, succeed, fail, preempt, cancel |
-//! | [`metrics`] | [`MetricStore`] | what ranks report per iteration and epoch |
-//! | [`nodes`] | [`NodeStore`] | the worker pool: nodes, devices, heartbeats |
-//! | [`assignments`] | [`AssignmentStore`] | ranks placed on devices, moved along by agents |
-//! | [`artifacts`] | [`ArtifactStore`] | checkpoints and uploaded datasets |
-//! | [`studies`] | [`StudyStore`] | studies: one base spec, one job per point |
+//! | module | trait | what | records |
+//! |---|---|---|---|
+//! | [`teams`] | [`TeamStore`] | teams and their tokens | [`Team`], [`NewTeam`], [`TeamChange`], [`Budget`], [`StorageUse`], [`Role`], [`TokenInfo`], [`NewToken`] |
+//! | [`jobs`] | [`JobStore`] | submitting, reading and listing jobs; the queue; events | [`Job`], [`NewJob`], [`Submitted`], [`JobFilter`], [`JobEvent`], [`Unplaceable`], [`StudyPoint`] |
+//! | [`lifecycle`] | [`LifecycleStore`] | every job state change: start, succeed, fail, preempt, cancel | [`Transition`], [`LeaseChange`], [`Cancellation`] |
+//! | [`metrics`] | [`MetricStore`] | what ranks report per iteration and epoch | [`MetricPoint`], [`MetricsQuery`], [`RankProgress`] |
+//! | [`logs`] | [`LogStore`] | what ranks print, per placement and rank | [`RankLogLine`], [`LogQuery`] |
+//! | [`nodes`] | [`NodeStore`] | the worker pool: nodes, devices, heartbeats | [`Node`], [`Device`], [`NodeRegistration`], [`NewDevice`] |
+//! | [`assignments`] | [`AssignmentStore`] | ranks placed on devices, moved along by agents | [`Assignment`], [`NewAssignment`] |
+//! | [`artifacts`] | [`ArtifactStore`] | checkpoints, uploaded datasets and models | [`Checkpoint`], [`Dataset`], [`Model`] and their `New*` |
+//! | [`usage`] | [`UsageStore`] | device time per placement and rank: accounting, budgets | [`DeviceSpan`], [`DeviceTotal`], [`SpanFilter`] |
+//! | [`studies`] | [`StudyStore`] | studies: one base spec, one job per point | [`Study`], [`NewStudy`] |
 //!
 //! Both databases run the same SQL text wherever the dialects agree (timestamps are bound from Rust, so no
 //! `now()`; placeholders are `$N`, which SQLite understands too): each aggregate's SQL is written once, as a
@@ -25,7 +29,7 @@
 
 mod backend;
 mod error;
-mod model;
+mod records;
 mod rows;
 mod token;
 mod write_gate;
@@ -49,19 +53,19 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use artifacts::ArtifactStore;
-pub use assignments::AssignmentStore;
+pub use artifacts::{ArtifactStore, Checkpoint, Dataset, DatasetInput, Model, NewCheckpoint, NewDataset, NewModel};
+pub use assignments::{Assignment, AssignmentStore, NewAssignment};
 pub use error::{StoreError, StoreResult};
-pub use jobs::JobStore;
-pub use lifecycle::{Cancellation, LifecycleStore};
+pub use jobs::{IdempotencyKey, Job, JobEvent, JobFilter, JobStore, NewJob, StudyPoint, Submitted, Unplaceable};
+pub use lifecycle::{Cancellation, LeaseChange, LifecycleStore, Transition};
 pub use logs::{LogQuery, LogStore, RankLogLine};
-pub use metrics::{MetricStore, RankProgress};
-pub use model::*;
-pub use nodes::NodeStore;
+pub use metrics::{MetricPoint, MetricStore, MetricsQuery, RankProgress};
+pub use nodes::{Device, NewDevice, Node, NodeRegistration, NodeStore};
 pub use postgres::PgStore;
+pub use records::{now, Backend};
 pub use sqlite::SqliteStore;
-pub use studies::StudyStore;
-pub use teams::TeamStore;
+pub use studies::{NewStudy, Study, StudyStore};
+pub use teams::{Budget, BudgetPeriod, NewTeam, NewToken, Role, StorageUse, Team, TeamChange, TeamStore, TokenInfo};
 pub use token::{generate_token, hash_token};
 pub use usage::{period_use, DeviceSpan, DeviceTotal, SpanFilter, UsageStore};
 

@@ -18,11 +18,64 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ringtrain_core::{JobId, NodeId};
+use chrono::{DateTime, Utc};
+use ringtrain_core::{JobId, JobState, NodeId};
 use serde_json::Value;
 
+use crate::assignments::{Assignment, NewAssignment};
 use crate::error::StoreResult;
-use crate::model::{Assignment, Job, NewAssignment, Transition};
+use crate::jobs::Job;
+
+/// What a transition does to the lease.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseChange {
+    Keep,
+    Clear,
+    Set { owner: String, expires: DateTime<Utc> },
+}
+
+/// One compare-and-set on a job's state.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    pub job: JobId,
+    pub from: JobState,
+    pub to: JobState,
+    /// Guard: the lease owner must be this one.
+    pub owner: Option<String>,
+    /// Guard: the attempt must be this one (a stale agent reports an old attempt).
+    pub attempt: Option<i32>,
+    pub reason: String,
+    pub lease: LeaseChange,
+    pub result: Option<Value>,
+    pub error: Option<String>,
+}
+
+impl Transition {
+    pub fn new(job: JobId, from: JobState, to: JobState, reason: impl Into<String>) -> Self {
+        let lease = if to == JobState::Queued || to.is_terminal() { LeaseChange::Clear } else { LeaseChange::Keep };
+        Transition {
+            job,
+            from,
+            to,
+            owner: None,
+            attempt: None,
+            reason: reason.into(),
+            lease,
+            result: None,
+            error: None,
+        }
+    }
+
+    pub fn owned_by(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    pub fn at_attempt(mut self, attempt: i32) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+}
 
 /// What a request to cancel found.
 #[derive(Debug, Clone)]
@@ -36,6 +89,31 @@ pub enum Cancellation {
 /// How many times [`LifecycleStore::cancel_job`] re-reads a job that the scheduler or an agent moved between
 /// its read and its write. Each lost round means the job made progress, so a few suffice.
 pub(crate) const CANCEL_ROUNDS: usize = 8;
+
+/// What [`succeed_job`](LifecycleStore::succeed_job) does to the active placement `job`: succeeded, with
+/// `result`.
+pub(crate) fn success_transition(job: &Job, result: Option<Value>) -> Transition {
+    let reason = format!("{} succeeded", job.placement_name());
+    let mut transition = Transition::new(job.id, job.state, JobState::Succeeded, reason);
+    transition.result = result;
+    transition
+}
+
+/// What [`fail_placement`](LifecycleStore::fail_placement) does to the active placement `job` that failed
+/// because of `why`: back to the queue when `retryable` and restarts remain ([`Job::may_restart`]),
+/// otherwise failed with `why` as the job's error.
+pub(crate) fn failure_transition(job: &Job, why: &str, retryable: bool) -> Transition {
+    let (to, reason) = if retryable && job.may_restart() {
+        (JobState::Queued, format!("{} failed, retrying: {why}", job.placement_name()))
+    } else {
+        (JobState::Failed, format!("{} failed: {why}", job.placement_name()))
+    };
+    let mut transition = Transition::new(job.id, job.state, to, reason);
+    if to == JobState::Failed {
+        transition.error = Some(why.to_string());
+    }
+    transition
+}
 
 #[async_trait]
 pub trait LifecycleStore: Send + Sync {
@@ -83,7 +161,7 @@ macro_rules! impl_lifecycle_store {
             use uuid::Uuid;
 
             use crate::backend::{lease_expiry, SqlBackend};
-            use crate::lifecycle::{Cancellation, LifecycleStore, CANCEL_ROUNDS};
+            use crate::lifecycle::{failure_transition, success_transition, Cancellation, LifecycleStore, CANCEL_ROUNDS};
             use crate::rows::{AssignmentRow, JobRow, ASSIGNMENT_COLUMNS, JOB_COLUMNS};
             use crate::{now, Assignment, Job, LeaseChange, NewAssignment, StoreError, StoreResult, Transition};
 
@@ -291,13 +369,7 @@ macro_rules! impl_lifecycle_store {
                 }
 
                 async fn succeed_job(&self, id: JobId, attempt: i32, result: Option<Value>) -> StoreResult<Option<Job>> {
-                    self.end_placement(id, attempt, |job| {
-                        let reason = format!("{} succeeded", job.placement_name());
-                        let mut transition = Transition::new(job.id, job.state, JobState::Succeeded, reason);
-                        transition.result = result;
-                        transition
-                    })
-                    .await
+                    self.end_placement(id, attempt, |job| success_transition(job, result)).await
                 }
 
                 async fn fail_placement(
@@ -307,19 +379,7 @@ macro_rules! impl_lifecycle_store {
                     why: &str,
                     retryable: bool,
                 ) -> StoreResult<Option<Job>> {
-                    self.end_placement(id, attempt, |job| {
-                        let (to, reason) = if retryable && job.may_restart() {
-                            (JobState::Queued, format!("{} failed, retrying: {why}", job.placement_name()))
-                        } else {
-                            (JobState::Failed, format!("{} failed: {why}", job.placement_name()))
-                        };
-                        let mut transition = Transition::new(job.id, job.state, to, reason);
-                        if to == JobState::Failed {
-                            transition.error = Some(why.to_string());
-                        }
-                        transition
-                    })
-                    .await
+                    self.end_placement(id, attempt, |job| failure_transition(job, why, retryable)).await
                 }
 
                 async fn preempt_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>> {
@@ -404,3 +464,90 @@ macro_rules! impl_lifecycle_store {
 }
 
 pub(crate) use impl_lifecycle_store;
+
+#[cfg(test)]
+mod tests {
+    use ringtrain_core::spec::DeviceKind;
+    use ringtrain_core::{JobId, JobState, TeamId};
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::{failure_transition, success_transition};
+    use crate::{now, Job, LeaseChange};
+
+    /// A running job at placement `attempt`, of which `preemptions` ended in a preemption.
+    fn running(attempt: i32, preemptions: i32, max_restarts: i32) -> Job {
+        let at = now();
+        Job {
+            id: JobId(Uuid::new_v4()),
+            seq: 1,
+            team_id: TeamId(Uuid::new_v4()),
+            created_by: None,
+            name: None,
+            spec: json!({}),
+            effective: None,
+            dataset_size: None,
+            state: JobState::Running,
+            priority: 0,
+            device: DeviceKind::Cpu,
+            devices: 1,
+            attempt,
+            preemptions,
+            max_restarts,
+            lease_owner: Some("server".into()),
+            lease_expires: Some(at),
+            created_at: at,
+            updated_at: at,
+            started_at: Some(at),
+            finished_at: None,
+            result: None,
+            error: None,
+            unplaceable: None,
+            study: None,
+        }
+    }
+
+    #[test]
+    fn a_retryable_failure_requeues_while_restarts_remain() {
+        // First run of a job allowed one restart: requeued, no error, lease cleared.
+        let t = failure_transition(&running(1, 0, 1), "rank 0 exited 1", true);
+        assert_eq!((t.from, t.to), (JobState::Running, JobState::Queued));
+        assert_eq!(t.reason, "placement 1 (attempt 1) failed, retrying: rank 0 exited 1");
+        assert_eq!(t.error, None);
+        assert_eq!(t.lease, LeaseChange::Clear);
+
+        // Its second run used the one restart: failed, with the cause as the job's error.
+        let t = failure_transition(&running(2, 0, 1), "rank 0 exited 1", true);
+        assert_eq!(t.to, JobState::Failed);
+        assert_eq!(t.reason, "placement 2 (attempt 2) failed: rank 0 exited 1");
+        assert_eq!(t.error.as_deref(), Some("rank 0 exited 1"));
+    }
+
+    #[test]
+    fn preemptions_use_none_of_the_restart_budget() {
+        // Third placement, two of the earlier ones preempted: still the first attempt, so it may restart.
+        let t = failure_transition(&running(3, 2, 1), "node lost", true);
+        assert_eq!(t.to, JobState::Queued);
+        assert_eq!(t.reason, "placement 3 (attempt 1) failed, retrying: node lost");
+    }
+
+    #[test]
+    fn a_failure_that_is_not_retryable_fails_at_once() {
+        let t = failure_transition(&running(1, 0, 5), "bad spec", false);
+        assert_eq!(t.to, JobState::Failed);
+        assert_eq!(t.reason, "placement 1 (attempt 1) failed: bad spec");
+        assert_eq!(t.error.as_deref(), Some("bad spec"));
+        // No restarts allowed at all.
+        assert_eq!(failure_transition(&running(1, 0, 0), "x", true).to, JobState::Failed);
+    }
+
+    #[test]
+    fn success_keeps_the_result() {
+        let job = running(2, 1, 0);
+        let t = success_transition(&job, Some(json!({"accuracy": 0.9})));
+        assert_eq!((t.job, t.from, t.to), (job.id, JobState::Running, JobState::Succeeded));
+        assert_eq!(t.reason, "placement 2 (attempt 1) succeeded");
+        assert_eq!(t.result, Some(json!({"accuracy": 0.9})));
+        assert_eq!((t.error, t.lease, t.owner, t.attempt), (None, LeaseChange::Clear, None, None));
+    }
+}

@@ -3,9 +3,45 @@
 
 use async_trait::async_trait;
 use ringtrain_core::JobId;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::error::StoreResult;
-use crate::model::{MetricPoint, MetricsQuery};
+
+/// One report of a rank: an `iteration` or `epoch` line. `fields` holds the numbers (`loss`, `lr`,
+/// `test_error`, ...). (kind, iteration, rank) is unique per job: reporting it again replaces it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct MetricPoint {
+    pub kind: String,
+    pub rank: i32,
+    pub epoch: i64,
+    pub iteration: i64,
+    pub attempt: i32,
+    #[schema(value_type = Object)]
+    pub fields: serde_json::Map<String, Value>,
+}
+
+/// Which metrics to read, in (kind, iteration, rank) order.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsQuery {
+    pub kind: Option<String>,
+    pub rank: Option<i32>,
+    pub from_iteration: Option<i64>,
+    /// Continue after this (kind, iteration, rank): the previous page's last point.
+    pub after: Option<(String, i64, i32)>,
+    /// Keep every `stride`-th point of each (kind, rank) series (1: all).
+    pub stride: i64,
+    pub limit: i64,
+}
+
+impl MetricsQuery {
+    /// Every epoch report of rank 0, in epoch order: a job's curve (epoch reports are all-reduced, the same on
+    /// every rank).
+    pub fn epoch_curve() -> MetricsQuery {
+        MetricsQuery { kind: Some("epoch".into()), rank: Some(0), stride: 1, limit: 100_000, ..Default::default() }
+    }
+}
 
 #[async_trait]
 pub trait MetricStore: Send + Sync {

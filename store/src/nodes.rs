@@ -2,10 +2,26 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{NodeId, TokenId};
+pub use ringtrain_protocol::{Device, Node};
 
 use crate::error::StoreResult;
-use crate::model::{Device, Node, NodeRegistration};
+
+#[derive(Debug, Clone)]
+pub struct NodeRegistration {
+    pub name: String,
+    pub address: Option<String>,
+    pub devices: Vec<NewDevice>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewDevice {
+    pub index: i32,
+    pub kind: DeviceKind,
+    pub name: String,
+    pub memory_bytes: Option<i64>,
+}
 
 #[async_trait]
 pub trait NodeStore: Send + Sync {

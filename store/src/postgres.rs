@@ -9,7 +9,7 @@ use sqlx::Postgres;
 
 use crate::backend::SqlBackend;
 use crate::error::{StoreError, StoreResult};
-use crate::model::Backend;
+use crate::records::Backend;
 
 /// The migrations of this build, embedded at compile time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");

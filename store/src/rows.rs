@@ -1,4 +1,4 @@
-//! Raw rows as both databases return them, and their conversion into the model types. The row structs hold
+//! Raw rows as both databases return them, and their conversion into the record types. The row structs hold
 //! only types that decode the same way on Postgres and SQLite (states are TEXT, JSON is `Json<Value>`).
 
 use chrono::{DateTime, Utc};
@@ -8,7 +8,10 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::error::StoreError;
-use crate::model::*;
+use crate::{
+    Assignment, Budget, BudgetPeriod, Checkpoint, Dataset, DatasetInput, Device, Job, JobEvent, MetricPoint, Model,
+    Node, Role, Study, StudyPoint, Team, TokenInfo, Unplaceable,
+};
 
 /// The columns every job query returns, in [`JobRow`]'s order.
 pub(crate) const JOB_COLUMNS: &str = "seq, id, team_id, created_by, name, spec, effective, dataset_size, state, \

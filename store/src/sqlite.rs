@@ -9,7 +9,7 @@ use sqlx::Sqlite;
 
 use crate::backend::SqlBackend;
 use crate::error::{StoreError, StoreResult};
-use crate::model::Backend;
+use crate::records::Backend;
 use crate::write_gate::WriteGate;
 
 /// The migrations of this build, embedded at compile time.

@@ -3,10 +3,39 @@
 //! point, so the scheduler, quotas, cancel and results treat them like any other.
 
 use async_trait::async_trait;
-use ringtrain_core::{StudyId, TeamId};
+use chrono::{DateTime, Utc};
+use ringtrain_core::{StudyId, TeamId, TokenId};
+use serde_json::Value;
 
 use crate::error::StoreResult;
-use crate::model::{Job, NewJob, NewStudy, Study};
+use crate::jobs::{Job, NewJob};
+
+/// A study as stored: what was asked, and which point is the reference. Its points are jobs
+/// ([`Job::study`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Study {
+    pub id: StudyId,
+    /// Insertion order: the list's sort key and cursor.
+    pub seq: i64,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
+    pub name: Option<String>,
+    /// The request as given (base spec, axes or points, reference).
+    pub definition: Value,
+    /// The point the others are compared with (the small-batch baseline).
+    pub reference_point: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewStudy {
+    pub id: StudyId,
+    pub team_id: TeamId,
+    pub created_by: Option<TokenId>,
+    pub name: Option<String>,
+    pub definition: Value,
+    pub reference_point: i32,
+}
 
 #[async_trait]
 pub trait StudyStore: Send + Sync {
