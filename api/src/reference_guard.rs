@@ -95,13 +95,17 @@ async fn check(state: &AppState, job: &Job, reference_id: ringtrain_core::JobId)
     if !matches!(job.state, JobState::Scheduled | JobState::Running) {
         return Ok(());
     }
-    let Some(guard) = guard_of(job)? else { return Ok(()) };
+    let spec = job.parsed_spec()?;
+    let guard = spec.guard;
+    if guard.reference_job.is_none() {
+        return Ok(());
+    }
     let Some(reference) = state.store.get_job(reference_id).await? else { return Ok(()) };
     if reference.team_id != job.team_id {
         return Ok(());
     }
     let warmup = job.parsed_effective()?.map_or(0, |e| e.warmup_iterations as i64);
-    let epochs_total = i64::from(job.parsed_spec()?.epochs);
+    let epochs_total = i64::from(spec.epochs);
     let (mine, theirs) = (epoch_ends(state, job).await?, epoch_ends(state, &reference).await?);
     let Some(fall) = first_fall(&guard, warmup, epochs_total, &mine, &theirs) else { return Ok(()) };
     let device_hours = fall.seconds_left * f64::from(job.devices.max(1)) / 3600.0;
