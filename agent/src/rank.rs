@@ -91,33 +91,56 @@ pub async fn run(ctx: Arc<AgentContext>, work: Work, stop: watch::Receiver<Optio
     .await
 }
 
-async fn run_inner(
-    ctx: &Arc<AgentContext>,
-    work: &Work,
-    mut stop: watch::Receiver<Option<StopRequest>>,
-) -> Result<AssignmentState> {
+/// The rank's files, ready before its process starts.
+struct Prepared {
+    /// The placement's folder on this node (its ranks' logs beside their folders).
+    placement_dir: PathBuf,
+    /// The rank's private folder (its user's alone): its spec, its resume point, its output. The rank
+    /// reaches it, and its data and model, only through the files passed to it open.
+    rank_dir: PathBuf,
+    spec: ringtrain_core::JobSpec,
+    dataset: Option<PathBuf>,
+    model: Option<PathBuf>,
+    /// The unpacked checkpoint rank 0 resumes from.
+    resume: Option<PathBuf>,
+}
+
+impl Prepared {
+    fn out(&self) -> PathBuf {
+        self.rank_dir.join("out")
+    }
+
+    fn stop_file(&self) -> PathBuf {
+        self.rank_dir.join("stop")
+    }
+}
+
+/// Writes the rank's spec and fetches what it trains on (dataset, model, rank 0's resume checkpoint).
+async fn prepare(ctx: &Arc<AgentContext>, work: &Work) -> Result<Prepared> {
     let a = &work.assignment;
     let placement_dir = ctx.work_dir.join("jobs").join(a.job_id.to_string()).join(format!("attempt-{}", a.attempt));
-    // The rank's private folder (its user's alone): its spec, its resume point, its output. The rank reaches
-    // it, and its data and model, only through the files passed to it open.
     let rank_dir = placement_dir.join(format!("rank-{}", a.rank));
-    let out = rank_dir.join("out");
     ctx.sandbox.private_folder(&rank_dir)?;
     let spec = work.job_spec().context("the job's spec does not parse")?;
     check_idx_dataset(&spec.dataset, &ctx.idx_roots)?;
     tokio::fs::write(rank_dir.join("spec.json"), serde_json::to_vec_pretty(&work.spec)?).await?;
-    let stop_file = rank_dir.join("stop");
-    let _ = tokio::fs::remove_file(&stop_file).await;
+    let _ = tokio::fs::remove_file(rank_dir.join("stop")).await;
     let dataset = dataset_file(ctx, work, &spec.dataset).await?;
     let model = model_file(ctx, work).await?;
     let resume = match (&work.resume, a.rank) {
         (Some(checkpoint), 0) => Some(fetch_checkpoint(ctx, work, checkpoint, &rank_dir).await?),
         _ => None,
     };
+    Ok(Prepared { placement_dir, rank_dir, spec, dataset, model, resume })
+}
 
+/// The rank's process, confined, with its command line, environment and pipes; and its cgroup, when the
+/// sandbox made one. Rank 0 picks its rendezvous port here and reports it.
+async fn rank_process(ctx: &Arc<AgentContext>, work: &Work, prepared: &Prepared) -> Result<(Command, Option<Cgroup>)> {
+    let a = &work.assignment;
     let group_name = format!("{}-{}-{}", a.job_id, a.attempt, a.rank);
     let (mut launch, cgroup) = ctx.sandbox.launch(&group_name)?;
-    let private = confine::pass(&mut launch, &rank_dir)?;
+    let private = confine::pass(&mut launch, &prepared.rank_dir)?;
     launch.private_dir(private.clone());
     let mut rank = RankCommand {
         spec: private.join("spec.json"),
@@ -129,13 +152,13 @@ async fn run_inner(
         parent_pid: Some(std::process::id()),
         stop_file: Some(private.join("stop")),
         threads: ctx.threads,
-        resume: resume.as_ref().map(|_| private.join("resume")),
+        resume: prepared.resume.as_ref().map(|_| private.join("resume")),
         ..Default::default()
     };
-    if let Some(file) = &dataset {
+    if let Some(file) = &prepared.dataset {
         rank.dataset_file = Some(confine::pass(&mut launch, file)?);
     }
-    if let Some(file) = &model {
+    if let Some(file) = &prepared.model {
         rank.model_file = Some(confine::pass(&mut launch, file)?);
         // a plain data set's one input is `x`: the rank reads it without names
         let inputs = work.model.as_ref().map(|m| m.inputs.clone()).unwrap_or_default();
@@ -161,12 +184,22 @@ async fn run_inner(
     };
     (rank.rank, rank.world, rank.rendezvous) = (a.rank as usize, a.world_size as usize, rendezvous);
     command.args(rank.args());
-    if spec.device == DeviceKind::Gpu {
+    if prepared.spec.device == DeviceKind::Gpu {
         // The rank sees only its own GPU, as CUDA device 0.
         command.env("CUDA_VISIBLE_DEVICES", work.device_index.to_string());
     }
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    Ok((command, cgroup))
+}
 
+async fn run_inner(
+    ctx: &Arc<AgentContext>,
+    work: &Work,
+    mut stop: watch::Receiver<Option<StopRequest>>,
+) -> Result<AssignmentState> {
+    let a = &work.assignment;
+    let prepared = prepare(ctx, work).await?;
+    let (mut command, cgroup) = rank_process(ctx, work, &prepared).await?;
     if stop.borrow().is_some() {
         // Stopped before it started.
         ctx.client.set_assignment_state(a.id, AssignmentState::Delivered, AssignmentState::Cancelled).await?;
@@ -180,11 +213,11 @@ async fn run_inner(
     // state.)
     let started = tokio::spawn(report_started(ctx.clone(), a.clone()));
 
-    let mut relay = Relay::new(ctx, work, out.clone(), placement_dir.clone());
+    let mut relay = Relay::new(ctx, work, prepared.out(), prepared.placement_dir.clone());
     if let Some(group) = &cgroup {
         relay.stderr_line(format!("agent: rank {} runs in a {group}", a.rank));
     }
-    let ending = supervise(&mut child, &mut stop, &stop_file, &mut relay).await;
+    let ending = supervise(&mut child, &mut stop, &prepared.stop_file(), &mut relay).await;
     // A success must not overtake the report that the job runs: the server refuses scheduled -> succeeded,
     // and the result would be lost (a short run that ends while the server is unreachable, found by the
     // soak). That report rides out an outage, so it is awaited; after any other ending it is moot.
@@ -196,7 +229,23 @@ async fn run_inner(
     }
     let ending = ending?;
     relay.finish().await;
-    let ended = match ending {
+    let ended = conclude(ctx, work, ending, &mut relay, cgroup.as_ref(), &prepared.out()).await;
+    end_assignment(ctx, a.id, ended).await;
+    Ok(ended)
+}
+
+/// What the rank's ending means, and what it leaves to upload and report: a preempted rank 0's checkpoint,
+/// a finished rank 0's checkpoints and result, a failed rank's last checkpoint and its stderr.
+async fn conclude(
+    ctx: &Arc<AgentContext>,
+    work: &Work,
+    ending: Ending,
+    relay: &mut Relay,
+    cgroup: Option<&Cgroup>,
+    out: &Path,
+) -> AssignmentState {
+    let a = &work.assignment;
+    match ending {
         Ending::Stopped(why) => {
             tracing::info!(%why, "stopped");
             AssignmentState::Cancelled
@@ -232,12 +281,12 @@ async fn run_inner(
         Ending::Exited(status) => {
             // A rank the kernel killed for exceeding its cgroup's memory did so by its own doing (its model
             // or batch): a job error, not retried on another device of the same size.
-            let out_of_memory = status.code().is_none() && cgroup.as_ref().is_some_and(Cgroup::out_of_memory);
+            let out_of_memory = status.code().is_none() && cgroup.is_some_and(Cgroup::out_of_memory);
             if out_of_memory {
                 relay.stderr_line(format!(
                     "agent: rank {} exceeded its memory limit ({}) and was killed",
                     a.rank,
-                    cgroup.as_ref().map_or_else(String::new, ToString::to_string)
+                    cgroup.map_or_else(String::new, ToString::to_string)
                 ));
             }
             let retryable = status.code() != Some(i32::from(EXIT_JOB_ERROR)) && !out_of_memory;
@@ -254,9 +303,7 @@ async fn run_inner(
             report_failure(ctx, work, &error, retryable).await;
             AssignmentState::Failed
         }
-    };
-    end_assignment(ctx, a.id, ended).await;
-    Ok(ended)
+    }
 }
 
 /// Tells the server the rank runs (and, for rank 0, that the job does), through a server outage.

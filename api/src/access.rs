@@ -3,17 +3,16 @@
 //! caller cannot tell another team's job from no job at all. A store failure stays a store failure (503),
 //! never a 404.
 
-use ringtrain_core::{AssignmentId, AssignmentState, DatasetRef, JobId, NodeId};
+use ringtrain_core::{AssignmentId, AssignmentState, DatasetId, DatasetRef, JobId, NodeId};
 use ringtrain_store::{Assignment, Job, Node};
-use uuid::Uuid;
 
 use crate::auth::{Agent, User};
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
 /// The caller's team's job, or 404.
-pub async fn team_job(state: &AppState, user: &User, id: Uuid) -> ApiResult<Job> {
-    match state.store.get_job(JobId(id)).await? {
+pub async fn team_job(state: &AppState, user: &User, id: JobId) -> ApiResult<Job> {
+    match state.store.get_job(id).await? {
         Some(job) if user.owns(job.team_id) => Ok(job),
         _ => Err(ApiError::not_found(format!("no job {id}"))),
     }
@@ -39,9 +38,9 @@ pub async fn own_assignment(state: &AppState, agent: &Agent, id: AssignmentId) -
 }
 
 /// The job, if this agent holds an assignment of `attempt` of it; else 404.
-pub async fn assigned_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i32) -> ApiResult<Job> {
+pub async fn assigned_job(state: &AppState, agent: &Agent, id: JobId, attempt: i32) -> ApiResult<Job> {
     let not_found = || ApiError::not_found(format!("no job {id} attempt {attempt} assigned to this agent"));
-    let job = state.store.get_job(JobId(id)).await?.ok_or_else(not_found)?;
+    let job = state.store.get_job(id).await?.ok_or_else(not_found)?;
     let assignments = state.store.job_assignments(job.id, attempt).await?;
     let mut nodes: Vec<NodeId> = assignments.iter().map(|a| a.node_id).collect();
     nodes.dedup();
@@ -56,9 +55,9 @@ pub async fn assigned_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i3
 /// The job, if this agent holds rank 0 of its attempt `attempt`; else 404. Only that agent reports a
 /// success and uploads checkpoints: any other agent could otherwise choose the job's result or every later
 /// placement's resume point.
-pub async fn rank_zero_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i32) -> ApiResult<Job> {
+pub async fn rank_zero_job(state: &AppState, agent: &Agent, id: JobId, attempt: i32) -> ApiResult<Job> {
     let not_found = || ApiError::not_found(format!("no job {id} attempt {attempt} with rank 0 on this agent"));
-    let job = state.store.get_job(JobId(id)).await?.ok_or_else(not_found)?;
+    let job = state.store.get_job(id).await?.ok_or_else(not_found)?;
     let assignments = state.store.job_assignments(job.id, attempt).await?;
     let Some(rank_zero) = assignments.iter().find(|a| a.rank == 0) else { return Err(not_found()) };
     match state.store.get_node(rank_zero.node_id).await? {
@@ -69,13 +68,13 @@ pub async fn rank_zero_job(state: &AppState, agent: &Agent, id: Uuid, attempt: i
 
 /// Whether this agent holds a live rank of a job that trains on uploaded dataset `dataset`: the only time
 /// it may download it.
-pub async fn agent_uses_dataset(state: &AppState, agent: &Agent, dataset: Uuid) -> ApiResult<bool> {
+pub async fn agent_uses_dataset(state: &AppState, agent: &Agent, dataset: DatasetId) -> ApiResult<bool> {
     let wanted = DatasetRef::Uploaded(dataset);
     for node in state.store.list_nodes().await?.into_iter().filter(|n| n.agent_token_id == agent.token.id) {
         for assignment in state.store.node_assignments(node.id, &AssignmentState::LIVE).await? {
             let job = state.store.get_job(assignment.job_id).await?;
             let Some(job) = job.filter(|j| j.attempt == assignment.attempt) else { continue };
-            if job.parsed_spec()?.dataset == wanted {
+            if job.spec.dataset == wanted {
                 return Ok(true);
             }
         }

@@ -5,8 +5,10 @@
 //! rank is to stop (or, when a preemption marked it, to checkpoint and stop); otherwise it is delivered and
 //! becomes a [`Work`] item with everything the agent needs to start the rank: the spec, rank 0's
 //! rendezvous endpoint, the resume checkpoint (rank 0 only, decided by [`crate::resume`] and recorded
-//! once), the data set's and model's checksums and the placement's rendezvous secret. A job with several
-//! ranks on the node is read once per poll.
+//! once), the data set's and model's checksums and the placement's rendezvous secret. What is the same for
+//! every rank of a placement (the job, its ranks' endpoints, the checksums, the secret) is read once per job
+//! per poll ([`PlacementInputs`]), however many of its ranks the node holds; per rank there remain only its
+//! delivery (a guarded write) and, for rank 0, its resume point.
 
 use std::collections::hash_map::{Entry, HashMap};
 use std::time::Duration;
@@ -43,6 +45,7 @@ pub async fn poll(state: &AppState, node: &Node) -> ApiResult<Poll> {
     let live = state.store.node_assignments(node.id, &AssignmentState::LIVE).await?;
     let mut poll = Poll { version, work: Vec::new(), stop: Vec::new(), preempt: Vec::new() };
     let mut jobs: HashMap<JobId, Option<Job>> = HashMap::new();
+    let mut inputs: HashMap<JobId, PlacementInputs> = HashMap::new();
     for assignment in live {
         if let Entry::Vacant(slot) = jobs.entry(assignment.job_id) {
             slot.insert(state.store.get_job(assignment.job_id).await?);
@@ -51,7 +54,12 @@ pub async fn poll(state: &AppState, node: &Node) -> ApiResult<Poll> {
             .as_ref()
             .filter(|j| j.attempt == assignment.attempt && matches!(j.state, JobState::Scheduled | JobState::Running));
         match current {
-            Some(job) => poll.work.push(work_for(state, node, assignment, job).await?),
+            Some(job) => {
+                if let Entry::Vacant(slot) = inputs.entry(job.id) {
+                    slot.insert(PlacementInputs::read(state, job).await?);
+                }
+                poll.work.push(work_for(state, node, assignment, job, &inputs[&job.id]).await?)
+            }
             None => {
                 // Read again: the preemption that made this placement stale marked its assignments in the
                 // same transaction, possibly after the list above was read.
@@ -67,18 +75,45 @@ pub async fn poll(state: &AppState, node: &Node) -> ApiResult<Poll> {
     Ok(poll)
 }
 
+/// What every rank of a job's current placement is told alike.
+struct PlacementInputs {
+    /// Rank 0's rendezvous endpoint, once its agent reported it.
+    rendezvous: Option<String>,
+    dataset_sha256: Option<String>,
+    model: Option<ModelFile>,
+    rendezvous_secret: Option<String>,
+}
+
+impl PlacementInputs {
+    async fn read(state: &AppState, job: &Job) -> ApiResult<Self> {
+        let ranks = state.store.job_assignments(job.id, job.attempt).await?;
+        let rendezvous = ranks.into_iter().find(|a| a.rank == 0).and_then(|a| a.endpoint);
+        let dataset_sha256 = match job.spec.dataset {
+            DatasetRef::Uploaded(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
+            _ => None,
+        };
+        let model = match job.spec.model.uploaded {
+            Some(id) => state.store.get_model(id).await?.map(|m| ModelFile { id, sha256: m.sha256, inputs: m.inputs }),
+            None => None,
+        };
+        let rendezvous_secret = state.store.rendezvous_secret(job.id, job.attempt).await?;
+        Ok(PlacementInputs { rendezvous, dataset_sha256, model, rendezvous_secret })
+    }
+}
+
 /// The work item of a live assignment of the job's current placement, delivered by this poll.
-async fn work_for(state: &AppState, node: &Node, mut assignment: Assignment, job: &Job) -> ApiResult<Work> {
+async fn work_for(
+    state: &AppState,
+    node: &Node,
+    mut assignment: Assignment,
+    job: &Job,
+    inputs: &PlacementInputs,
+) -> ApiResult<Work> {
     let (pending, delivered) = (AssignmentState::Pending, AssignmentState::Delivered);
     if assignment.state == pending && state.store.set_assignment_state(assignment.id, pending, delivered).await? {
         assignment.state = delivered;
     }
-    let rendezvous = if assignment.rank == 0 {
-        assignment.endpoint.clone()
-    } else {
-        let ranks = state.store.job_assignments(job.id, job.attempt).await?;
-        ranks.into_iter().find(|a| a.rank == 0).and_then(|a| a.endpoint)
-    };
+    let rendezvous = if assignment.rank == 0 { assignment.endpoint.clone() } else { inputs.rendezvous.clone() };
     // Only a rank 0 that is still to start needs it (a running one ignores its work item).
     let resume = if assignment.rank == 0 && assignment.state != AssignmentState::Running {
         let (resume, reached) = resume_checkpoint(state, job).await?;
@@ -90,23 +125,13 @@ async fn work_for(state: &AppState, node: &Node, mut assignment: Assignment, job
         None
     };
     let device_index = node.devices.iter().find(|d| d.id == assignment.device_id).map_or(0, |d| d.index);
-    let spec = job.parsed_spec()?;
-    let dataset_sha256 = match spec.dataset {
-        DatasetRef::Uploaded(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
-        _ => None,
-    };
-    let model = match spec.model.uploaded {
-        Some(id) => state.store.get_model(id).await?.map(|m| ModelFile { id, sha256: m.sha256, inputs: m.inputs }),
-        None => None,
-    };
-    let rendezvous_secret = state.store.rendezvous_secret(job.id, job.attempt).await?;
     Ok(Work {
-        rendezvous_secret,
-        dataset_sha256,
-        model,
+        rendezvous_secret: inputs.rendezvous_secret.clone(),
+        dataset_sha256: inputs.dataset_sha256.clone(),
+        model: inputs.model.clone(),
         device_index,
         assignment,
-        spec: job.spec.clone(),
+        spec: job.spec_json.clone(),
         effective: job.effective.clone(),
         dataset_size: job.dataset_size,
         rendezvous,
@@ -126,10 +151,10 @@ async fn resume_checkpoint(state: &AppState, job: &Job) -> ApiResult<(Option<Che
     }
     let shape = ReportShape {
         ranks: job.devices,
-        log_every: i64::from(job.parsed_spec()?.log_every_iterations),
+        log_every: i64::from(job.spec.log_every_iterations),
         // unknown only for `idx:` data before a rank reported its size: one iteration an epoch is the
         // cautious reading (every iteration may end an epoch)
-        iterations_per_epoch: job.parsed_effective()?.map_or(1, |e| e.iterations_per_epoch as i64),
+        iterations_per_epoch: job.effective.as_ref().map_or(1, |e| e.iterations_per_epoch as i64),
     };
     Ok((resume_point(checkpoints, &progress, shape), reached))
 }

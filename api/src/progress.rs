@@ -47,7 +47,7 @@ pub async fn live_progress(store: &dyn Store, job: &Job) -> StoreResult<Option<L
     };
     let point = store.query_metrics(id, &query).await?.into_iter().next();
     let field = |name: &str| point.as_ref().and_then(|p| p.fields.get(name)).and_then(Value::as_f64);
-    let total = job.parsed_effective()?.map(|e| e.total_iterations as i64);
+    let total = job.effective.as_ref().map(|e| e.total_iterations as i64);
     Ok(Some(LiveProgress {
         iterations_done: newest + 1,
         total_iterations: total,

@@ -119,7 +119,7 @@ impl QueueInsight {
 /// samples per second. None until it has reported a rate.
 async fn seconds_left(store: &dyn Store, id: JobId) -> StoreResult<Option<f64>> {
     let Some(job) = store.get_job(id).await? else { return Ok(None) };
-    let Some(effective) = job.parsed_effective()? else { return Ok(None) };
+    let Some(effective) = &job.effective else { return Ok(None) };
     let batch = effective.global_batch as f64;
     Ok(crate::progress::live_progress(store, &job).await?.and_then(|p| p.seconds_left(batch)))
 }

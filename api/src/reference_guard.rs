@@ -73,7 +73,7 @@ pub async fn after_report(state: &AppState, job: &Job, points: &[MetricPoint]) -
 
 /// The job's guard, when it has a reference to follow.
 fn guard_of(job: &Job) -> ApiResult<Option<GuardSpec>> {
-    Ok(Some(job.parsed_spec()?.guard).filter(|guard| guard.reference_job.is_some()))
+    Ok(Some(job.spec.guard.clone()).filter(|guard| guard.reference_job.is_some()))
 }
 
 async fn epoch_ends(state: &AppState, job: &Job) -> ApiResult<Vec<EpochEnd>> {
@@ -95,8 +95,8 @@ async fn check(state: &AppState, job: &Job, reference_id: ringtrain_core::JobId)
     if !matches!(job.state, JobState::Scheduled | JobState::Running) {
         return Ok(());
     }
-    let spec = job.parsed_spec()?;
-    let guard = spec.guard;
+    let spec = &job.spec;
+    let guard = spec.guard.clone();
     if guard.reference_job.is_none() {
         return Ok(());
     }
@@ -104,7 +104,7 @@ async fn check(state: &AppState, job: &Job, reference_id: ringtrain_core::JobId)
     if reference.team_id != job.team_id {
         return Ok(());
     }
-    let warmup = job.parsed_effective()?.map_or(0, |e| e.warmup_iterations as i64);
+    let warmup = job.effective.as_ref().map_or(0, |e| e.warmup_iterations as i64);
     let epochs_total = i64::from(spec.epochs);
     let (mine, theirs) = (epoch_ends(state, job).await?, epoch_ends(state, &reference).await?);
     let Some(fall) = first_fall(&guard, warmup, epochs_total, &mine, &theirs) else { return Ok(()) };

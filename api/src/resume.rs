@@ -57,7 +57,7 @@ mod tests {
 
     fn checkpoint(iteration: i64) -> Checkpoint {
         Checkpoint {
-            id: uuid::Uuid::new_v4(),
+            id: ringtrain_core::CheckpointId::new(),
             job_id: ringtrain_core::JobId(uuid::Uuid::new_v4()),
             attempt: 1,
             epoch: iteration / 10,

@@ -4,11 +4,13 @@
 //! job does not grow its team's usage without bound.
 
 use axum::http::StatusCode;
+use axum::response::Response;
 use ringtrain_core::memory::human_bytes;
-use ringtrain_core::{JobId, TeamId};
+use ringtrain_core::{CheckpointId, JobId, TeamId};
 use ringtrain_store::Checkpoint;
 
 use crate::error::{ApiError, ApiResult};
+use crate::files;
 use crate::state::AppState;
 
 /// The team's quota in bytes: its own, else the server's default.
@@ -92,4 +94,19 @@ pub async fn remove_files(root: &std::path::Path, paths: impl Iterator<Item = &s
             tracing::warn!(path = %path.display(), error = %err, "cannot remove a forgotten file");
         }
     }
+}
+
+/// The job's checkpoint `checkpoint`, or 404.
+pub async fn find_checkpoint(state: &AppState, job: JobId, checkpoint: CheckpointId) -> ApiResult<Checkpoint> {
+    let checkpoints = state.store.list_checkpoints(job).await?;
+    checkpoints
+        .into_iter()
+        .find(|c| c.id == checkpoint)
+        .ok_or_else(|| ApiError::not_found(format!("no checkpoint {checkpoint} of job {job}")))
+}
+
+/// A checkpoint's archive, served only from the server's own folder of that job's checkpoints.
+pub async fn checkpoint_file(state: &AppState, checkpoint: &Checkpoint) -> ApiResult<Response> {
+    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
+    files::file_response(&files::under(&folder, std::path::Path::new(&checkpoint.path)).await?).await
 }

@@ -48,7 +48,7 @@ impl Received {
     }
 }
 
-/// The request's form: an octet-stream body and a name of 1 to 200 characters, not only spaces.
+/// The request's form: an octet-stream body and a name as every name is (`validate::name_problems`).
 pub fn check_form(headers: &HeaderMap, name: &str, kind: UploadKind) -> ApiResult<()> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !content_type.starts_with("application/octet-stream") {
@@ -58,13 +58,8 @@ pub fn check_form(headers: &HeaderMap, name: &str, kind: UploadKind) -> ApiResul
             format!("send {} as the body with Content-Type: application/octet-stream", kind.body),
         ));
     }
-    if name.trim().is_empty() || name.chars().count() > 200 {
-        return Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            "bad-query-parameter",
-            "name",
-            "must be 1 to 200 characters",
-        ));
+    if let Some(reason) = ringtrain_core::validate::name_problems(name).into_iter().next() {
+        return Err(ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", "name", reason));
     }
     Ok(())
 }
@@ -117,7 +112,7 @@ pub async fn refuse_if_in_use(
     for job_state in [JobState::Queued, JobState::Scheduled, JobState::Running] {
         let filter = JobFilter { state: Some(job_state), limit: i64::MAX, ..JobFilter::default() };
         let jobs = state.store.list_jobs(team, &filter).await?;
-        let found = jobs.iter().find(|job| JobSpec::parse(&job.spec.to_string()).is_ok_and(|spec| uses(&spec)));
+        let found = jobs.iter().find(|job| uses(&job.spec));
         if let Some(job) = found {
             return Err(ApiError::conflict(format!("job {} ({job_state}) uses {what}", job.id)));
         }

@@ -105,7 +105,7 @@ async fn fixture(app: &TestApp) -> Fixture {
     // of the server alone do not have; tests/byo_api.rs uploads through it)
     let models = app.dir.path().join("models");
     std::fs::create_dir_all(&models).unwrap();
-    let model_id = uuid::Uuid::new_v4();
+    let model_id = ringtrain_core::ModelId::new();
     let model_path = models.join(format!("{model_id}.pt"));
     std::fs::write(&model_path, b"a TorchScript file").unwrap();
     let team_a = ringtrain_core::TeamId(a.id.parse().unwrap());

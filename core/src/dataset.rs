@@ -6,6 +6,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use uuid::Uuid;
 
+use crate::ids::DatasetId;
+
 /// The dataset of a job: `fashion-mnist`, `synthetic[:N]`, `idx:PATH`, or the UUID of an uploaded dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatasetRef {
@@ -16,7 +18,7 @@ pub enum DatasetRef {
     /// A directory of MNIST-format IDX files (gzipped or not).
     Idx { path: String },
     /// A safetensors dataset uploaded through the API.
-    Uploaded(Uuid),
+    Uploaded(DatasetId),
 }
 
 pub const SYNTHETIC_DEFAULT_SIZE: u64 = 2048;
@@ -90,7 +92,7 @@ impl FromStr for DatasetRef {
             };
         }
         if let Ok(id) = Uuid::parse_str(text) {
-            return Ok(DatasetRef::Uploaded(id));
+            return Ok(DatasetRef::Uploaded(DatasetId(id)));
         }
         Err(DatasetParseError(format!(
             "unknown dataset {text:?}; expected fashion-mnist, synthetic[:N], idx:PATH or the id of an uploaded dataset"

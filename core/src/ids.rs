@@ -84,4 +84,10 @@ id_type! {
     TokenId;
     /// A study: jobs made from one base spec (`studies.id`).
     StudyId;
+    /// A team's uploaded dataset (`datasets.id`).
+    DatasetId;
+    /// A team's uploaded TorchScript model (`models.id`).
+    ModelId;
+    /// One checkpoint archive of a job (`checkpoints.id`).
+    CheckpointId;
 }

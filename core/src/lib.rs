@@ -18,7 +18,7 @@ pub use cluster::{AssignmentState, NodeState};
 pub use dataset::DatasetRef;
 pub use error::FieldError;
 pub use hex::hex;
-pub use ids::{AssignmentId, DeviceId, JobId, NodeId, StudyId, TeamId, TokenId};
+pub use ids::{AssignmentId, CheckpointId, DatasetId, DeviceId, JobId, ModelId, NodeId, StudyId, TeamId, TokenId};
 pub use job::JobState;
 pub use schedule::{Effective, ScheduleView};
 pub use spec::JobSpec;

@@ -2,14 +2,16 @@
 //!
 //! Parsing rejects unknown fields and wrong JSON types (one error, with its path); [`JobSpec::validate`] then
 //! reports *every* range or consistency problem at once. Use [`JobSpec::from_json`] to do both.
+//!
+//! Over 450 lines because it is the whole document a user writes, one struct per section, each field with
+//! its default and its doc (which the API's schema repeats); checks are in [`crate::validate`], the
+//! schedule the spec implies in [`crate::schedule`].
 
 use serde::{Deserialize, Serialize};
 
-use uuid::Uuid;
-
 use crate::dataset::DatasetRef;
 use crate::error::FieldError;
-use crate::ids::JobId;
+use crate::ids::{JobId, ModelId};
 
 /// A training job: what to train, on what, with which recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,7 +121,7 @@ pub struct ModelSpec {
     pub hidden: Option<Vec<u32>>,
     /// An uploaded TorchScript model of the team (trained on an uploaded dataset holding its inputs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uploaded: Option<Uuid>,
+    pub uploaded: Option<ModelId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,7 +145,7 @@ impl ModelSpec {
     }
 
     /// An uploaded model.
-    pub fn uploaded(id: Uuid) -> Self {
+    pub fn uploaded(id: ModelId) -> Self {
         ModelSpec { name: None, hidden: None, uploaded: Some(id) }
     }
 

@@ -19,6 +19,25 @@ pub mod limits {
     pub const MAX_TOTAL_ITERATIONS: u64 = 1_000_000_000;
 }
 
+/// What is wrong with a name a user gives a job, a study, a dataset or a model (shown in tables and
+/// events): each reason, none when it is non-blank, at most [`limits::MAX_NAME_CHARS`] characters and free
+/// of control characters. The one rule for every kind of name, so a name one form takes another accepts.
+pub fn name_problems(name: &str) -> Vec<String> {
+    let max = limits::MAX_NAME_CHARS;
+    let mut reasons = Vec::new();
+    if name.trim().is_empty() {
+        reasons.push("must not be blank".to_string());
+    }
+    let chars = name.chars().count();
+    if chars > max {
+        reasons.push(format!("must be at most {max} characters (got {chars})"));
+    }
+    if name.chars().any(char::is_control) {
+        reasons.push("must not contain control characters".to_string());
+    }
+    reasons
+}
+
 /// Collects problems instead of stopping at the first.
 #[derive(Debug, Default)]
 struct Problems(Vec<FieldError>);
@@ -53,11 +72,7 @@ impl JobSpec {
         let mut p = Problems::default();
 
         if let Some(name) = &self.name {
-            p.check(!name.trim().is_empty(), "name", || "must not be blank".into());
-            p.check(name.chars().count() <= MAX_NAME_CHARS, "name", || {
-                format!("must be at most {MAX_NAME_CHARS} characters (got {})", name.chars().count())
-            });
-            p.check(!name.chars().any(char::is_control), "name", || "must not contain control characters".into());
+            p.0.extend(name_problems(name).into_iter().map(|reason| FieldError::new("name", reason)));
         }
         match (self.model.name, self.model.uploaded) {
             (Some(_), Some(_)) => p.check(false, "model.uploaded", || {

@@ -4,7 +4,7 @@
 //! an agent is a 422, not a silently ignored field.
 
 use chrono::{DateTime, Utc};
-use ringtrain_core::{AssignmentId, JobState, NodeId};
+use ringtrain_core::{AssignmentId, Effective, JobState, ModelId, NodeId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -75,8 +75,10 @@ pub struct Work {
     pub assignment: Assignment,
     #[schema(value_type = Object)]
     pub spec: Value,
+    /// The hyperparameters the job runs with (the rank works them out again from the spec and the
+    /// dataset; these are for logs and tools); null while the dataset's size is unknown.
     #[schema(value_type = Option<Object>)]
-    pub effective: Option<Value>,
+    pub effective: Option<Effective>,
     pub dataset_size: Option<i64>,
     /// Rank 0's HOST:PORT, once its agent reported it: ranks above 0 wait for it.
     pub rendezvous: Option<String>,
@@ -108,7 +110,7 @@ impl Work {
 /// An uploaded model a rank needs: its file's id and sha256, and its inputs in `forward`'s order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ModelFile {
-    pub id: uuid::Uuid,
+    pub id: ModelId,
     pub sha256: String,
     pub inputs: Vec<String>,
 }

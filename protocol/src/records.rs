@@ -2,10 +2,9 @@
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{AssignmentId, AssignmentState, DeviceId, JobId, NodeId, NodeState, TokenId};
+use ringtrain_core::{AssignmentId, AssignmentState, CheckpointId, DeviceId, JobId, NodeId, NodeState, TokenId};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Node {
@@ -58,7 +57,7 @@ pub struct Assignment {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Checkpoint {
-    pub id: Uuid,
+    pub id: CheckpointId,
     pub job_id: JobId,
     pub attempt: i32,
     pub epoch: i64,

@@ -7,12 +7,10 @@
 //!   and writes the decisions with the store's guarded operations; it also rescues what died (lost nodes,
 //!   expired leases) and sweeps what a crash left behind. `ringtrain serve` only starts it.
 
-pub mod bench;
 pub mod control;
 pub mod policy;
 
 pub use control::{read_queue_view, ChangeNotifier, LoopConfig, PassReport, QueueView, Scheduler, ViewConfig};
-pub use policy::model;
 pub use policy::{
     dry_run, estimate_start, plan, ClusterView, DeviceKind, DeviceSlot, DryRun, Estimate, Node, NodeDevice, NodeId,
     PerKind, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team, TeamId,

@@ -6,7 +6,6 @@ pub mod connection;
 pub mod datasets;
 pub mod doctor;
 pub mod jobs;
-pub mod latency;
 pub mod launch;
 pub mod limits;
 pub mod login;

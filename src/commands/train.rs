@@ -1,5 +1,9 @@
 //! `ringtrain train`: run one rank of a job (`--rank R --world K --rendezvous HOST:PORT`), or start K local
 //! rank processes and wait for them (`--local K`). Metrics go to stdout as JSON lines.
+//!
+//! Over 450 lines because a rank's whole start is here in order (spec, confinement, virtual ranks, the
+//! watchdogs on its parent and its memory, injected faults) beside `--local`, which starts the same ranks;
+//! launching processes on GPUs and free ports is in `launch`, the training itself in `ringtrain-worker`.
 
 use std::io::Write;
 use std::net::SocketAddr;

@@ -3,11 +3,10 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use ringtrain_core::{JobId, TeamId};
+use ringtrain_core::{DatasetId, JobId, ModelId, TeamId};
 pub use ringtrain_protocol::Checkpoint;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use crate::error::StoreResult;
 
@@ -25,7 +24,7 @@ pub struct NewCheckpoint {
 
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Dataset {
-    pub id: Uuid,
+    pub id: DatasetId,
     pub team_id: TeamId,
     pub name: String,
     /// Where the file lies in the server's data directory: never sent.
@@ -59,7 +58,7 @@ pub struct DatasetInput {
 /// An uploaded TorchScript model.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Model {
-    pub id: Uuid,
+    pub id: ModelId,
     pub team_id: TeamId,
     pub name: String,
     /// Where the file lies in the server's data directory: never sent.
@@ -77,7 +76,7 @@ pub struct Model {
 
 #[derive(Debug, Clone)]
 pub struct NewModel {
-    pub id: Uuid,
+    pub id: ModelId,
     pub team_id: TeamId,
     pub name: String,
     pub path: String,
@@ -89,7 +88,7 @@ pub struct NewModel {
 
 #[derive(Debug, Clone)]
 pub struct NewDataset {
-    pub id: Uuid,
+    pub id: DatasetId,
     pub team_id: TeamId,
     pub name: String,
     pub path: String,
@@ -114,22 +113,22 @@ pub trait ArtifactStore: Send + Sync {
     /// Forgets every checkpoint of the job; returns them.
     async fn delete_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>>;
     async fn add_dataset(&self, dataset: NewDataset) -> StoreResult<Dataset>;
-    async fn get_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>>;
+    async fn get_dataset(&self, id: DatasetId) -> StoreResult<Option<Dataset>>;
     async fn list_datasets(&self, team_id: TeamId) -> StoreResult<Vec<Dataset>>;
     /// Forgets a dataset; returns it (its file is the caller's to remove), None if there was none.
-    async fn delete_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>>;
+    async fn delete_dataset(&self, id: DatasetId) -> StoreResult<Option<Dataset>>;
     async fn add_model(&self, model: NewModel) -> StoreResult<Model>;
-    async fn get_model(&self, id: Uuid) -> StoreResult<Option<Model>>;
+    async fn get_model(&self, id: ModelId) -> StoreResult<Option<Model>>;
     /// A team's models, newest first.
     async fn list_models(&self, team_id: TeamId) -> StoreResult<Vec<Model>>;
     /// Forgets a model; returns it (its file is the caller's to remove), None if there was none.
-    async fn delete_model(&self, id: Uuid) -> StoreResult<Option<Model>>;
+    async fn delete_model(&self, id: ModelId) -> StoreResult<Option<Model>>;
 }
 
 macro_rules! impl_artifact_store {
     ($store:ty) => {
         const _: () = {
-            use ringtrain_core::{JobId, TeamId};
+            use ringtrain_core::{DatasetId, JobId, ModelId, TeamId};
             use sqlx::types::Json;
             use uuid::Uuid;
 
@@ -203,7 +202,7 @@ macro_rules! impl_artifact_store {
                          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {DATASET_COLUMNS}"
                     );
                     let row: DatasetRow = sqlx::query_as(&sql)
-                        .bind(d.id)
+                        .bind(d.id.0)
                         .bind(d.team_id.0)
                         .bind(&d.name)
                         .bind(&d.path)
@@ -220,15 +219,15 @@ macro_rules! impl_artifact_store {
                     Ok(row.into())
                 }
 
-                async fn get_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>> {
+                async fn get_dataset(&self, id: DatasetId) -> StoreResult<Option<Dataset>> {
                     let sql = format!("SELECT {DATASET_COLUMNS} FROM datasets WHERE id = $1");
-                    let row: Option<DatasetRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let row: Option<DatasetRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     Ok(row.map(Into::into))
                 }
 
-                async fn delete_dataset(&self, id: Uuid) -> StoreResult<Option<Dataset>> {
+                async fn delete_dataset(&self, id: DatasetId) -> StoreResult<Option<Dataset>> {
                     let sql = format!("DELETE FROM datasets WHERE id = $1 RETURNING {DATASET_COLUMNS}");
-                    let row: Option<DatasetRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let row: Option<DatasetRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     Ok(row.map(Into::into))
                 }
 
@@ -245,7 +244,7 @@ macro_rules! impl_artifact_store {
                          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {MODEL_COLUMNS}"
                     );
                     let row: ModelRow = sqlx::query_as(&sql)
-                        .bind(m.id)
+                        .bind(m.id.0)
                         .bind(m.team_id.0)
                         .bind(&m.name)
                         .bind(&m.path)
@@ -259,9 +258,9 @@ macro_rules! impl_artifact_store {
                     Ok(row.into())
                 }
 
-                async fn get_model(&self, id: Uuid) -> StoreResult<Option<Model>> {
+                async fn get_model(&self, id: ModelId) -> StoreResult<Option<Model>> {
                     let sql = format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1");
-                    let row: Option<ModelRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let row: Option<ModelRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     Ok(row.map(Into::into))
                 }
 
@@ -271,9 +270,9 @@ macro_rules! impl_artifact_store {
                     Ok(rows.into_iter().map(Into::into).collect())
                 }
 
-                async fn delete_model(&self, id: Uuid) -> StoreResult<Option<Model>> {
+                async fn delete_model(&self, id: ModelId) -> StoreResult<Option<Model>> {
                     let sql = format!("DELETE FROM models WHERE id = $1 RETURNING {MODEL_COLUMNS}");
-                    let row: Option<ModelRow> = sqlx::query_as(&sql).bind(id).fetch_optional(self.pool()).await?;
+                    let row: Option<ModelRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
                     Ok(row.map(Into::into))
                 }
             }

@@ -20,9 +20,14 @@ pub struct Job {
     pub team_id: TeamId,
     pub created_by: Option<TokenId>,
     pub name: Option<String>,
-    pub spec: Value,
-    /// `ringtrain_core::Effective` as JSON; None while the dataset's size is unknown (`idx:` datasets).
-    pub effective: Option<Value>,
+    /// The spec, typed: the one way the server reads a job's fields (never by JSON key, where a renamed
+    /// field would silently become a default). Parsed once, when the row is read; it was validated at
+    /// submission, so a stored spec that no longer parses is a row this version cannot read (Corrupt).
+    pub spec: JobSpec,
+    /// The spec as the team submitted it, shown back as written.
+    pub spec_json: Value,
+    /// The hyperparameters the job runs with; None while the dataset's size is unknown (`idx:` datasets).
+    pub effective: Option<Effective>,
     pub dataset_size: Option<i64>,
     pub state: JobState,
     pub priority: i32,
@@ -49,25 +54,6 @@ pub struct Job {
 }
 
 impl Job {
-    /// The spec, typed: the one way the server reads a job's fields (never by JSON key, where a renamed
-    /// field would silently become a default). It was validated at submission, so a spec that no longer
-    /// parses is a row this version cannot read: corrupt, said with the job's id.
-    pub fn parsed_spec(&self) -> crate::StoreResult<JobSpec> {
-        serde_json::from_value(self.spec.clone())
-            .map_err(|e| crate::StoreError::Corrupt(format!("job {}: its stored spec does not parse: {e}", self.id)))
-    }
-
-    /// The effective hyperparameters, typed; None while the dataset's size is unknown (`idx:` datasets).
-    pub fn parsed_effective(&self) -> crate::StoreResult<Option<Effective>> {
-        let Some(effective) = &self.effective else { return Ok(None) };
-        serde_json::from_value(effective.clone()).map(Some).map_err(|e| {
-            crate::StoreError::Corrupt(format!(
-                "job {}: its stored effective hyperparameters do not parse: {e}",
-                self.id
-            ))
-        })
-    }
-
     /// The attempt as users count it: 1 for the first run, one more per failure-restart. A preempted run that
     /// resumes elsewhere continues the same attempt.
     pub fn user_attempt(&self) -> i32 {
@@ -109,8 +95,9 @@ pub struct NewJob {
     pub team_id: TeamId,
     pub created_by: Option<TokenId>,
     pub name: Option<String>,
-    pub spec: Value,
-    pub effective: Option<Value>,
+    /// The spec as submitted (already parsed and checked by the caller).
+    pub spec_json: Value,
+    pub effective: Option<Effective>,
     pub dataset_size: Option<i64>,
     pub priority: i32,
     pub device: DeviceKind,
@@ -245,7 +232,7 @@ macro_rules! impl_job_store {
                         .bind(job.team_id.0)
                         .bind(job.created_by.map(|t| t.0))
                         .bind(&job.name)
-                        .bind(Json(&job.spec))
+                        .bind(Json(&job.spec_json))
                         .bind(job.effective.as_ref().map(Json))
                         .bind(job.dataset_size)
                         .bind(job.priority)

@@ -14,6 +14,10 @@
 //!
 //! Delivered and running assignments are never ended here: they keep their devices until their agent, told
 //! by its next poll to stop them, reports them ended.
+//!
+//! Over 450 lines because every state change is here, as the table says, each with its SQL for both
+//! databases: one place to audit the life cycle. The decisions inside them (requeue or fail, the reason
+//! texts) are plain functions before the SQL, with their tests at the end.
 
 use std::time::Duration;
 
@@ -478,13 +482,15 @@ mod tests {
     /// A running job at placement `attempt`, of which `preemptions` ended in a preemption.
     fn running(attempt: i32, preemptions: i32, max_restarts: i32) -> Job {
         let at = now();
+        let spec = json!({"model": {"name": "mlp"}, "dataset": "synthetic"});
         Job {
             id: JobId(Uuid::new_v4()),
             seq: 1,
             team_id: TeamId(Uuid::new_v4()),
             created_by: None,
             name: None,
-            spec: json!({}),
+            spec: ringtrain_core::JobSpec::parse(&spec.to_string()).expect("a valid spec"),
+            spec_json: spec,
             effective: None,
             dataset_size: None,
             state: JobState::Running,

@@ -1,8 +1,15 @@
 //! Raw rows as both databases return them, and their conversion into the record types. The row structs hold
 //! only types that decode the same way on Postgres and SQLite (states are TEXT, JSON is `Json<Value>`).
+//!
+//! One file for every aggregate's rows (not one beside each aggregate): they share the decode rules above
+//! and `parse`, and each is a plain struct with its column list and conversion, read top to bottom.
 
 use chrono::{DateTime, Utc};
-use ringtrain_core::{AssignmentId, DeviceId, JobId, NodeId, StudyId, TeamId, TokenId};
+use ringtrain_core::{
+    AssignmentId, CheckpointId, DatasetId, DeviceId, Effective, JobId, JobSpec, ModelId, NodeId, StudyId, TeamId,
+    TokenId,
+};
+use serde::Deserialize;
 use serde_json::Value;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -58,14 +65,25 @@ impl TryFrom<JobRow> for Job {
     type Error = StoreError;
 
     fn try_from(row: JobRow) -> Result<Self, Self::Error> {
+        let id = row.id;
+        let corrupt = move |what: &str, e: serde_json::Error| StoreError::Corrupt(format!("job {id}: {what}: {e}"));
+        let spec = JobSpec::deserialize(&row.spec.0).map_err(|e| corrupt("its stored spec does not parse", e))?;
+        let effective = match &row.effective {
+            Some(json) => Some(
+                Effective::deserialize(&json.0)
+                    .map_err(|e| corrupt("its stored effective hyperparameters do not parse", e))?,
+            ),
+            None => None,
+        };
         Ok(Job {
             id: JobId(row.id),
             seq: row.seq,
             team_id: TeamId(row.team_id),
             created_by: row.created_by.map(TokenId),
             name: row.name,
-            spec: row.spec.0,
-            effective: row.effective.map(|j| j.0),
+            spec,
+            spec_json: row.spec.0,
+            effective,
             dataset_size: row.dataset_size,
             state: parse(&row.state)?,
             priority: row.priority,
@@ -362,7 +380,7 @@ pub(crate) struct CheckpointRow {
 impl From<CheckpointRow> for Checkpoint {
     fn from(row: CheckpointRow) -> Self {
         Checkpoint {
-            id: row.id,
+            id: CheckpointId(row.id),
             job_id: JobId(row.job_id),
             attempt: row.attempt,
             epoch: row.epoch,
@@ -401,7 +419,7 @@ pub(crate) struct DatasetRow {
 impl From<DatasetRow> for Dataset {
     fn from(row: DatasetRow) -> Self {
         Dataset {
-            id: row.id,
+            id: DatasetId(row.id),
             team_id: TeamId(row.team_id),
             name: row.name,
             path: row.path,
@@ -435,7 +453,7 @@ pub(crate) struct ModelRow {
 impl From<ModelRow> for Model {
     fn from(row: ModelRow) -> Self {
         Model {
-            id: row.id,
+            id: ModelId(row.id),
             team_id: TeamId(row.team_id),
             name: row.name,
             path: row.path,

@@ -1,6 +1,8 @@
 //! The store on both databases: guarded transitions, concurrent starts, the named life-cycle operations,
 //! leases, metrics de-duplication.
 //! Postgres tests use `#[sqlx::test]` (a fresh database each; they fail when Postgres is unreachable).
+//!
+//! Over 450 lines: each test runs on both databases, so the two cannot drift apart.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,7 +31,7 @@ fn new_job(team: &Team, name: &str, priority: i32) -> NewJob {
         team_id: team.id,
         created_by: None,
         name: Some(name.into()),
-        spec: json!({"name": name}),
+        spec_json: json!({"name": name, "model": {"name": "mlp"}, "dataset": "synthetic"}),
         effective: None,
         dataset_size: None,
         priority,

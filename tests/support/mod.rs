@@ -1,6 +1,8 @@
 //! A real cluster for end-to-end tests: `ringtrain serve` (on a fresh Postgres database) or `ringtrain up`
 //! (SQLite), and `ringtrain agent` processes, as child processes on free ports; a small HTTP client; and
 //! ways to find and kill rank processes.
+//!
+//! Over 450 lines because every end-to-end test file shares it: one cluster harness, not one per file.
 
 #![allow(dead_code)]
 

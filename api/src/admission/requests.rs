@@ -32,6 +32,9 @@
 //!   requests with one token (valid or not) costs a hash each;
 //! - **event streams per token**: at most `max_streams_per_token` open at once, each ending after
 //!   `max_stream_lifetime` (the client reconnects with `Last-Event-ID` and misses nothing).
+//!
+//! Over 450 lines because every limit is decided here, from the request alone, with its reason beside it:
+//! one place to read what a caller may do at once.
 
 use std::collections::HashMap;
 use std::hash::Hash;

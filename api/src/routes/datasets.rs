@@ -8,12 +8,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use ringtrain_core::{DatasetRef, FieldError};
+use ringtrain_core::{DatasetId, DatasetRef, FieldError};
 use ringtrain_store::{Dataset, DatasetInput, NewDataset};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
@@ -26,8 +25,12 @@ use crate::uploads::{self, UploadKind};
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UploadParams {
-    /// A label for the dataset (1 to 200 characters, not only spaces).
-    #[param(min_length = 1, max_length = 200, pattern = "\\S")]
+    /// A label for the dataset: 1 to 200 characters, not only spaces, no control characters.
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub name: String,
 }
 
@@ -190,7 +193,7 @@ pub async fn upload_dataset(
     let (id, written) = (received.id, received.written.clone());
     let final_path = received.keep().await?;
     let stored = state.store.add_dataset(NewDataset {
-        id,
+        id: DatasetId(id),
         team_id: user.team_id,
         name: params.name,
         path: final_path.to_string_lossy().into_owned(),
@@ -244,7 +247,7 @@ pub async fn list_datasets(State(state): State<AppState>, user: User) -> ApiResu
 pub async fn delete_dataset(
     State(state): State<AppState>,
     user: User,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<DatasetId>,
 ) -> ApiResult<StatusCode> {
     user.require_write()?;
     let not_found = || ApiError::not_found(format!("no dataset {id}"));

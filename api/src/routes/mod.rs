@@ -12,7 +12,6 @@ pub mod schedules;
 pub mod studies;
 pub mod teams;
 pub mod tokens;
-pub mod transfers;
 pub mod usage;
 
 use axum::extract::DefaultBodyLimit;
@@ -130,7 +129,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(datasets::delete_dataset))
         .routes(routes!(models::upload_model, models::list_models))
         .routes(routes!(models::get_model, models::delete_model))
-        .routes(routes!(transfers::upload_checkpoint))
+        .routes(routes!(agent::files::upload_checkpoint))
         .layer(axum::middleware::from_fn(crate::unread_body::drain_after_refusal))
         .layer(DefaultBodyLimit::disable());
     // A result carries every epoch's record: a long job's is megabytes, and refusing it would re-run a
@@ -144,11 +143,13 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::get_job))
         .routes(routes!(jobs::cancel_job))
         .routes(routes!(jobs::logs::job_logs))
-        .routes(routes!(jobs::progress::job_events))
-        .routes(routes!(jobs::progress::job_metrics))
-        .routes(routes!(jobs::progress::job_schedule))
-        .routes(routes!(jobs::progress::job_checkpoints))
-        .routes(routes!(jobs::progress::delete_job_artifacts))
+        .routes(routes!(jobs::events::job_events))
+        .routes(routes!(jobs::metrics::job_metrics))
+        .routes(routes!(jobs::metrics::job_schedule))
+        .routes(routes!(jobs::artifacts::job_checkpoints))
+        .routes(routes!(jobs::artifacts::delete_job_artifacts))
+        .routes(routes!(jobs::artifacts::download_checkpoint))
+        .routes(routes!(jobs::artifacts::download_weights))
         .routes(routes!(schedules::preview_schedule))
         .routes(routes!(studies::create_study, studies::list_studies))
         .routes(routes!(studies::get_study))
@@ -168,11 +169,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(agent::assignments::poll_assignments))
         .routes(routes!(agent::assignments::update_assignment))
         .routes(routes!(agent::assignments::report_endpoint))
-        .routes(routes!(transfers::agent_download_checkpoint))
-        .routes(routes!(transfers::download_checkpoint))
-        .routes(routes!(transfers::agent_download_dataset))
-        .routes(routes!(transfers::agent_download_model))
-        .routes(routes!(transfers::download_weights))
+        .routes(routes!(agent::files::agent_download_checkpoint))
+        .routes(routes!(agent::files::agent_download_dataset))
+        .routes(routes!(agent::files::agent_download_model))
         .routes(routes!(agent::reports::job_running))
         .routes(routes!(agent::reports::report_metrics))
         .routes(routes!(health::healthz))

@@ -10,12 +10,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use ringtrain_core::FieldError;
+use ringtrain_core::{DatasetId, FieldError, ModelId};
 use ringtrain_protocol::model::{ModelRefusal, ModelReport, EXIT_REFUSED};
 use ringtrain_store::{Dataset, Model, NewModel};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
@@ -29,11 +28,15 @@ use crate::uploads::{self, UploadKind};
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ModelUploadParams {
-    /// A label for the model (1 to 200 characters, not only spaces).
-    #[param(min_length = 1, max_length = 200, pattern = "\\S")]
+    /// A label for the model: 1 to 200 characters, not only spaces, no control characters.
+    #[param(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     pub name: String,
     /// An uploaded data set of the team: the check runs the model on two of its samples.
-    pub dataset: Uuid,
+    pub dataset: DatasetId,
     /// forward's inputs in order, comma-separated: the data set's tensors x.NAME. Default: the data set's
     /// one input (its `x`, or its only `x.NAME`).
     #[param(max_length = 2000)]
@@ -82,7 +85,7 @@ pub async fn upload_model(
     let (id, written) = (received.id, received.written.clone());
     let final_path = received.keep().await?;
     let stored = state.store.add_model(NewModel {
-        id,
+        id: ModelId(id),
         team_id: user.team_id,
         name: params.name,
         path: final_path.to_string_lossy().into_owned(),
@@ -185,13 +188,13 @@ pub async fn list_models(State(state): State<AppState>, user: User) -> ApiResult
 pub async fn get_model(
     State(state): State<AppState>,
     user: User,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<ModelId>,
 ) -> ApiResult<Json<Model>> {
     Ok(Json(team_model(&state, &user, id).await?))
 }
 
 /// The team's model `id`; another team's is 404, as a missing one.
-pub async fn team_model(state: &AppState, user: &User, id: Uuid) -> ApiResult<Model> {
+pub async fn team_model(state: &AppState, user: &User, id: ModelId) -> ApiResult<Model> {
     state
         .store
         .get_model(id)
@@ -211,7 +214,7 @@ pub async fn team_model(state: &AppState, user: &User, id: Uuid) -> ApiResult<Mo
 pub async fn delete_model(
     State(state): State<AppState>,
     user: User,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<ModelId>,
 ) -> ApiResult<StatusCode> {
     user.require_write()?;
     let model = team_model(&state, &user, id).await?;

@@ -12,7 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiQuery, JsonBytes};
-use crate::routes::jobs::progress::MAX_PER_ITERATION;
+use crate::routes::jobs::metrics::MAX_PER_ITERATION;
 use crate::state::AppState;
 use crate::submission::checks;
 

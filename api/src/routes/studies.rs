@@ -15,7 +15,6 @@ use ringtrain_store::{Job, MetricsQuery, Study};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
@@ -187,8 +186,8 @@ async fn dry_run(state: &AppState, user: &User, study: &PlannedStudy) -> ApiResu
 }
 
 /// The caller's team's study, or 404.
-async fn team_study(state: &AppState, user: &User, id: Uuid) -> ApiResult<Study> {
-    match state.store.get_study(StudyId(id)).await? {
+async fn team_study(state: &AppState, user: &User, id: StudyId) -> ApiResult<Study> {
+    match state.store.get_study(id).await? {
         Some(study) if user.owns(study.team_id) => Ok(study),
         _ => Err(ApiError::not_found(format!("no study {id}"))),
     }
@@ -202,7 +201,7 @@ async fn team_study(state: &AppState, user: &User, id: Uuid) -> ApiResult<Study>
 pub async fn get_study(
     State(state): State<AppState>,
     user: User,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<StudyId>,
 ) -> ApiResult<Json<StudyView>> {
     let study = team_study(&state, &user, id).await?;
     let jobs = state.store.study_jobs(study.id).await?;
@@ -213,7 +212,11 @@ pub async fn get_study(
 #[utoipa::path(get, path = "/v1/studies/{id}/plot.svg", tag = "studies", params(("id" = Uuid, Path)),
     responses((status = 200, content_type = "image/svg+xml", body = String), (status = 404)),
     security(("bearer" = [])))]
-pub async fn study_plot(State(state): State<AppState>, user: User, ApiPath(id): ApiPath<Uuid>) -> ApiResult<Response> {
+pub async fn study_plot(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<StudyId>,
+) -> ApiResult<Response> {
     let study = team_study(&state, &user, id).await?;
     let jobs = state.store.study_jobs(study.id).await?;
     let view = view(&state, &study, jobs).await?;
@@ -292,7 +295,7 @@ pub async fn list_studies(
 pub async fn cancel_study(
     State(state): State<AppState>,
     user: User,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<StudyId>,
 ) -> ApiResult<Json<StudyView>> {
     let study = team_study(&state, &user, id).await?;
     user.require_write()?;
@@ -365,8 +368,7 @@ async fn point_view(
     let epochs = state.store.query_metrics(job.id, &MetricsQuery::epoch_curve()).await?;
     let field = |name: &str| -> Vec<f64> { epochs.iter().filter_map(|p| p.fields.get(name)?.as_f64()).collect() };
     let (train_error, test_error) = (field("train_error"), field("test_error"));
-    let effective = job.parsed_effective()?;
-    let effective = effective.as_ref();
+    let effective = job.effective.as_ref();
     // the kinds as the API spells them (their serde names)
     let text = |kind: Option<Value>| kind.as_ref().and_then(Value::as_str).map(str::to_string);
     let result = job.result.as_ref();
@@ -387,7 +389,7 @@ async fn point_view(
         job_id: job.id,
         state: job.state,
         is_reference,
-        workers: job.parsed_spec()?.workers,
+        workers: job.spec.workers,
         devices: job.devices,
         global_batch: effective.map_or(0, |e| e.global_batch),
         scaled_lr: effective.map(|e| e.scaled_lr),

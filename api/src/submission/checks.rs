@@ -2,7 +2,7 @@
 //! shared by job submission, studies and the schedule preview.
 
 use ringtrain_core::memory::{self, human_bytes, SampleShape};
-use ringtrain_core::{DatasetRef, Effective, FieldError, JobId, JobSpec};
+use ringtrain_core::{DatasetRef, Effective, FieldError, JobId, JobSpec, ModelId};
 use ringtrain_protocol::model::{ModelMemory, ModelReport};
 use ringtrain_store::{NewJob, StudyPoint};
 use serde_json::Value;
@@ -49,8 +49,6 @@ pub async fn dataset_size(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
     }
 }
 
-/// Every validation problem of the spec for this dataset size, and the effective hyperparameters when the
-/// size is known.
 /// The job a submission stores for `spec` (as `spec_json`, its text as given), once checked against the
 /// team's datasets and the pool's memory: every check a single job and a study's point share.
 pub async fn checked_job(
@@ -64,13 +62,12 @@ pub async fn checked_job(
     let effective = effective(spec, dataset_size)?;
     check_model_and_data(state, user, spec).await?;
     check_memory(state, user, spec).await?;
-    let effective = effective.map(|e| serde_json::to_value(e).map_err(ApiError::internal)).transpose()?;
     Ok(NewJob {
         id: JobId::new(),
         team_id: user.team_id,
         created_by: Some(user.token.id),
         name: spec.name.clone(),
-        spec: spec_json,
+        spec_json,
         effective,
         dataset_size: dataset_size.map(|n| n as i64),
         priority: spec.priority,
@@ -207,7 +204,7 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
 
 /// What the check of the team's uploaded model `id` measured of its training steps; None when it is not
 /// the team's (refused elsewhere) or was checked before the check measured.
-async fn measured_step(state: &AppState, user: &User, id: uuid::Uuid) -> ApiResult<Option<ModelMemory>> {
+async fn measured_step(state: &AppState, user: &User, id: ModelId) -> ApiResult<Option<ModelMemory>> {
     let Some(model) = state.store.get_model(id).await?.filter(|m| user.owns(m.team_id)) else { return Ok(None) };
     Ok(serde_json::from_value::<ModelReport>(model.report).ok().and_then(|report| report.memory))
 }

@@ -45,15 +45,13 @@ fn parse_request(body: &[u8]) -> ApiResult<StudyRequest> {
 }
 
 fn check_name(name: &str) -> ApiResult<()> {
-    let max = ringtrain_core::validate::limits::MAX_NAME_CHARS;
-    let bad = |reason: String| ApiError::validation(vec![FieldError::new("name", reason)]);
-    if name.trim().is_empty() || name.chars().any(char::is_control) {
-        return Err(bad("must be non-blank text without control characters".into()));
+    let problems = ringtrain_core::validate::name_problems(name);
+    match problems.is_empty() {
+        true => Ok(()),
+        false => {
+            Err(ApiError::validation(problems.into_iter().map(|reason| FieldError::new("name", reason)).collect()))
+        }
     }
-    if name.chars().count() > max {
-        return Err(bad(format!("must be at most {max} characters")));
-    }
-    Ok(())
 }
 
 /// Points that leave `devices` unset and ask for more workers than the pool has devices of their kind get

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::policy::model::{ClusterView, JobId, QueuedJob, RunningJob};
 use crate::policy::plan::plan;
+use crate::policy::types::{ClusterView, JobId, QueuedJob, RunningJob};
 use crate::policy::verdict::Verdict;
 use crate::policy::waiting::WaitReason;
 

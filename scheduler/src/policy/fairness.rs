@@ -8,7 +8,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::policy::model::{DeviceKind, PerKind, QueuedJob, RunningJob, Team, TeamId};
+use crate::policy::types::{DeviceKind, PerKind, QueuedJob, RunningJob, Team, TeamId};
 
 pub(crate) fn kind_index(kind: DeviceKind) -> usize {
     match kind {

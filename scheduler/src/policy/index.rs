@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use crate::policy::fairness::kind_index;
-use crate::policy::model::{ClusterView, DeviceKind, DeviceSlot, NodeId, RunningJob};
 use crate::policy::placement::{Pool, Slot};
+use crate::policy::types::{ClusterView, DeviceKind, DeviceSlot, NodeId, RunningJob};
 
 #[derive(Debug, Clone)]
 pub(crate) struct KindIndex {

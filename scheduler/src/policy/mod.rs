@@ -14,18 +14,18 @@
 mod estimate;
 mod fairness;
 mod index;
-pub mod model;
 mod placement;
 mod plan;
 mod preemption;
 mod reservation;
+pub mod types;
 mod verdict;
 mod waiting;
 
 pub use estimate::{estimate_start, Estimate, Timeline};
-pub use model::{
+pub use plan::plan;
+pub use types::{
     ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason, QueuedJob,
     Reservation, ReservationKind, RunningJob, Start, Team, TeamId, Victim, WaitReason, Waiting,
 };
-pub use plan::plan;
 pub use verdict::{dry_run, DryRun, Verdict};

@@ -16,13 +16,13 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use crate::policy::fairness::{job_order, kind_index, ShareKey, TeamBook};
 use crate::policy::index::ClusterIndex;
-use crate::policy::model::{
-    ClusterView, DeviceKind, JobId, NodeId, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind,
-    Start,
-};
 use crate::policy::placement::Slot;
 use crate::policy::preemption::Victims;
 use crate::policy::reservation::reserve_head_of_line;
+use crate::policy::types::{
+    ClusterView, DeviceKind, JobId, NodeId, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind,
+    Start,
+};
 use crate::policy::waiting::{Victim, WaitReason, Waiting};
 
 /// Decides which queued jobs start where, which running jobs are preempted, and which devices are reserved.
@@ -404,11 +404,11 @@ impl<'v, 'i> KindPass<'v, 'i> {
 }
 
 /// The distinct nodes of some devices, sorted.
-fn nodes_of(slots: &[crate::policy::model::DeviceSlot]) -> Vec<NodeId> {
+fn nodes_of(slots: &[crate::policy::types::DeviceSlot]) -> Vec<NodeId> {
     nodes_of_all(&[], slots)
 }
 
-fn nodes_of_all(known: &[NodeId], slots: &[crate::policy::model::DeviceSlot]) -> Vec<NodeId> {
+fn nodes_of_all(known: &[NodeId], slots: &[crate::policy::types::DeviceSlot]) -> Vec<NodeId> {
     let mut nodes: Vec<NodeId> = known.iter().copied().chain(slots.iter().map(|s| s.node)).collect();
     nodes.sort_unstable();
     nodes.dedup();

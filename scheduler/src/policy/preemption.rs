@@ -16,7 +16,7 @@ use std::cmp::Reverse;
 
 use crate::policy::fairness::{kind_index, TeamBook};
 use crate::policy::index::ClusterIndex;
-use crate::policy::model::{DeviceKind, JobId, RunningJob};
+use crate::policy::types::{DeviceKind, JobId, RunningJob};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate {

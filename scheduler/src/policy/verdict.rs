@@ -4,8 +4,8 @@
 
 use serde::Serialize;
 
-use crate::policy::model::{ClusterView, DeviceSlot, JobId, NodeId, Plan, QueuedJob, ReservationKind};
 use crate::policy::plan::plan;
+use crate::policy::types::{ClusterView, DeviceSlot, JobId, NodeId, Plan, QueuedJob, ReservationKind};
 use crate::policy::waiting::WaitReason;
 
 /// The policy's decision for one queued job.

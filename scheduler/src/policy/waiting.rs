@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::policy::model::{DeviceKind, JobId, NodeId, TeamId};
+use crate::policy::types::{DeviceKind, JobId, NodeId, TeamId};
 
 /// A job the pass did not start, where it stands, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -6,13 +6,15 @@
 //! - `train`: samples/s and time per step by phase, for k ranks next to one rank without communication
 //!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh).
 //! - `scheduler`, `api`: the placement policy's pass time and the REST API under load.
-//! - `submit` (in `latency`): submit -> first iteration through the platform, next to the ranks alone.
+//! - `submit`: submit -> first iteration through the platform, next to the ranks alone.
 //! - `soak`: the platform under injected faults (kill -9 of ranks, agents and the server; the database
 //!   taken away), checked for lost or doubled work, with its restarts, lost iterations and API latency.
 
 mod allreduce;
+mod scheduler_pass;
 mod services;
 mod soak;
+mod submit;
 mod train;
 
 use std::net::TcpListener;
@@ -37,7 +39,7 @@ pub enum Bench {
     Scheduler(SchedulerArgs),
     /// Submit -> first iteration reported, through a running server and its agents (e.g. `ringtrain up`), next
     /// to the same spec's k rank processes started directly.
-    Submit(super::latency::SubmitArgs),
+    Submit(submit::SubmitArgs),
     /// REST API load: job submissions per second with p50/p99 latency, and `GET /v1/jobs` page latency with a
     /// large run history, against a running `ringtrain serve` (use Postgres for the figures that matter).
     Api(ApiArgs),
@@ -52,7 +54,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Train(args) => train::run(&args),
         Bench::Scheduler(args) => services::scheduler(&args),
         Bench::Api(args) => services::api(&args),
-        Bench::Submit(args) => super::latency::run(&args),
+        Bench::Submit(args) => submit::run(&args),
         Bench::Soak(args) => soak::run(&args),
     };
     match outcome {

@@ -80,7 +80,8 @@ pub fn used_operators(module: &ScriptModule) -> anyhow::Result<Vec<(String, Stri
     let status = unsafe {
         ringtrain_script_operators(module.raw_ptr(), &mut out as *mut _ as *mut c_void, collect_pair, &mut error)
     };
-    super::scripted::check(status, error, "cannot list the model's operators")?;
+    // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
+    unsafe { super::scripted::check(status, error, "cannot list the model's operators") }?;
     Ok(out)
 }
 

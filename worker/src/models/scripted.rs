@@ -92,10 +92,12 @@ impl Drop for ScriptModule {
 
 /// Turns the C side's error message into an error, freeing it.
 ///
+/// # Safety
+///
 /// `error` must be the `char*` a `ringtrain_script_*` call's `error` out-parameter was left holding: the
 /// caller sets it to null before the call, and the C side stores there only a malloc'd message (or null,
 /// should malloc fail; its `guarded`). It is freed here, so the caller must not use it again.
-pub(crate) fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()> {
+pub(crate) unsafe fn check(status: c_int, error: *mut c_char, what: &str) -> Result<()> {
     if status == 0 && error.is_null() {
         return Ok(());
     }
@@ -143,7 +145,8 @@ impl ScriptModule {
         // c10::Device of it, and whatever libtorch throws for a bad one is caught there). It returns a new
         // module or null, checked next.
         let raw = unsafe { ringtrain_script_load(c_path.as_ptr(), index, &mut error) };
-        check(if raw.is_null() { -1 } else { 0 }, error, "not a loadable TorchScript file")?;
+        // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
+        unsafe { check(if raw.is_null() { -1 } else { 0 }, error, "not a loadable TorchScript file") }?;
         Ok(ScriptModule { raw, training: None })
     }
 
@@ -189,7 +192,8 @@ impl ScriptModule {
         // the C side throw midway, the tensors already pushed stay owned by `out` and are freed with it.
         let status =
             unsafe { ringtrain_script_tensors(self.raw, &mut out as *mut _ as *mut c_void, collect, &mut error) };
-        check(status, error, "cannot list the model's tensors")?;
+        // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
+        unsafe { check(status, error, "cannot list the model's tensors") }?;
         Ok(out)
     }
 
@@ -204,7 +208,8 @@ impl ScriptModule {
         // IValue holding a new reference to the same TensorImpl), never writes through the `*mut` nor keeps or
         // frees them. `output` and `error` are null locals the C side may set.
         let status = unsafe { ringtrain_script_forward(self.raw, pointers.as_ptr(), count, &mut output, &mut error) };
-        check(status, error, "the model's forward failed")?;
+        // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
+        unsafe { check(status, error, "the model's forward failed") }?;
         // SAFETY: `check` passed, so the C side's body ran to its end, whose last statement stored a fresh
         // `new torch::Tensor` in `output` (not null: `new` throws instead, and a throw would have failed the
         // status). Nothing else owns it, so the `Tensor` takes it over and frees it.
@@ -219,7 +224,8 @@ impl ScriptModule {
         let mut error = std::ptr::null_mut();
         // SAFETY: `self.raw` is the live module, borrowed mutably for the call; `error` is as in `load`.
         let status = unsafe { ringtrain_script_set_train(self.raw, c_int::from(on), &mut error) };
-        check(status, error, "cannot switch the model's mode")?;
+        // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
+        unsafe { check(status, error, "cannot switch the model's mode") }?;
         self.training = Some(on);
         Ok(())
     }
@@ -231,7 +237,8 @@ impl ScriptModule {
         // SAFETY: `self.raw` is the live module; `c_path` is NUL-terminated and outlives the call (the C side
         // copies it into a std::string); `error` is as in `load`.
         let status = unsafe { ringtrain_script_save(self.raw, c_path.as_ptr(), &mut error) };
-        check(status, error, "cannot save the model")
+        // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
+        unsafe { check(status, error, "cannot save the model") }
     }
 }
 

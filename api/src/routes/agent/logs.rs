@@ -3,9 +3,8 @@
 
 use axum::extract::State;
 use axum::Json;
-use ringtrain_core::FieldError;
+use ringtrain_core::{FieldError, JobId};
 use ringtrain_protocol::{LogAck, LogBatch, MAX_LOG_LINE_BYTES};
-use uuid::Uuid;
 
 use crate::access::assigned_job;
 use crate::auth::Agent;
@@ -25,7 +24,7 @@ const MAX_BATCH_LINES: usize = 2_000;
 pub async fn report_logs(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
     JsonBody(body): JsonBody<LogBatch>,
 ) -> ApiResult<Json<LogAck>> {
     let job = assigned_job(&state, &agent, id, body.attempt).await?;

@@ -1,6 +1,6 @@
 //! What an agent relays from the ranks of one placement: that they started, their metrics, and the result.
 //! Each is accepted only from an agent holding a rank of that attempt, and a success only from rank 0's.
-//! (Checkpoints are uploaded as files, `PUT .../checkpoints/{name}` in `transfers`; there is no route that
+//! (Checkpoints are uploaded as files, `PUT .../checkpoints/{name}` in [`super::files`]; there is no route that
 //! records a path an agent names, which would let it make the server serve any file.)
 
 use std::time::Duration;
@@ -12,7 +12,6 @@ use ringtrain_core::{AssignmentState, FieldError, JobId, JobState};
 use ringtrain_protocol::{AttemptBody, MetricsAck, MetricsBatch, Outcome, ResultAck, ResultReport};
 use ringtrain_store::{Assignment, MetricPoint, Transition};
 use serde_json::{Map, Value};
-use uuid::Uuid;
 
 use crate::access::{assigned_job, rank_zero_job};
 use crate::auth::Agent;
@@ -30,7 +29,7 @@ use crate::state::AppState;
 pub async fn job_running(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
     JsonBody(body): JsonBody<AttemptBody>,
 ) -> ApiResult<StatusCode> {
     let job = assigned_job(&state, &agent, id, body.attempt).await?;
@@ -120,14 +119,14 @@ pub fn parse_report(
 pub async fn report_metrics(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
     JsonBody(body): JsonBody<MetricsBatch>,
 ) -> ApiResult<Json<MetricsAck>> {
     if body.reports.len() > MAX_REPORTS {
         return Err(ApiError::validation(vec![FieldError::new("reports", format!("at most {MAX_REPORTS} per batch"))]));
     }
     let job = assigned_job(&state, &agent, id, body.attempt).await?;
-    let total_iterations = job.parsed_effective()?.map(|e| e.total_iterations);
+    let total_iterations = job.effective.as_ref().map(|e| e.total_iterations);
     let mut points = Vec::with_capacity(body.reports.len());
     let mut errors = Vec::new();
     for (i, report) in body.reports.into_iter().enumerate() {
@@ -197,7 +196,7 @@ async fn other_ranks_done(state: &AppState, job: JobId, attempt: i32) -> ApiResu
 pub async fn report_result(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
     JsonBody(body): JsonBody<ResultReport>,
 ) -> ApiResult<Json<ResultAck>> {
     if body.error.as_ref().is_some_and(|e| e.len() > 16_384) {

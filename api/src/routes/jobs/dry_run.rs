@@ -2,7 +2,7 @@
 //! The policy plans the loop's own view of the cluster with the job added (`ringtrain_scheduler::dry_run`),
 //! so the answer is what the next pass would decide for that view.
 
-use ringtrain_core::{JobId, JobSpec, TeamId};
+use ringtrain_core::{Effective, JobId, JobSpec, TeamId};
 use ringtrain_scheduler::{DeviceSlot, QueuedJob, Verdict, WaitReason};
 use serde::Serialize;
 use serde_json::Value;
@@ -58,7 +58,7 @@ pub struct DryRunView {
     pub delays: Vec<JobId>,
     /// The effective hyperparameters, as the job's view would show them.
     #[schema(value_type = Option<Object>)]
-    pub effective: Option<Value>,
+    pub effective: Option<Effective>,
 }
 
 fn devices(slots: &[DeviceSlot]) -> Vec<PlannedDevice> {
@@ -66,7 +66,12 @@ fn devices(slots: &[DeviceSlot]) -> Vec<PlannedDevice> {
 }
 
 /// Answers a dry run of `spec` (already validated) for `user`'s team.
-pub async fn answer(state: &AppState, user: &User, spec: &JobSpec, effective: Option<Value>) -> ApiResult<DryRunView> {
+pub async fn answer(
+    state: &AppState,
+    user: &User,
+    spec: &JobSpec,
+    effective: Option<Effective>,
+) -> ApiResult<DryRunView> {
     let insight = state.queue_insight().await?;
     let job = QueuedJob {
         id: JobId::new(),

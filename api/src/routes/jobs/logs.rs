@@ -14,14 +14,13 @@ use ringtrain_core::JobId;
 use ringtrain_store::{LogQuery, RankLogLine};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use crate::access::team_job;
 use crate::admission::requests::StreamSlot;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
-use crate::routes::jobs::progress::wants_event_stream;
+use crate::routes::jobs::events::wants_event_stream;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -69,7 +68,7 @@ pub async fn job_logs(
     State(state): State<AppState>,
     user: User,
     headers: HeaderMap,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
     ApiQuery(params): ApiQuery<LogsQuery>,
 ) -> ApiResult<Response> {
     let job = team_job(&state, &user, id).await?;

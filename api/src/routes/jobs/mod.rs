@@ -1,9 +1,12 @@
-//! /v1/jobs: submit, run history, one job, cancel; what a job did (events, metrics, LR schedule,
-//! checkpoints) is in [`progress`]. Every route answers 404 for another team's job.
+//! /v1/jobs: submit, run history, one job, cancel. What a job did is beside it: its state changes in
+//! [`events`], its metrics and LR schedule in [`metrics`], its ranks' output in [`logs`], its checkpoints
+//! and weights in [`artifacts`]. Every route answers 404 for another team's job.
 
+pub mod artifacts;
 pub mod dry_run;
+pub mod events;
 pub mod logs;
-pub mod progress;
+pub mod metrics;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -11,13 +14,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{JobState, StudyId, TeamId};
+use ringtrain_core::{Effective, JobId, JobState, StudyId, TeamId};
 use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, RankLogLine, Submitted, Unplaceable};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use crate::access::team_job;
 use crate::auth::User;
@@ -31,7 +33,7 @@ use crate::submission::checks;
 /// A job as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct JobView {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: Option<String>,
     #[schema(value_type = String, example = "queued")]
     pub state: JobState,
@@ -59,7 +61,7 @@ pub struct JobView {
     /// The effective hyperparameters (scaled lr, warmup iterations, milestones...); null while the
     /// dataset's size is unknown.
     #[schema(value_type = Option<Object>)]
-    pub effective: Option<Value>,
+    pub effective: Option<Effective>,
     pub dataset_size: Option<i64>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -117,20 +119,19 @@ impl From<&Job> for JobView {
     fn from(job: &Job) -> Self {
         let base = format!("/v1/jobs/{}", job.id);
         JobView {
-            id: job.id.0,
+            id: job.id,
             name: job.name.clone(),
             state: job.state,
             team_id: job.team_id,
             priority: job.priority,
             device: job.device,
-            // a view, not a decision: a row this version cannot parse still shows (its spec is echoed below)
-            workers: job.parsed_spec().map_or(1, |spec| spec.workers as i32),
+            workers: job.spec.workers as i32,
             devices: job.devices,
             study: job.study.map(|s| StudyMembership { id: s.study_id, point: s.point }),
             attempt: job.user_attempt(),
             preemptions: job.preemptions,
             max_restarts: job.max_restarts,
-            spec: job.spec.clone(),
+            spec: job.spec_json.clone(),
             effective: job.effective.clone(),
             dataset_size: job.dataset_size,
             created_at: job.created_at,
@@ -400,7 +401,7 @@ pub async fn list_jobs(
 pub async fn get_job(
     State(state): State<AppState>,
     user: User,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Json<JobView>> {
     let job = team_job(&state, &user, id).await?;
     if job.state == JobState::Failed {
@@ -432,7 +433,7 @@ pub async fn get_job(
 pub async fn cancel_job(
     State(state): State<AppState>,
     user: User,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Json<JobView>> {
     let job = team_job(&state, &user, id).await?;
     user.require_write()?;

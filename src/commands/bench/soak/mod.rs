@@ -7,6 +7,10 @@
 //! undisturbed run's; and no node may ever have run more ranks than its slots, nor one placement's rank
 //! twice. It prints the figures (jobs, faults, restarts, lost iterations, API latency during the soak)
 //! and fails when anything above did not hold.
+//!
+//! Over 450 lines because this is the soak's whole course, in the order it runs (set up, reference runs,
+//! faults, the wait, the checks, the report); its parts live beside it: the processes in `cluster`, the
+//! faults in `faults`, what is watched while it runs in `watch`, the checks in `verdict`.
 
 mod cluster;
 mod faults;

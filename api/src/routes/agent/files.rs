@@ -1,26 +1,25 @@
-//! Files that move between agents, the server and users: checkpoint archives (uploaded by rank 0's agent,
-//! downloaded by whichever agent runs rank 0 of a resumed placement, and by users who want the weights) and
-//! uploaded datasets (downloaded by agents). Nothing is held in memory whole; the server's data directory is
-//! the one place they live, so a resumed job may land on any node.
+//! Files an agent moves: rank 0's checkpoint uploads, and the downloads a rank needs to start (a resumed
+//! placement's checkpoint, an uploaded dataset, an uploaded model). Nothing is held in memory whole; the
+//! server's data directory is the one place they live, so a resumed job may land on any node.
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
-use ringtrain_core::{FieldError, JobId};
-use ringtrain_protocol::rank::{checkpoint_files, CheckpointName};
+use ringtrain_core::{CheckpointId, DatasetId, FieldError, JobId};
+use ringtrain_protocol::rank::CheckpointName;
 use ringtrain_protocol::ArchiveParams;
 use ringtrain_store::{Checkpoint, NewCheckpoint};
 use uuid::Uuid;
 
-use crate::access::{agent_uses_dataset, assigned_job, rank_zero_job, team_job};
-use crate::auth::{Agent, User};
+use crate::access::{agent_uses_dataset, assigned_job, rank_zero_job};
+use crate::auth::Agent;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::files::{self, PartialFile};
 use crate::state::AppState;
-use crate::storage;
+use crate::storage::{self, checkpoint_file, find_checkpoint};
 
 /// An upload's `name` must be a trainer checkpoint folder's (`protocol::rank::CheckpointName`).
 fn check_name(name: &str) -> Result<(), FieldError> {
@@ -28,21 +27,6 @@ fn check_name(name: &str) -> Result<(), FieldError> {
         Some(_) => Ok(()),
         None => {
             Err(FieldError::new("name", format!("{name:?} is not a checkpoint name (epoch-NNNN[-iter-NNNNNNNNNN])")))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_name;
-
-    #[test]
-    fn checkpoint_names_are_the_trainers() {
-        for good in ["epoch-0007", "epoch-0001-iter-0000000021", "epoch-12345"] {
-            assert!(check_name(good).is_ok(), "{good}");
-        }
-        for bad in ["latest", "epoch-7", "epoch-0001-iter-21", "epoch-0001/../x", "epoch-0001-iter-", ""] {
-            assert!(check_name(bad).unwrap_err().reason.contains("not a checkpoint name"), "{bad}");
         }
     }
 }
@@ -61,7 +45,7 @@ mod tests {
 pub async fn upload_checkpoint(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath((id, name)): ApiPath<(Uuid, String)>,
+    ApiPath((id, name)): ApiPath<(JobId, String)>,
     ApiQuery(params): ApiQuery<ArchiveParams>,
     headers: HeaderMap,
     body: Body,
@@ -75,7 +59,7 @@ pub async fn upload_checkpoint(
         )));
     }
     // The newest checkpoint is every later placement's resume point: its iteration must be one the job has.
-    let total = job.parsed_effective()?.map_or(i64::MAX as u64, |e| e.total_iterations);
+    let total = job.effective.as_ref().map_or(i64::MAX as u64, |e| e.total_iterations);
     if params.iteration > total {
         return Err(ApiError::validation(vec![FieldError::new(
             "iteration",
@@ -121,15 +105,6 @@ pub async fn upload_checkpoint(
     Ok((StatusCode::CREATED, Json(checkpoint)))
 }
 
-/// The job's checkpoint `checkpoint`, or 404.
-async fn find_checkpoint(state: &AppState, job: JobId, checkpoint: Uuid) -> ApiResult<Checkpoint> {
-    let checkpoints = state.store.list_checkpoints(job).await?;
-    checkpoints
-        .into_iter()
-        .find(|c| c.id == checkpoint)
-        .ok_or_else(|| ApiError::not_found(format!("no checkpoint {checkpoint} of job {job}")))
-}
-
 /// Download a checkpoint archive: for the agent of rank 0 of the job's current placement.
 #[utoipa::path(get, path = "/v1/agent/jobs/{id}/checkpoints/{checkpoint}/archive", tag = "agent",
     params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path)),
@@ -139,33 +114,10 @@ async fn find_checkpoint(state: &AppState, job: JobId, checkpoint: Uuid) -> ApiR
 pub async fn agent_download_checkpoint(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath((id, checkpoint)): ApiPath<(Uuid, Uuid)>,
+    ApiPath((id, checkpoint)): ApiPath<(JobId, CheckpointId)>,
 ) -> ApiResult<Response> {
-    let job = state.store.get_job(JobId(id)).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    let job = state.store.get_job(id).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
     assigned_job(&state, &agent, id, job.attempt).await?;
-    let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
-    checkpoint_file(&state, &checkpoint).await
-}
-
-/// A checkpoint's archive, served only from the server's own folder of that job's checkpoints.
-async fn checkpoint_file(state: &AppState, checkpoint: &Checkpoint) -> ApiResult<Response> {
-    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
-    files::file_response(&files::under(&folder, std::path::Path::new(&checkpoint.path)).await?).await
-}
-
-/// Download a checkpoint archive of one of your team's jobs (a tar of model, optimizer and BatchNorm
-/// safetensors files and state.json).
-#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints/{checkpoint}/archive", tag = "jobs",
-    params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path)),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404)),
-    security(("bearer" = [])))]
-pub async fn download_checkpoint(
-    State(state): State<AppState>,
-    user: User,
-    ApiPath((id, checkpoint)): ApiPath<(Uuid, Uuid)>,
-) -> ApiResult<Response> {
-    let job = team_job(&state, &user, id).await?;
     let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
     checkpoint_file(&state, &checkpoint).await
 }
@@ -179,7 +131,7 @@ pub async fn download_checkpoint(
 pub async fn agent_download_dataset(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<DatasetId>,
 ) -> ApiResult<Response> {
     let not_found = || ApiError::not_found(format!("no dataset {id} for this agent's ranks"));
     if !agent_uses_dataset(&state, &agent, id).await? {
@@ -199,86 +151,28 @@ pub async fn agent_download_dataset(
 pub async fn agent_download_model(
     State(state): State<AppState>,
     agent: Agent,
-    ApiPath(id): ApiPath<Uuid>,
+    ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Response> {
-    let job = state.store.get_job(JobId(id)).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    let job = state.store.get_job(id).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
     let job = assigned_job(&state, &agent, id, job.attempt).await?;
     let not_found = || ApiError::not_found(format!("job {id} trains no uploaded model"));
-    let model_id = job.parsed_spec()?.model.uploaded.ok_or_else(not_found)?;
+    let model_id = job.spec.model.uploaded.ok_or_else(not_found)?;
     let model = state.store.get_model(model_id).await?.ok_or_else(not_found)?;
     let folder = state.config.data_dir.join("models");
     files::file_response(&files::under(&folder, std::path::Path::new(&model.path)).await?).await
 }
 
-/// A file of a checkpoint's weights to take away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-pub enum WeightsFile {
-    /// An uploaded model with the checkpoint's weights and rank 0's BatchNorm statistics, as TorchScript
-    /// (`torch.jit.load` reads it).
-    #[serde(rename = "model.pt")]
-    TorchScript,
-    /// The weights (and rank 0's BatchNorm statistics) as a safetensors state dict, named as PyTorch's
-    /// `state_dict()` names them for an uploaded model.
-    #[serde(rename = "model.safetensors")]
-    Safetensors,
-}
+#[cfg(test)]
+mod tests {
+    use super::check_name;
 
-impl WeightsFile {
-    fn name(self) -> &'static str {
-        match self {
-            WeightsFile::TorchScript => checkpoint_files::SCRIPT,
-            WeightsFile::Safetensors => checkpoint_files::MODEL,
+    #[test]
+    fn checkpoint_names_are_the_trainers() {
+        for good in ["epoch-0007", "epoch-0001-iter-0000000021", "epoch-12345"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["latest", "epoch-7", "epoch-0001-iter-21", "epoch-0001/../x", "epoch-0001-iter-", ""] {
+            assert!(check_name(bad).unwrap_err().reason.contains("not a checkpoint name"), "{bad}");
         }
     }
-}
-
-/// Download one file of a checkpoint of one of your team's jobs: `model.pt` (an uploaded model as
-/// TorchScript, with the checkpoint's weights) or `model.safetensors` (the weights).
-#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints/{checkpoint}/weights/{file}", tag = "jobs",
-    params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path),
-        ("file" = String, Path, description = "model.pt or model.safetensors")),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, description = "No such job, checkpoint or file (model.pt exists for uploaded models only)")),
-    security(("bearer" = [])))]
-pub async fn download_weights(
-    State(state): State<AppState>,
-    user: User,
-    ApiPath((id, checkpoint, file)): ApiPath<(Uuid, Uuid, String)>,
-) -> ApiResult<Response> {
-    let file = serde_json::from_value::<WeightsFile>(serde_json::Value::String(file.clone()))
-        .map_err(|_| ApiError::not_found(format!("no file {file:?}: model.pt or model.safetensors")))?;
-    let job = team_job(&state, &user, id).await?;
-    let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
-    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
-    let archive = files::under(&folder, std::path::Path::new(&checkpoint.path)).await?;
-    let found = {
-        let archive = archive.clone();
-        tokio::task::spawn_blocking(move || find_member(&archive, file.name()))
-            .await
-            .map_err(ApiError::internal)?
-            .map_err(ApiError::internal)?
-    };
-    let Some((offset, length)) = found else {
-        return Err(ApiError::not_found(format!(
-            "checkpoint {} has no {} (TorchScript is saved for uploaded models only)",
-            checkpoint.id,
-            file.name()
-        )));
-    };
-    // served from inside the archive: no copy on the server's disk per download
-    files::file_range_response(&archive, offset, Some(length)).await
-}
-
-/// Where the archive's `<folder>/<name>` lies in it (the offset of its data and its length); `None` when the
-/// archive has none. The archive is uncompressed tar, so a member is a plain range of the file.
-fn find_member(archive: &std::path::Path, name: &str) -> std::io::Result<Option<(u64, u64)>> {
-    let mut tar = tar::Archive::new(std::fs::File::open(archive)?);
-    for entry in tar.entries()? {
-        let entry = entry?;
-        let is_it = entry.header().entry_type().is_file() && entry.path()?.file_name().is_some_and(|n| n == name);
-        if is_it {
-            return Ok(Some((entry.raw_file_position(), entry.size())));
-        }
-    }
-    Ok(None)
 }

@@ -12,10 +12,9 @@ use ringtrain_core::JobId;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::policy::model::{
-    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, QueuedJob, RunningJob, Team, TeamId,
+use ringtrain_scheduler::{
+    plan, ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, QueuedJob, RunningJob, Team, TeamId,
 };
-use crate::policy::plan;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchConfig {

@@ -1,0 +1,162 @@
+//! What a finished (or running) job leaves behind, for its team: its checkpoints (listed, downloaded whole
+//! or one file of weights at a time) and deleting them with its ranks' output.
+
+use axum::extract::State;
+use axum::response::Response;
+use axum::Json;
+use ringtrain_core::{CheckpointId, JobId};
+use ringtrain_protocol::rank::checkpoint_files;
+use ringtrain_store::Checkpoint;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::access::team_job;
+use crate::auth::User;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiPath;
+use crate::files;
+use crate::state::AppState;
+use crate::storage::{checkpoint_file, find_checkpoint};
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CheckpointList {
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+/// The job's checkpoints, oldest first; `is_final` marks the finished job's weights.
+#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs", params(("id" = Uuid, Path)),
+    responses((status = 200, body = CheckpointList),
+        (status = 404)),
+    security(("bearer" = [])))]
+pub async fn job_checkpoints(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<JobId>,
+) -> ApiResult<Json<CheckpointList>> {
+    let job = team_job(&state, &user, id).await?;
+    Ok(Json(CheckpointList { checkpoints: state.store.list_checkpoints(job.id).await? }))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeletedCheckpoints {
+    pub deleted: usize,
+    pub freed_bytes: i64,
+    /// Lines of its ranks' output deleted with them.
+    pub log_lines: u64,
+}
+
+/// Delete a finished job's artifacts: its checkpoints, final weights too, freeing the team's storage, and
+/// its ranks' output (its record, events and metrics stay). Refused (409) while the job may still resume from them.
+#[utoipa::path(delete, path = "/v1/jobs/{id}/artifacts", tag = "jobs", params(("id" = Uuid, Path)),
+    responses((status = 200, body = DeletedCheckpoints),
+        (status = 403),
+        (status = 404),
+        (status = 409, description = "The job has not finished")),
+    security(("bearer" = [])))]
+pub async fn delete_job_artifacts(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath(id): ApiPath<JobId>,
+) -> ApiResult<Json<DeletedCheckpoints>> {
+    user.require_write()?;
+    let job = team_job(&state, &user, id).await?;
+    if !job.state.is_terminal() {
+        return Err(ApiError::conflict(format!("job {id} is {}: it may still resume from its checkpoints", job.state)));
+    }
+    let deleted = state.store.delete_checkpoints(job.id).await?;
+    let folder = state.config.data_dir.join("checkpoints").join(job.id.to_string());
+    crate::storage::remove_files(&folder, deleted.iter().map(|c| c.path.as_str())).await;
+    let freed_bytes = deleted.iter().map(|c| c.size_bytes).sum();
+    let log_lines = state.store.delete_logs(job.id).await?;
+    Ok(Json(DeletedCheckpoints { deleted: deleted.len(), freed_bytes, log_lines }))
+}
+
+/// Download a checkpoint archive of one of your team's jobs (a tar of model, optimizer and BatchNorm
+/// safetensors files and state.json).
+#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints/{checkpoint}/archive", tag = "jobs",
+    params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404)),
+    security(("bearer" = [])))]
+pub async fn download_checkpoint(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath((id, checkpoint)): ApiPath<(JobId, CheckpointId)>,
+) -> ApiResult<Response> {
+    let job = team_job(&state, &user, id).await?;
+    let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
+    checkpoint_file(&state, &checkpoint).await
+}
+
+/// A file of a checkpoint's weights to take away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub enum WeightsFile {
+    /// An uploaded model with the checkpoint's weights and rank 0's BatchNorm statistics, as TorchScript
+    /// (`torch.jit.load` reads it).
+    #[serde(rename = "model.pt")]
+    TorchScript,
+    /// The weights (and rank 0's BatchNorm statistics) as a safetensors state dict, named as PyTorch's
+    /// `state_dict()` names them for an uploaded model.
+    #[serde(rename = "model.safetensors")]
+    Safetensors,
+}
+
+impl WeightsFile {
+    fn name(self) -> &'static str {
+        match self {
+            WeightsFile::TorchScript => checkpoint_files::SCRIPT,
+            WeightsFile::Safetensors => checkpoint_files::MODEL,
+        }
+    }
+}
+
+/// Download one file of a checkpoint of one of your team's jobs: `model.pt` (an uploaded model as
+/// TorchScript, with the checkpoint's weights) or `model.safetensors` (the weights).
+#[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints/{checkpoint}/weights/{file}", tag = "jobs",
+    params(("id" = Uuid, Path), ("checkpoint" = Uuid, Path),
+        ("file" = String, Path, description = "model.pt or model.safetensors")),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, description = "No such job, checkpoint or file (model.pt exists for uploaded models only)")),
+    security(("bearer" = [])))]
+pub async fn download_weights(
+    State(state): State<AppState>,
+    user: User,
+    ApiPath((id, checkpoint, file)): ApiPath<(JobId, CheckpointId, String)>,
+) -> ApiResult<Response> {
+    let file = serde_json::from_value::<WeightsFile>(serde_json::Value::String(file.clone()))
+        .map_err(|_| ApiError::not_found(format!("no file {file:?}: model.pt or model.safetensors")))?;
+    let job = team_job(&state, &user, id).await?;
+    let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
+    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
+    let archive = files::under(&folder, std::path::Path::new(&checkpoint.path)).await?;
+    let found = {
+        let archive = archive.clone();
+        tokio::task::spawn_blocking(move || find_member(&archive, file.name()))
+            .await
+            .map_err(ApiError::internal)?
+            .map_err(ApiError::internal)?
+    };
+    let Some((offset, length)) = found else {
+        return Err(ApiError::not_found(format!(
+            "checkpoint {} has no {} (TorchScript is saved for uploaded models only)",
+            checkpoint.id,
+            file.name()
+        )));
+    };
+    // served from inside the archive: no copy on the server's disk per download
+    files::file_range_response(&archive, offset, Some(length)).await
+}
+
+/// Where the archive's `<folder>/<name>` lies in it (the offset of its data and its length); `None` when the
+/// archive has none. The archive is uncompressed tar, so a member is a plain range of the file.
+fn find_member(archive: &std::path::Path, name: &str) -> std::io::Result<Option<(u64, u64)>> {
+    let mut tar = tar::Archive::new(std::fs::File::open(archive)?);
+    for entry in tar.entries()? {
+        let entry = entry?;
+        let is_it = entry.header().entry_type().is_file() && entry.path()?.file_name().is_some_and(|n| n == name);
+        if is_it {
+            return Ok(Some((entry.raw_file_position(), entry.size())));
+        }
+    }
+    Ok(None)
+}
