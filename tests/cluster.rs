@@ -343,6 +343,23 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     assert!(ok && serde_json::from_str::<Value>(&out).unwrap()["jobs"][0]["id"] == id.as_str(), "{out}");
     let (ok, out, _) = cli(&["jobs", "show", &id]);
     assert!(ok && out.contains("succeeded") && out.contains("final test error"), "{out}");
+    // ids as git takes them: the start of one is enough, and an ended job says how it ended
+    let (ok, out, err) = cli(&["jobs", "show", &id[..8]]);
+    assert!(ok && out.contains("final test error"), "{out}{err}");
+    let (ok, _, err) = cli(&["jobs", "show", "0000"]);
+    assert!(!ok && err.contains("no job of your team has an id starting with 0000"), "{err}");
+    let (ok, out, _) = cli(&["jobs", "list"]);
+    assert!(ok && out.contains("OUTCOME") && out.contains("test error "), "{out}");
+    let (ok, out, _) = cli(&["study", "list"]);
+    assert!(ok && out.contains("no studies yet"), "{out}");
+    // every field of every kind of report, in one table: iteration rows keep their loss and lr
+    let (ok, out, _) = cli(&["jobs", "metrics", &id[..8], "--csv"]);
+    let header = out.lines().next().unwrap_or("");
+    assert!(ok && header.starts_with("kind,rank,epoch,iteration,attempt,"), "{header}");
+    assert!(["loss", "lr", "test_error"].iter().all(|f| header.split(',').any(|h| h == *f)), "{header}");
+    let loss = header.split(',').position(|h| h == "loss").unwrap();
+    let iteration_row = out.lines().find(|l| l.starts_with("iteration,")).unwrap();
+    assert!(!iteration_row.split(',').nth(loss).unwrap().is_empty(), "{iteration_row}");
     let (ok, _, err) = cli(&["jobs", "cancel", &id]);
     assert!(!ok && err.contains("already succeeded"), "{err}");
     let spec_file = cluster.dir.join("cli/spec.json");

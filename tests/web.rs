@@ -341,3 +341,53 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert_eq!(browser.run("return document.getElementById('team-nav').hidden;", json!([])).await, json!(true));
     eprintln!("screenshots in {}", shots.display());
 }
+
+/// Every view has an address: a job's page survives a reload, Back returns to it, a study's address opens
+/// it; and with the server gone, the page says so until it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_have_addresses_and_a_lost_server_is_said() {
+    let database = support::fresh_postgres_database("web_addresses").await;
+    let mut cluster = Cluster::serve("web-addresses", &database, 1, 1).await;
+    let url = cluster.url.clone();
+    let id = cluster.api.submit(&fashion_mnist("addressed", 1, 500, 1)).await;
+    let browser = Browser::start().await;
+    sign_in(&browser, &url, ADMIN_TOKEN).await;
+    browser.wait_text("#whoami", "admin of team default", SHORT).await;
+    let hash = || browser.run("return location.hash;", json!([]));
+    assert_eq!(hash().await, json!("#/jobs"), "the Jobs list is the first view");
+
+    // a job's page has its address, and a reload shows the same page
+    browser.click(&format!("#job-rows button[data-job='{id}']")).await;
+    browser.wait_text("#job-title", "Job addressed", SHORT).await;
+    assert_eq!(hash().await, json!(format!("#/jobs/{id}")));
+    let facts = browser.wait_text("#job-facts", "Model", SHORT).await;
+    assert!(facts.contains("mlp") && facts.contains("Submitted") && facts.contains("Seed"), "{facts}");
+    browser.run("location.reload();", json!([])).await;
+    browser.wait_text("#job-title", "Job addressed", SHORT).await;
+    assert_eq!(wait_for(&browser, "return !document.getElementById('job').hidden;", SHORT).await, json!(true));
+
+    // another view, then Back: the job again; the nav marks where the page is
+    browser.click("#nav button[data-page=studies]").await;
+    assert_eq!(wait_for(&browser, "return location.hash === '#/studies';", SHORT).await, json!(true));
+    let current = "return document.querySelector('#nav button[aria-current=page]').dataset.page;";
+    assert_eq!(browser.run(current, json!([])).await, json!("studies"));
+    browser.run("history.back();", json!([])).await;
+    browser.wait_text("#job-title", "Job addressed", SHORT).await;
+    assert_eq!(wait_for(&browser, "return !document.getElementById('job').hidden;", SHORT).await, json!(true));
+    assert_eq!(browser.run(current, json!([])).await, json!("jobs"));
+
+    // an address nobody clicked to: a comparison of the one job, opened directly
+    browser.open(&format!("{url}/#/compare/{id},{id}")).await;
+    browser.wait_text("#compare-rows", "addressed", SHORT).await;
+
+    // the server goes away: the page says so (it would otherwise go on showing the last numbers) ...
+    browser.open(&format!("{url}/#/jobs/{id}")).await;
+    browser.wait_text("#job-title", "Job addressed", SHORT).await;
+    assert_eq!(browser.run("return document.getElementById('contact').hidden;", json!([])).await, json!(true));
+    cluster.kill_server();
+    let banner = browser.wait_text("#contact", "Lost contact with the server at", SHORT).await;
+    assert!(banner.contains("retrying"), "{banner}");
+    // ... until it answers again
+    cluster.start_server_again();
+    wait_for(&browser, "return document.getElementById('contact').hidden;", Duration::from_secs(30)).await;
+}

@@ -131,6 +131,15 @@ impl ApiError {
         error
     }
 
+    /// The field problems of a validation error (422), to report with others; any other error as it is.
+    pub fn into_field_errors(self) -> Result<Vec<FieldError>, ApiError> {
+        if self.slug == "validation" {
+            Ok(self.errors)
+        } else {
+            Err(self)
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         self.status
     }

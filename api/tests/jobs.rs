@@ -60,7 +60,22 @@ async fn invalid_specs_name_every_field(app: TestApp) {
             with(json!({"epochs": 0})),
             vec!["epochs", "lr.warmup.epochs", "lr.decay.milestones[0]", "lr.decay.milestones[1]"],
         ),
-        (with(json!({"colour": "blue"})), vec![""]),
+        (with(json!({"colour": "blue"})), vec!["colour"]),
+        (with(json!({"optimizer": {"momentun": 0.9}})), vec!["optimizer.momentun"]),
+        // every problem at once: structural (an unknown value, a misspelt field) with the ranges
+        (
+            with(json!({"model": {"name": "lenet6"}, "optimiser": {}, "workers": 0,
+                "lr": {"warmup": {"kind": "gradual", "epochs": 5}}})),
+            vec![
+                "model.name",
+                "optimiser",
+                "workers",
+                "lr.warmup.epochs",
+                "lr.decay.milestones[0]",
+                "lr.decay.milestones[1]",
+            ],
+        ),
+        (with(json!({"epochs": "four", "seed": -1, "priority": 5000})), vec!["epochs", "seed", "priority"]),
         (with(json!({"model": {"name": "vgg"}})), vec!["model.name"]),
         (with(json!({"model": {"name": "resnet20", "hidden": [3]}})), vec!["model.hidden"]),
         (with(json!({"model": {"name": "mlp", "hidden": [0, 8]}})), vec!["model.hidden[0]"]),
@@ -80,13 +95,28 @@ async fn invalid_specs_name_every_field(app: TestApp) {
         paths.sort();
         let mut expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
         expected.sort();
-        // Unknown fields are reported at the document level by serde; everything else at its own path.
+        // a document without a field that has no default, or not an object: one problem for the whole
         if expected == [""] {
             assert_eq!(paths.len(), 1, "{body}: {}", reply.text);
         } else {
             assert_eq!(paths, expected, "{body}: {}", reply.text);
         }
     }
+    // the reasons say what was meant
+    let body = with(json!({"optimiser": {}, "model": {"name": "lenet6"}}));
+    let reply = app.post("/v1/jobs", &team.member, &body).await;
+    reply.problem(422);
+    let reason = |path: &str| {
+        let errors = reply.body["errors"].as_array().unwrap();
+        errors.iter().find(|e| e["path"] == path).unwrap()["reason"].as_str().unwrap().to_string()
+    };
+    assert_eq!(reason("optimiser"), "unknown field `optimiser`: did you mean `optimizer`?");
+    assert!(reason("model.name").ends_with("did you mean `lenet5`?"), "{}", reply.text);
+    // the schedule preview and a dry run say the same at once
+    let preview = app.post("/v1/schedules/preview", &team.member, &body).await;
+    let mut paths = preview.problem(422);
+    paths.sort();
+    assert_eq!(paths, ["model.name", "optimiser"], "{}", preview.text);
     // Nothing was stored.
     let list = app.get("/v1/jobs", &team.member).await;
     assert_eq!(list.body["jobs"], json!([]));

@@ -3,11 +3,35 @@
 
 export const TOKEN_KEY = "ringtrain.token";
 
-/** A plain fetch with the token; the body, when there is one, is JSON. */
-export function request(path, options = {}) {
+/** Since when the server has not answered (null while it answers), and who wants to know. */
+let lostSince = null;
+const contactListeners = [];
+
+/** Calls `listener(lostSince)` whenever contact with the server is lost (a Date) or back (null). */
+export function onContact(listener) {
+  contactListeners.push(listener);
+}
+
+function contact(lost) {
+  if ((lostSince !== null) === lost) return;
+  lostSince = lost ? new Date() : null;
+  for (const listener of contactListeners) listener(lostSince);
+}
+
+/** A plain fetch with the token; the body, when there is one, is JSON. A call that reaches no server (the
+ * fetch itself fails, or a proxy in front answers 502 or 504) marks contact lost until one is answered. */
+export async function request(path, options = {}) {
   const headers = { Authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY)}`, ...(options.headers || {}) };
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
-  return fetch(path, { ...options, headers });
+  let response;
+  try {
+    response = await fetch(path, { ...options, headers });
+  } catch (error) {
+    contact(true);
+    throw new Error(`the server cannot be reached (${error.message})`);
+  }
+  contact(response.status === 502 || response.status === 504);
+  return response;
 }
 
 /** The Error for a refused response: `message` is the problem's detail, `fields` its field errors. */

@@ -1,7 +1,8 @@
 //! The training job as users write it (JSON), with the defaults of Goyal et al. 2017, §5.1.
 //!
-//! Parsing rejects unknown fields and wrong JSON types (one error, with its path); [`JobSpec::validate`] then
-//! reports *every* range or consistency problem at once. Use [`JobSpec::from_json`] to do both.
+//! Parsing rejects unknown fields and wrong JSON types; [`JobSpec::validate`] reports every range or
+//! consistency problem. [`JobSpec::from_json`] does both and reports every problem of both kinds at once
+//! ([`crate::reading`]).
 //!
 //! Over 450 lines because it is the whole document a user writes, one struct per section, each field with
 //! its default and its doc (which the API's schema repeats); checks are in [`crate::validate`], the
@@ -429,12 +430,18 @@ mod defaults {
 }
 
 impl JobSpec {
-    /// Parses and validates a spec: a JSON syntax or type error (with its path), or every validation
-    /// problem at once.
+    /// Parses and validates a spec: a JSON syntax error (with its line and column), or every structural
+    /// and validation problem at once ([`crate::reading`]).
     pub fn from_json(text: &str) -> Result<JobSpec, Vec<FieldError>> {
-        let spec = Self::parse(text).map_err(|e| vec![e])?;
-        spec.validate()?;
-        Ok(spec)
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(value) => Self::from_value(&value),
+            // not JSON, or a number no JSON value holds (1e309): read as a spec, its one error has a path
+            Err(_) => {
+                let spec = Self::parse(text).map_err(|e| vec![e])?;
+                spec.validate()?;
+                Ok(spec)
+            }
+        }
     }
 
     /// Parses without validating ranges: rejects malformed JSON, wrong types and unknown fields.

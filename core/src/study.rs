@@ -93,7 +93,7 @@ impl StudyRequest {
                     errors.push(FieldError::new(format!("points[{i}]"), format!("{path}: {reason}")));
                 }
             }
-            match JobSpec::from_json(&spec_json.to_string()) {
+            match JobSpec::from_value(&spec_json) {
                 Ok(spec) => planned.push(PlannedPoint { overrides: point, spec_json, spec }),
                 Err(problems) => errors.extend(problems.into_iter().map(|e| {
                     let at = if e.path.is_empty() { format!("points[{i}]") } else { format!("points[{i}].{}", e.path) };

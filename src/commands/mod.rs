@@ -5,6 +5,7 @@ pub mod bench;
 pub mod connection;
 pub mod datasets;
 pub mod doctor;
+pub mod ids;
 pub mod jobs;
 pub mod launch;
 pub mod limits;
@@ -34,11 +35,20 @@ pub fn block_on(who: &str, command: impl std::future::Future<Output = anyhow::Re
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
+        // `ringtrain jobs metrics ID | head`: the reader has what it wanted; saying so would be noise
+        Err(err) if is_closed_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("{who}: error: {err:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether writing the output failed because its reader closed the pipe.
+fn is_closed_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Creates `dir` (and its parents) readable by this user only (0700), and tightens it if it exists: the

@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ringtrain_core::study::GOYAL_REPORTED;
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use super::block_on;
 use crate::commands::connection::Connection;
+use crate::commands::ids::{resolve, IdArg, Kind};
 use crate::commands::jobs::table;
 
 #[derive(Debug, clap::Subcommand)]
@@ -21,6 +21,8 @@ pub enum Study {
     Goyal(GoyalArgs),
     /// Submit a study file ({name, base, axes | points, reference, guard_points}) and follow it.
     Submit(SubmitArgs),
+    /// The team's studies, newest first: points and how many are in each state.
+    List(ListArgs),
     /// A study's table.
     Show(ShowArgs),
     /// Cancel every point of a study that has not ended.
@@ -35,9 +37,10 @@ pub struct FollowArgs {
     /// Return once submitted instead of following the study to its end.
     #[arg(long, conflicts_with = "dry_run")]
     detach: bool,
-    /// Where the plot (`<name>.svg`) and the study (`<name>.json`) are written when it ends.
-    #[arg(long, default_value = ".")]
-    out: PathBuf,
+    /// A folder to write the plot (`<name>.svg`) and the study (`<name>.json`) into when it ends; nothing
+    /// is written without it.
+    #[arg(long, short)]
+    out: Option<PathBuf>,
     #[command(flatten)]
     connection: Connection,
 }
@@ -63,9 +66,21 @@ pub struct SubmitArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// At most this many (the newest).
+    #[arg(long, default_value_t = 20)]
+    limit: u32,
+    #[command(flatten)]
+    connection: Connection,
+    /// Print the server's answer as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct ShowArgs {
-    /// The study's id.
-    id: Uuid,
+    /// The study's id, or the start of it.
+    id: IdArg,
     #[command(flatten)]
     connection: Connection,
     /// Print the server's answer as JSON.
@@ -86,8 +101,11 @@ pub fn run(study: Study) -> std::process::ExitCode {
                 serde_json::from_str(&text).with_context(|| format!("{} is not JSON", args.file.display()))?;
             submit_and_follow(request, &args.follow).await
         }),
+        Study::List(args) => block_on("study list", list(&args)),
         Study::Show(args) => block_on("study show", async {
-            let view: Value = args.connection.client()?.get(&format!("/v1/studies/{}", args.id)).await?;
+            let api = args.connection.client()?;
+            let id = resolve(&api, &args.id, Kind::Study).await?;
+            let view: Value = api.get(&format!("/v1/studies/{id}")).await?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&view)?);
             } else {
@@ -96,8 +114,9 @@ pub fn run(study: Study) -> std::process::ExitCode {
             Ok(())
         }),
         Study::Cancel(args) => block_on("study cancel", async {
-            let view: Value =
-                args.connection.client()?.post(&format!("/v1/studies/{}/cancel", args.id), &json!({})).await?;
+            let api = args.connection.client()?;
+            let id = resolve(&api, &args.id, Kind::Study).await?;
+            let view: Value = api.post(&format!("/v1/studies/{id}/cancel"), &json!({})).await?;
             print!("{}", render(&view));
             Ok(())
         }),
@@ -134,6 +153,9 @@ async fn submit_and_follow(request: Value, args: &FollowArgs) -> Result<()> {
     let created: Value = api.post("/v1/studies", &request).await?;
     let id = created["id"].as_str().context("the server's answer has no study id")?.to_string();
     println!("study {id}: {} points queued", created["points"].as_array().map_or(0, Vec::len));
+    if let Some(out) = args.out.as_ref().filter(|_| !args.detach) {
+        println!("when it ends, its plot and table are written into {}", out.display());
+    }
     if args.detach {
         println!("follow it with: ringtrain study show {id}");
         return Ok(());
@@ -152,14 +174,51 @@ async fn submit_and_follow(request: Value, args: &FollowArgs) -> Result<()> {
         tokio::time::sleep(POLL).await;
     };
     print!("{}", render(&view));
+    let Some(out) = &args.out else {
+        println!("its plot: GET /v1/studies/{id}/plot.svg, or the web page's Studies view (--out DIR saves it)");
+        return Ok(());
+    };
     let name = view["name"].as_str().unwrap_or("study").replace(['/', ' '], "_");
-    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let svg = api.send(api.request(reqwest::Method::GET, &format!("/v1/studies/{id}/plot.svg"))).await?;
-    let svg_path = args.out.join(format!("{name}.svg"));
+    let svg_path = out.join(format!("{name}.svg"));
     std::fs::write(&svg_path, svg.bytes().await?).with_context(|| format!("cannot write {}", svg_path.display()))?;
-    let json_path = args.out.join(format!("{name}.json"));
+    let json_path = out.join(format!("{name}.json"));
     std::fs::write(&json_path, serde_json::to_string_pretty(&view)?)?;
     println!("wrote {} and {}", svg_path.display(), json_path.display());
+    Ok(())
+}
+
+/// The newest studies as a table: id, name, points, states, created.
+async fn list(args: &ListArgs) -> Result<()> {
+    let api = args.connection.client()?;
+    let page: Value = api.get(&format!("/v1/studies?limit={}", args.limit.clamp(1, 100))).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = page["studies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|study| {
+            let states = study["states"].as_object().map_or_else(String::new, |states| {
+                states.iter().map(|(state, n)| format!("{n} {state}")).collect::<Vec<_>>().join(", ")
+            });
+            vec![
+                study["id"].as_str().unwrap_or("").to_string(),
+                study["name"].as_str().unwrap_or("").to_string(),
+                study["points"].to_string(),
+                states,
+                study["created_at"].as_str().unwrap_or("").to_string(),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("no studies yet: ringtrain study goyal, or ringtrain study submit FILE");
+        return Ok(());
+    }
+    print!("{}", table(&["ID", "NAME", "POINTS", "STATES", "CREATED"], &rows));
     Ok(())
 }
 

@@ -225,9 +225,19 @@ impl Cluster {
 
     /// Kills the server (SIGKILL: no graceful anything) and starts it again on the same address and database.
     pub fn restart_server(&mut self) {
-        let (listen, database_url) = self.server_command.clone().expect("a `serve` cluster");
+        self.kill_server();
+        self.start_server_again();
+    }
+
+    /// Kills the server (SIGKILL) and leaves it down.
+    pub fn kill_server(&mut self) {
         let _ = self.server.0.kill();
         let _ = self.server.0.wait();
+    }
+
+    /// Starts a killed `serve` again on the same address and database.
+    pub fn start_server_again(&mut self) {
+        let (listen, database_url) = self.server_command.clone().expect("a `serve` cluster");
         let (server, _) =
             start_until(serve_command(&listen, &database_url, &self.dir, self.tls.as_ref()), "listening on ");
         self.server = server;

@@ -60,16 +60,20 @@ pub async fn preview_schedule(
     ApiQuery(params): ApiQuery<PreviewParams>,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Json<Value>> {
-    let (spec, _) = checks::parse_spec(&body)?;
-    let known = checks::dataset_size(&state, &user, &spec).await?;
-    let Some(size) = params.dataset_size.or(known) else {
-        let mut errors = spec.validate().err().unwrap_or_default();
-        errors.push(FieldError::new(
+    let (reading, _) = checks::parse_spec(&body)?;
+    // every problem at once: the reading's, the dataset's and the ranges'
+    let mut problems = checks::Problems::default();
+    let known = problems.take(checks::dataset_size(&state, &user, &reading.spec).await)?.flatten();
+    let size = params.dataset_size.or(known);
+    if size.is_none() && problems.0.is_empty() {
+        problems.0.push(FieldError::new(
             "dataset",
-            format!("the size of {} is not known without reading it: pass ?dataset_size=N", spec.dataset),
+            format!("the size of {} is not known without reading it: pass ?dataset_size=N", reading.spec.dataset),
         ));
-        return Err(ApiError::validation(errors));
-    };
+    }
+    problems.0.extend(reading.spec.validate().err().unwrap_or_default());
+    let spec = reading.finish(problems.0).map_err(ApiError::validation)?;
+    let Some(size) = size else { return Err(ApiError::internal_msg("a spec without a size passed its checks")) };
     let per_iteration = params.per_iteration.unwrap_or(false);
     let render = |spec: &ringtrain_core::JobSpec| -> ApiResult<Value> {
         let effective = checks::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal_msg("size was known"))?;

@@ -2,7 +2,7 @@
 //! shared by job submission, studies and the schedule preview.
 
 use ringtrain_core::memory::{self, human_bytes, SampleShape};
-use ringtrain_core::{DatasetRef, Effective, FieldError, JobId, JobSpec, ModelId};
+use ringtrain_core::{read_spec, DatasetRef, Effective, FieldError, JobId, JobSpec, ModelId, SpecReading};
 use ringtrain_protocol::model::{ModelMemory, ModelReport};
 use ringtrain_store::{NewJob, StudyPoint};
 use serde_json::Value;
@@ -11,25 +11,40 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
-/// Parses a JSON body as a spec: malformed JSON is 400; wrong types, unknown fields and every range
-/// problem are 422 with their paths.
-pub fn parse_spec(bytes: &[u8]) -> ApiResult<(JobSpec, Value)> {
+/// Reads a JSON body as a spec: malformed JSON is 400, and a field without a default in error is 422 at
+/// once; otherwise the reading, whose structural problems (wrong types, unknown fields) its caller reports
+/// with every other problem it finds ([`checked_job`]).
+pub fn parse_spec(bytes: &[u8]) -> ApiResult<(SpecReading, Value)> {
     let value = crate::extract::parse_value(bytes)?;
     crate::extract::require_object(&value)?;
-    let text = std::str::from_utf8(bytes).map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
-    let error = match JobSpec::parse(text) {
-        Ok(spec) => return Ok((spec, value)),
-        Err(error) => error,
-    };
+    let first = read_spec(&value);
+    if first.as_ref().is_ok_and(SpecReading::is_clean) {
+        return Ok((first.map_err(ApiError::validation)?, value));
+    }
     // `"workers": 2.0` is an integer to JSON Schema: read the spec again with whole numbers as such (and
     // store it so, for the worker that parses it again)
-    let mut whole = value;
+    let mut whole = value.clone();
     if crate::extract::whole_numbers_as_integers(&mut whole) {
-        if let Ok(spec) = JobSpec::parse(&whole.to_string()) {
-            return Ok((spec, whole));
+        return Ok((read_spec(&whole).map_err(ApiError::validation)?, whole));
+    }
+    Ok((first.map_err(ApiError::validation)?, value))
+}
+
+/// Problems found by several checks, reported together (422); any other failure (the store) ends the checks.
+#[derive(Debug, Default)]
+pub struct Problems(pub Vec<FieldError>);
+
+impl Problems {
+    /// The check's value, or None with its field problems kept.
+    pub fn take<T>(&mut self, result: ApiResult<T>) -> ApiResult<Option<T>> {
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(err) => {
+                self.0.extend(err.into_field_errors()?);
+                Ok(None)
+            }
         }
     }
-    Err(ApiError::validation(vec![error]))
 }
 
 /// The number of training samples of the spec's dataset: built in, or an uploaded dataset of the caller's
@@ -49,19 +64,33 @@ pub async fn dataset_size(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
     }
 }
 
-/// The job a submission stores for `spec` (as `spec_json`, its text as given), once checked against the
-/// team's datasets and the pool's memory: every check a single job and a study's point share.
+/// The job a submission stores for the spec read (as `spec_json`, its text as given), once checked against
+/// the team's datasets and jobs and the pool's memory: every check a single job and a study's point share.
+/// Every problem is reported at once (422): the reading's structural ones, the ranges, and the team's
+/// datasets, models and reference job.
 pub async fn checked_job(
     state: &AppState,
     user: &User,
-    spec: &JobSpec,
+    reading: SpecReading,
     spec_json: Value,
     study: Option<StudyPoint>,
 ) -> ApiResult<NewJob> {
-    let dataset_size = dataset_size(state, user, spec).await?;
-    let effective = effective(spec, dataset_size)?;
-    check_model_and_data(state, user, spec).await?;
-    check_memory(state, user, spec).await?;
+    let spec = &reading.spec;
+    let mut problems = Problems::default();
+    let dataset_size = problems.take(dataset_size(state, user, spec).await)?.flatten();
+    let effective = problems.take(effective(spec, dataset_size))?.flatten();
+    problems.take(check_model_and_data(state, user, spec).await)?;
+    // A study's points name their own reference point, stored with them: there is no job to look up yet.
+    if study.is_none() {
+        problems.take(check_reference(state, user, spec).await)?;
+    }
+    // What a job needs of a device means something only for a spec without problems (and a zero
+    // batch or worker count would divide by zero).
+    if problems.0.is_empty() && reading.is_clean() {
+        check_memory(state, user, spec).await?;
+    }
+    let spec = reading.finish(problems.0).map_err(ApiError::validation)?;
+    let spec = &spec;
     Ok(NewJob {
         id: JobId::new(),
         team_id: user.team_id,

@@ -3,7 +3,7 @@
 //! transaction ([`submit`]). The route (`routes/studies`) only calls these and shapes the answer.
 
 use ringtrain_core::study::{self, PlannedPoint, StudyRequest};
-use ringtrain_core::{FieldError, JobId, JobSpec, StudyId};
+use ringtrain_core::{FieldError, JobId, StudyId};
 use ringtrain_store::{Job, NewStudy, Study, StudyPoint};
 
 use axum::http::StatusCode;
@@ -101,9 +101,9 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
         if request.guard_points && i != reference {
             point.spec_json["guard"]["reference_job"] = ids[reference].to_string().into();
         }
-        let spec = JobSpec::from_json(&point.spec_json.to_string()).map_err(ApiError::validation)?;
+        let reading = ringtrain_core::read_spec(&point.spec_json).map_err(ApiError::validation)?;
         let membership = StudyPoint { study_id, point: i as i32 };
-        match checks::checked_job(state, user, &spec, point.spec_json.clone(), Some(membership)).await {
+        match checks::checked_job(state, user, reading, point.spec_json.clone(), Some(membership)).await {
             Ok(mut job) => {
                 job.id = ids[i];
                 jobs.push(job);

@@ -38,6 +38,7 @@ export async function refresh() {
   if (id !== jobId) return;
   renderFacts(job);
   spec = job.spec;
+  $("job-spec").textContent = JSON.stringify(job.spec, null, 2);
   $("cancel").hidden = ENDED.includes(job.state);
   const eventList = $("job-events");
   eventList.replaceChildren();
@@ -52,9 +53,28 @@ export async function refresh() {
 function renderFacts(job) {
   $("job-title").textContent = `Job ${job.name || job.id}`;
   const e = job.effective || {};
+  const s = job.spec || {};
+  const model = s.model ? s.model.name || `uploaded model ${s.model.uploaded}` : "";
+  const optimizer = s.optimizer || {};
+  const nesterov = optimizer.nesterov ?? true;
   const facts = [
     ["State", job.state],
-    ["Devices", `${job.workers} ${job.device}`],
+    [
+      "Devices",
+      job.devices === job.workers
+        ? `${job.devices} ${job.device}`
+        : `${job.devices} ${job.device} (${job.workers} workers as virtual ranks)`,
+    ],
+    ["Model", model],
+    ["Dataset", s.dataset],
+    ["Epochs", e.epochs ?? s.epochs],
+    [
+      "Optimizer",
+      `SGD, momentum ${optimizer.momentum ?? 0.9}${nesterov ? " (Nesterov)" : ""}, weight decay ${optimizer.weight_decay ?? 0.0001}`,
+    ],
+    ["Seed", s.seed ?? 0],
+    ["Precision", s.precision || "fp32"],
+    ...times(job),
     ["Global batch (kn)", e.global_batch && `${e.global_batch} = ${e.workers} × ${e.per_worker_batch}`],
     ["Learning rate", e.scaled_lr && `${e.scaled_lr} (base ${e.base_lr} for a batch of ${e.reference_batch})`],
     ["Warmup iterations", e.warmup_iterations],
@@ -85,6 +105,26 @@ function renderFacts(job) {
     const dd = add(list, "dd", value);
     if (name === "State") dd.id = "job-state";
   }
+}
+
+/** When it was submitted, started and ended, and how long it ran (or has been running). */
+function times(job) {
+  const rows = [["Submitted", clock(job.created_at)]];
+  if (job.started_at) rows.push(["Started", clock(job.started_at)]);
+  if (job.finished_at) rows.push(["Ended", clock(job.finished_at)]);
+  if (job.started_at) {
+    const end = job.finished_at ? new Date(job.finished_at) : new Date();
+    const seconds = Math.max(0, Math.round((end - new Date(job.started_at)) / 1000));
+    rows.push([job.finished_at ? "Duration" : "Running for", duration(seconds)]);
+  }
+  return rows;
+}
+
+/** `45 s`, `2 min 31 s`, `3 h 05 min`. */
+export function duration(seconds) {
+  if (seconds < 60) return `${seconds} s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${String(seconds % 60).padStart(2, "0")} s`;
+  return `${Math.floor(seconds / 3600)} h ${String(Math.floor((seconds % 3600) / 60)).padStart(2, "0")} min`;
 }
 
 async function renderCharts(job) {

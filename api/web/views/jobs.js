@@ -60,7 +60,8 @@ export async function refresh() {
     add(row, "td").appendChild(pick);
     add(row, "td").appendChild(button(job.name || job.id, () => app.navigate("job", job.id), { job: job.id }));
     cell(row, job.state).className = "state";
-    cell(row, `${job.workers} ${job.device}`);
+    // as the CLI says it: the devices held, and the workers when they are virtual ranks on fewer
+    cell(row, job.devices === job.workers ? `${job.devices} ${job.device}` : `${job.devices} ${job.device} (${job.workers} workers)`);
     cell(row, progressText(job));
     cell(row, clock(job.created_at));
     rows.appendChild(row);

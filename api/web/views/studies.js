@@ -3,7 +3,9 @@
 import { api, refusal, request } from "../api.js";
 import { $, act, add, button, cell, clock, percent } from "../dom.js";
 
-/** The study opened below the list, if any. */
+/** The shell: navigate(page, arg) and me(). */
+let app = null;
+/** The study opened below the list, if any (`#/studies/ID`). */
 let studyId = null;
 /** The epochs finished by each point when the plot was last drawn: it is redrawn only when that changes. */
 let plotDrawn = null;
@@ -22,20 +24,22 @@ export async function refresh() {
   rows.replaceChildren();
   for (const study of page.studies) {
     const row = document.createElement("tr");
-    add(row, "td").appendChild(button(study.name || study.id, () => openStudy(study.id), { study: study.id }));
+    add(row, "td").appendChild(button(study.name || study.id, () => app.navigate("studies", study.id), { study: study.id }));
     cell(row, study.points);
     cell(row, statesText(study.states));
     cell(row, clock(study.created_at));
     rows.appendChild(row);
   }
   $("no-studies").hidden = page.studies.length > 0;
-  if (studyId) await renderStudy();
+  if (studyId) await act($("study-error"), renderStudy);
 }
 
-function openStudy(id) {
-  studyId = id;
+/** Opens study `id` below the list (its address is `#/studies/ID`), or none. */
+export function open(id) {
+  studyId = id || null;
   plotDrawn = null;
-  return act($("study-error"), renderStudy);
+  $("study-detail").hidden = true;
+  $("study-error").textContent = "";
 }
 
 async function renderStudy() {
@@ -85,6 +89,7 @@ function cancelStudy() {
   });
 }
 
-export function wire() {
+export function wire(shell) {
+  app = shell;
   $("cancel-study").addEventListener("click", cancelStudy);
 }

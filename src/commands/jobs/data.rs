@@ -2,16 +2,16 @@
 
 use std::io::Write;
 
+use crate::commands::ids::{resolve, IdArg, Kind};
 use anyhow::Result;
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::commands::connection::{encode, Connection};
 
 #[derive(Debug, clap::Args)]
 pub struct MetricsArgs {
-    /// The job's id.
-    id: Uuid,
+    /// The job's id, or the start of it (`76acc08f`).
+    id: IdArg,
     #[command(flatten)]
     connection: Connection,
     /// `iteration` or `epoch` reports only.
@@ -27,8 +27,8 @@ pub struct MetricsArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ScheduleArgs {
-    /// The job's id.
-    id: Uuid,
+    /// The job's id, or the start of it (`76acc08f`).
+    id: IdArg,
     #[command(flatten)]
     connection: Connection,
     /// The whole answer as JSON (with `--per-iteration`: the lr of every iteration).
@@ -38,9 +38,11 @@ pub struct ScheduleArgs {
     per_iteration: bool,
 }
 
-/// Every report of the job, page by page.
+/// Every report of the job, page by page: one JSON object per line as they come, or (`--csv`) one table
+/// whose columns are every field any report has (iteration and epoch reports have different ones).
 pub async fn metrics(args: &MetricsArgs) -> Result<()> {
     let api = args.connection.client()?;
+    let id = resolve(&api, &args.id, Kind::Job).await?;
     let mut filters = String::new();
     if let Some(kind) = &args.kind {
         filters += &format!("&kind={}", encode(kind));
@@ -49,46 +51,64 @@ pub async fn metrics(args: &MetricsArgs) -> Result<()> {
         filters += &format!("&rank={rank}");
     }
     let mut out = std::io::stdout().lock();
-    let mut columns: Option<Vec<String>> = None;
+    let mut kept: Vec<Value> = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let after = cursor.as_ref().map_or_else(String::new, |c| format!("&cursor={}", encode(c)));
-        let page: Value = api.get(&format!("/v1/jobs/{}/metrics?limit=10000{filters}{after}", args.id)).await?;
+        let page: Value = api.get(&format!("/v1/jobs/{id}/metrics?limit=10000{filters}{after}")).await?;
         for point in page["points"].as_array().into_iter().flatten() {
-            if !args.csv {
+            if args.csv {
+                kept.push(point.clone());
+            } else {
                 writeln!(out, "{point}")?;
-                continue;
             }
-            let fields = point["fields"].as_object().cloned().unwrap_or_default();
-            let names = columns.get_or_insert_with(|| {
-                let names: Vec<String> = fields.keys().cloned().collect();
-                let _ = writeln!(out, "kind,rank,epoch,iteration,{}", names.join(","));
-                names
-            });
-            let values: Vec<String> =
-                names.iter().map(|n| fields.get(n).map_or_else(String::new, |v| v.to_string())).collect();
-            writeln!(
-                out,
-                "{},{},{},{},{}",
-                point["kind"].as_str().unwrap_or(""),
-                point["rank"],
-                point["epoch"],
-                point["iteration"],
-                values.join(",")
-            )?;
         }
         match page["next_cursor"].as_str() {
             Some(next) => cursor = Some(next.to_string()),
-            None => return Ok(()),
+            None => break,
         }
     }
+    if args.csv {
+        write_csv(&mut out, &kept)?;
+    }
+    Ok(())
+}
+
+/// The points as CSV: kind, rank, epoch, iteration, attempt, then every field any point has, in the order
+/// they first appear; a point without a field leaves its cell empty.
+fn write_csv(out: &mut impl Write, points: &[Value]) -> std::io::Result<()> {
+    let mut names: Vec<&str> = Vec::new();
+    for point in points {
+        for name in point["fields"].as_object().into_iter().flat_map(|f| f.keys()) {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+    }
+    writeln!(out, "kind,rank,epoch,iteration,attempt{}", names.iter().map(|n| format!(",{n}")).collect::<String>())?;
+    for point in points {
+        let fields = &point["fields"];
+        let values: String =
+            names.iter().map(|n| fields.get(n).map_or_else(|| ",".to_string(), |v| format!(",{v}"))).collect();
+        writeln!(
+            out,
+            "{},{},{},{},{}{values}",
+            point["kind"].as_str().unwrap_or(""),
+            point["rank"],
+            point["epoch"],
+            point["iteration"],
+            point["attempt"],
+        )?;
+    }
+    Ok(())
 }
 
 /// The schedule, one line per epoch (lr at its first and last iteration), or the answer as JSON.
 pub async fn schedule(args: &ScheduleArgs) -> Result<()> {
     let api = args.connection.client()?;
+    let id = resolve(&api, &args.id, Kind::Job).await?;
     let query = if args.per_iteration { "?per_iteration=true" } else { "" };
-    let view: Value = api.get(&format!("/v1/jobs/{}/schedule{query}", args.id)).await?;
+    let view: Value = api.get(&format!("/v1/jobs/{id}/schedule{query}")).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&view)?);
         return Ok(());
@@ -114,4 +134,27 @@ pub async fn schedule(args: &ScheduleArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn the_csv_has_every_field_of_every_kind_of_report() {
+        let points = [
+            json!({"kind": "epoch", "rank": 0, "epoch": 0, "iteration": 9, "attempt": 1,
+                "fields": {"test_error": 0.5}}),
+            json!({"kind": "iteration", "rank": 0, "epoch": 0, "iteration": 0, "attempt": 1,
+                "fields": {"loss": 2.3, "lr": 0.1}}),
+        ];
+        let mut out = Vec::new();
+        super::write_csv(&mut out, &points).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "kind,rank,epoch,iteration,attempt,test_error,loss,lr\n\
+             epoch,0,0,9,1,0.5,,\n\
+             iteration,0,0,0,1,,2.3,0.1\n"
+        );
+    }
 }

@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::commands::connection::{encode, Connection};
+use crate::commands::ids::{resolve, IdArg, Kind};
 
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
-    /// The job's id.
-    id: Uuid,
+    /// The job's id, or the start of it (`76acc08f`).
+    id: IdArg,
     #[command(flatten)]
     connection: Connection,
     /// Only this rank's lines.
@@ -33,7 +33,7 @@ pub struct LogsArgs {
 /// the job has ended and no line is left.
 pub async fn logs(args: &LogsArgs) -> Result<()> {
     let api = args.connection.client()?;
-    let id = args.id;
+    let id = resolve(&api, &args.id, Kind::Job).await?;
     let mut filters = String::new();
     if let Some(rank) = args.rank {
         filters += &format!("&rank={rank}");

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::watch::{watch, WatchArgs};
 use crate::commands::connection::{encode, Connection};
+use crate::commands::ids::{resolve, IdArg, Kind};
 
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
@@ -46,8 +47,8 @@ pub struct ListArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ShowArgs {
-    /// The job's id.
-    id: Uuid,
+    /// The job's id, or the start of it (`76acc08f`).
+    id: IdArg,
     #[command(flatten)]
     connection: Connection,
     /// Print the server's answer as JSON.
@@ -86,7 +87,7 @@ pub async fn submit(args: &SubmitArgs) -> Result<bool> {
         return Ok(true);
     }
     let id: Uuid = answer["id"].as_str().and_then(|id| id.parse().ok()).context("the answer has no job id")?;
-    watch(&WatchArgs { id, connection: args.connection.clone(), every_s: 1.0 }).await
+    watch(&WatchArgs { id: IdArg::from(id), connection: args.connection.clone(), every_s: 1.0 }).await
 }
 
 pub async fn list(args: &ListArgs) -> Result<()> {
@@ -110,7 +111,7 @@ pub async fn list(args: &ListArgs) -> Result<()> {
             let waits = match (job["queue_position"].as_i64(), job["pending_reason"]["code"].as_str()) {
                 (Some(position), Some(code)) => format!("#{position} {code}"),
                 (None, Some(code)) => code.to_string(),
-                _ => progress(&job["progress"]).unwrap_or_default(),
+                _ => outcome(job).or_else(|| progress(&job["progress"])).unwrap_or_default(),
             };
             vec![
                 job["id"].as_str().unwrap_or("").to_string(),
@@ -122,11 +123,46 @@ pub async fn list(args: &ListArgs) -> Result<()> {
             ]
         })
         .collect();
-    print!("{}", table(&["ID", "NAME", "STATE", "DEVICES", "CREATED", "WAITING / PROGRESS"], &rows));
+    print!("{}", table(&["ID", "NAME", "STATE", "DEVICES", "CREATED", "WAITING / PROGRESS / OUTCOME"], &rows));
     if jobs.is_empty() {
         println!("(no jobs)");
     }
     Ok(())
+}
+
+/// How an ended job ended, in one line: `test error 13.09%, 2 min 31 s` for a success, the first line of
+/// the error for a failure, with how long it ran; None while it has not ended.
+fn outcome(job: &Value) -> Option<String> {
+    let ran = match (job["started_at"].as_str(), job["finished_at"].as_str()) {
+        (Some(start), Some(end)) => {
+            let start = chrono::DateTime::parse_from_rfc3339(start).ok()?;
+            let end = chrono::DateTime::parse_from_rfc3339(end).ok()?;
+            Some(duration_text((end - start).num_seconds().max(0)))
+        }
+        _ => None,
+    };
+    let after = |text: String| match &ran {
+        Some(ran) => format!("{text}, {ran}"),
+        None => text,
+    };
+    match job["state"].as_str()? {
+        "succeeded" => {
+            let error = job["result"]["final_test_error"].as_f64();
+            Some(after(error.map_or_else(|| "succeeded".into(), |e| format!("test error {:.2}%", e * 100.0))))
+        }
+        "failed" => Some(after(job["error"].as_str().and_then(|e| e.lines().next()).unwrap_or("failed").to_string())),
+        "cancelled" => Some(after("cancelled".into())),
+        _ => None,
+    }
+}
+
+/// `45 s`, `2 min 31 s`, `3 h 05 min`.
+fn duration_text(seconds: i64) -> String {
+    match seconds {
+        s if s < 60 => format!("{s} s"),
+        s if s < 3600 => format!("{} min {:02} s", s / 60, s % 60),
+        s => format!("{} h {:02} min", s / 3600, s % 3600 / 60),
+    }
 }
 
 /// A running job's progress, e.g. `iteration 120 of 1875 (6%), epoch 1, loss 0.6120, 2405 samples/s, 3%
@@ -152,7 +188,8 @@ fn progress(progress: &Value) -> Option<String> {
 
 pub async fn show(args: &ShowArgs) -> Result<()> {
     let api = args.connection.client()?;
-    let job: Value = api.get(&format!("/v1/jobs/{}", args.id)).await?;
+    let id = resolve(&api, &args.id, Kind::Job).await?;
+    let job: Value = api.get(&format!("/v1/jobs/{id}")).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
         return Ok(());
@@ -217,11 +254,12 @@ pub async fn show(args: &ShowArgs) -> Result<()> {
 
 pub async fn cancel(args: &ShowArgs) -> Result<()> {
     let api = args.connection.client()?;
-    let job: Value = api.post(&format!("/v1/jobs/{}/cancel", args.id), &json!({})).await?;
+    let id = resolve(&api, &args.id, Kind::Job).await?;
+    let job: Value = api.post(&format!("/v1/jobs/{id}/cancel"), &json!({})).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
     } else {
-        println!("{}: {}", args.id, job["state"].as_str().unwrap_or("?"));
+        println!("{id}: {}", job["state"].as_str().unwrap_or("?"));
     }
     Ok(())
 }
@@ -279,5 +317,18 @@ mod tests {
             "iteration 120 of 1875 (6%), epoch 1, loss 0.6120, 2405 samples/s, 3% all-reduce"
         );
         assert_eq!(super::progress(&serde_json::Value::Null), None);
+    }
+
+    #[test]
+    fn an_ended_job_says_how_it_ended_and_how_long_it_ran() {
+        let at = |start: &str, end: &str| (start.to_string(), end.to_string());
+        let (start, end) = at("2026-12-02T10:00:00Z", "2026-12-02T10:02:31Z");
+        let job = serde_json::json!({"state": "succeeded", "started_at": start, "finished_at": end,
+            "result": {"final_test_error": 0.1309}});
+        assert_eq!(super::outcome(&job).unwrap(), "test error 13.09%, 2 min 31 s");
+        let failed = serde_json::json!({"state": "failed", "error": "rank 1 was killed\nits last lines: ..."});
+        assert_eq!(super::outcome(&failed).unwrap(), "rank 1 was killed");
+        assert_eq!(super::outcome(&serde_json::json!({"state": "running"})), None);
+        assert_eq!(super::duration_text(3 * 3600 + 5 * 60 + 9), "3 h 05 min");
     }
 }

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::commands::connection::Connection;
+use crate::commands::ids::{resolve, IdArg, Kind};
 
 #[derive(Debug, clap::Args)]
 pub struct WatchArgs {
-    /// The job's id.
-    pub id: Uuid,
+    /// The job's id, or the start of it (`76acc08f`).
+    pub id: IdArg,
     #[command(flatten)]
     pub connection: Connection,
     /// Seconds between updates.
@@ -31,7 +31,7 @@ struct Progress {
 
 pub async fn watch(args: &WatchArgs) -> Result<bool> {
     let api = args.connection.client()?;
-    let id = args.id;
+    let id = resolve(&api, &args.id, Kind::Job).await?;
     let tty = std::io::stdout().is_terminal();
     let mut progress = Progress::default();
     let mut last_line = String::new();
@@ -85,7 +85,8 @@ fn render(job: &Value, progress: &Progress) -> String {
         "#".repeat(filled),
         "-".repeat(BAR - filled),
         done * 100 / total,
-        (done / per_epoch).min(epochs)
+        // the epoch under way, counted from 1 as the web page counts it
+        (done / per_epoch + 1).min(epochs.max(1))
     );
     if let Some(last) = &progress.last {
         let fields = &last["fields"];
@@ -111,10 +112,13 @@ fn render(job: &Value, progress: &Progress) -> String {
     if let Some(position) = job["queue_position"].as_i64() {
         line += &format!(" #{position} in queue");
     }
-    if let Some(why) = job["pending_reason"]["message"].as_str() {
+    let why = job["pending_reason"]["message"].as_str();
+    if let Some(why) = why {
         line += &format!(": {why}");
     }
-    if let Some(basis) = job["estimated_start"]["basis"].as_str() {
+    // the estimate's basis often repeats the reason in other words: say it once
+    let words = |text: &str| text.chars().filter(|c| c.is_alphanumeric()).collect::<String>();
+    if let Some(basis) = job["estimated_start"]["basis"].as_str().filter(|b| why.is_none_or(|w| words(w) != words(b))) {
         line += &format!(" (start: {basis})");
     }
     line
@@ -135,5 +139,27 @@ fn print_outcome(job: &Value) {
             );
         }
         _ => println!("{state}: {}", job["error"].as_str().unwrap_or("")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{render, Progress};
+
+    #[test]
+    fn epochs_count_from_one_and_a_reason_is_said_once() {
+        let job = json!({"state": "running", "effective": {"total_iterations": 30, "iterations_per_epoch": 10,
+            "epochs": 3}});
+        let first = render(&job, &Progress { next_iteration: 4, ..Progress::default() });
+        assert!(first.contains("epoch 1/3"), "{first}");
+        let end = render(&job, &Progress { next_iteration: 30, ..Progress::default() });
+        assert!(end.contains("epoch 3/3"), "{end}");
+        let queued = json!({"state": "queued", "effective": {}, "queue_position": 1,
+            "pending_reason": {"message": "devices are free for it; the next scheduler pass starts it"},
+            "estimated_start": {"basis": "devices are free for it: the next scheduler pass starts it"}});
+        let line = render(&queued, &Progress::default());
+        assert_eq!(line.matches("the next scheduler pass").count(), 1, "{line}");
     }
 }

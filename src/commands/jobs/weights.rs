@@ -9,11 +9,12 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::commands::connection::Connection;
+use crate::commands::ids::{resolve, IdArg, Kind};
 
 #[derive(Debug, clap::Args)]
 pub struct WeightsArgs {
-    /// The job's id.
-    id: Uuid,
+    /// The job's id, or the start of it (`76acc08f`).
+    id: IdArg,
     /// Where to write them: `.pt` for TorchScript (an uploaded model, loaded with `torch.jit.load`), or
     /// `.safetensors` for the state dict.
     #[arg(short, long)]
@@ -38,18 +39,19 @@ fn member(output: &Path) -> Result<&'static str> {
 pub async fn weights(args: &WeightsArgs) -> Result<()> {
     let file = member(&args.output)?;
     let api = args.connection.client()?;
+    let id = resolve(&api, &args.id, Kind::Job).await?;
     let checkpoint = match args.checkpoint {
         Some(id) => id.to_string(),
         None => {
-            let list: Value = api.get(&format!("/v1/jobs/{}/checkpoints", args.id)).await?;
+            let list: Value = api.get(&format!("/v1/jobs/{id}/checkpoints")).await?;
             let checkpoints = list["checkpoints"].as_array().cloned().unwrap_or_default();
             // oldest first: the final one if the job finished, else the newest
             let chosen = checkpoints.iter().find(|c| c["is_final"] == true).or(checkpoints.last());
-            let chosen = chosen.with_context(|| format!("job {} has no checkpoint yet", args.id))?;
+            let chosen = chosen.with_context(|| format!("job {id} has no checkpoint yet"))?;
             chosen["id"].as_str().context("a checkpoint without an id")?.to_string()
         }
     };
-    let route = format!("/v1/jobs/{}/checkpoints/{checkpoint}/weights/{file}", args.id);
+    let route = format!("/v1/jobs/{id}/checkpoints/{checkpoint}/weights/{file}");
     let sha256 = api.download(&route, &args.output, None, Duration::from_secs(3600)).await?;
     println!("wrote {} (checkpoint {checkpoint}, sha256 {sha256})", args.output.display());
     Ok(())

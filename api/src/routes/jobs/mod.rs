@@ -293,7 +293,7 @@ pub async fn submit_job(
             Some(IdempotencyKey { key: key.to_string(), request_hash })
         }
     };
-    let (spec, spec_json) = checks::parse_spec(&body)?;
+    let (reading, spec_json) = checks::parse_spec(&body)?;
     let queued = state.store.count_queued(user.team_id).await?;
     let limit = state.config.max_queued_per_team;
     if queued >= limit {
@@ -303,8 +303,8 @@ pub async fn submit_job(
             60,
         ));
     }
-    checks::check_reference(&state, &user, &spec).await?;
-    let new = checks::checked_job(&state, &user, &spec, spec_json, None).await?;
+    let spec = reading.spec.clone();
+    let new = checks::checked_job(&state, &user, reading, spec_json, None).await?;
     if query.dry_run == Some(true) {
         let answer = dry_run::answer(&state, &user, &spec, new.effective).await?;
         return Ok(Json(dry_run_for(&state, &user, answer).await?).into_response());
