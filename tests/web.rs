@@ -101,6 +101,17 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.click("#check").await;
     let error = browser.text("#spec-errors li[data-path=workers]").await;
     assert!(error.starts_with("workers: "), "{error}");
+    // every problem at once, a misspelt field with what was meant; no schedule of an earlier spec beside them
+    spec["optimiser"] = json!({});
+    edit(&browser, &spec).await;
+    browser.click("#check").await;
+    let meant = browser.wait_text("#spec-errors li[data-path=optimiser]", "did you mean `optimizer`", SHORT).await;
+    assert!(meant.starts_with("optimiser: "), "{meant}");
+    assert!(browser.text("#spec-errors li[data-path=workers]").await.starts_with("workers: "));
+    browser.wait_text("#preview-charts", "No preview while the spec has problems", SHORT).await;
+    let styled = browser.run("return document.getElementById('verdict').classList.contains('error');", json!([])).await;
+    assert_eq!(styled, json!(true));
+    spec.as_object_mut().unwrap().remove("optimiser");
     spec["workers"] = json!(2);
     edit(&browser, &spec).await;
     browser.click("#check").await;
@@ -201,6 +212,8 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let long = browser.run("return [...document.querySelectorAll('#job-rows button')].find(b => b.textContent === 'web-long').dataset.job;", json!([])).await;
     browser.click(&format!("#job-rows button[data-job='{}']", long.as_str().unwrap())).await;
     browser.wait_text("#job-state", "running", SHORT).await;
+    // Cancel asks first; the test says yes
+    browser.run("window.confirm = () => true;", json!([])).await;
     browser.click("#cancel").await;
     browser.wait_text("#job-state", "cancelled", Duration::from_secs(30)).await;
     // a refusal reaches the user: a second cancel (as when the job ended just before the click) shows the 409's

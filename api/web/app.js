@@ -9,7 +9,7 @@
 //
 // Every view has an address (`#/jobs`, `#/jobs/ID`, `#/studies/ID`, `#/compare/A,B`, `#/submit`, ...): the
 // page shown follows the address, so a reload shows the same view, Back goes to the one before, and a
-// job, study or comparison can be linked. navigate() only changes the address.
+// job, study or comparison can be linked. navigate() adds a history entry and shows its view.
 
 import { api, onContact, TOKEN_KEY } from "./api.js";
 import { $ } from "./dom.js";
@@ -57,8 +57,9 @@ export function route(hash) {
 function navigate(page, arg) {
   carried = arg !== null && typeof arg === "object" && !Array.isArray(arg) ? arg : null;
   const next = address(page, carried ? undefined : arg);
-  if (location.hash === next) showAddress();
-  else location.hash = next;
+  // a new history entry, shown at once (pushState fires no hashchange; Back and a typed address do)
+  if (location.hash !== next) history.pushState(null, "", next);
+  showAddress();
 }
 
 /** Shows the view the address names. */

@@ -45,7 +45,7 @@ export function drawChart(canvas, series, axes) {
     .filter((s) => s.points.length > 0);
   const all = lines.flatMap((s) => s.points);
   if (all.length < 2) {
-    write("nothing reported yet", 10, 20);
+    write(axes.empty || "nothing reported yet", 10, 20);
     canvas.dataset.labels = written.join("|");
     canvas.dataset.series = "0";
     return;

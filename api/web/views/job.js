@@ -224,6 +224,8 @@ async function renderLogs() {
 }
 
 function cancel() {
+  const name = $("job-title").textContent.replace(/^Job /, "");
+  if (!window.confirm(`Cancel ${name}? Its ranks are stopped now; its checkpoints are kept.`)) return undefined;
   return act($("job-error"), async () => {
     await api(`/v1/jobs/${jobId}/cancel`, { method: "POST" });
     await refresh();

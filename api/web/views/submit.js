@@ -68,6 +68,11 @@ function specFromEditor() {
 
 function showErrors(error) {
   $("verdict").textContent = error.message;
+  $("verdict").classList.add("error");
+  // the last good spec's schedules beside this one's problems would mislead
+  const charts = $("preview-charts");
+  charts.replaceChildren();
+  add(charts, "p", "No preview while the spec has problems.");
   const list = $("spec-errors");
   list.replaceChildren();
   for (const field of error.fields || []) add(list, "li", `${field.path}: ${field.reason}`).dataset.path = field.path;
@@ -81,6 +86,7 @@ async function check() {
     const preview = await previewSchedules(spec);
     if (mine !== checkSeq) return;
     $("spec-errors").replaceChildren();
+    $("verdict").classList.remove("error");
     $("verdict").textContent = `${answer.verdict}: ${answer.message}`;
     renderPreview(preview);
   } catch (error) {
@@ -129,6 +135,7 @@ function renderPreview(answer) {
       x: "epoch",
       y: "lr",
       yFromZero: true,
+      empty: `${e.total_iterations} iteration${e.total_iterations === 1 ? "" : "s"}: no curve to draw`,
     });
   }
 }
