@@ -235,6 +235,48 @@ async fn a_server_restart_loses_nothing_and_running_jobs_go_on() {
     assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
 }
 
+/// A job cancelled after its first checkpoint and resumed (`POST /v1/jobs/{id}/resume`) is placed again and
+/// starts from that checkpoint, not from the beginning, and succeeds with every iteration reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_resumes_from_its_checkpoint() {
+    let cluster = Cluster::up("resume", 2).await;
+    let api = &cluster.api;
+    let id = api.submit(&fashion_mnist("e2e-resume", 2, 4000, 4)).await;
+    api.wait_first_checkpoint(&id, LONG).await;
+    api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    api.wait_state(&id, "cancelled", LONG).await;
+    let resumed = api.post(&format!("/v1/jobs/{id}/resume"), json!({})).await;
+    assert_eq!(resumed["state"], "queued", "{resumed}");
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    let total = job["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
+    let history = job["result"]["history"].as_array().unwrap();
+    let last = history.last().unwrap();
+    assert!(last["resumed_from_iteration"].as_i64().unwrap() > 0, "it resumed from its checkpoint: {job}");
+
+    // A fork of its final weights starts trained: its first loss is far below the first loss of the run it
+    // forks (about ln 10 at a random start), though its own schedule begins at iteration 0 with a warmup.
+    let checkpoints = api.get(&format!("/v1/jobs/{id}/checkpoints")).await;
+    let last = checkpoints["checkpoints"].as_array().unwrap().iter().find(|c| c["is_final"] == true).unwrap().clone();
+    let mut fork = fashion_mnist("e2e-fork", 1, 2000, 1);
+    fork["init_from"] = json!({"checkpoint": last["id"]});
+    fork["log_every_iterations"] = json!(1);
+    let forked = api.submit(&fork).await;
+    api.wait_state(&forked, "succeeded", LONG).await;
+    let first_loss = |points: &[Value]| {
+        let first = points.iter().filter(|p| p["rank"] == 0).min_by_key(|p| p["iteration"].as_i64()).unwrap();
+        first["fields"]["loss"].as_f64().unwrap()
+    };
+    let (original, started) =
+        (first_loss(&api.metrics(&id, "iteration").await), first_loss(&api.metrics(&forked, "iteration").await));
+    assert!(
+        started < 0.5 * original,
+        "the fork starts from the trained weights: first loss {started}, the original's {original}"
+    );
+    let logs = api.get(&format!("/v1/jobs/{forked}/logs?q=weights")).await;
+    assert!(logs.to_string().contains("with the weights in"), "rank 0 says where its weights came from: {logs}");
+}
+
 /// Ctrl-C stops `ringtrain up` within seconds, its running job checkpointed where it was; the next start
 /// resumes the job from exactly there (a preemption, not a failed attempt) and it finishes with every
 /// iteration reported once.

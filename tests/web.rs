@@ -2,9 +2,9 @@
 //! its path, the schedule previewed for four worker counts) and submit it; watch the job reach `succeeded`
 //! with its charts drawn, its checkpoint downloaded and its ranks' lines searched; submit it again; see a
 //! running job's progress and the devices it holds, then cancel it (a second cancel's refusal shown); filter
-//! and page the run history; compare two jobs; create a team and its tokens from the Team view, revoke one;
-//! and see that the other team's token shows none of the first team's jobs. Screenshots of each page are
-//! saved in the test's folder.
+//! and page the run history, sort it, add a column and a tag; compare two jobs; create a team and its tokens
+//! from the Team view, revoke one; and see that the other team's token shows none of the first team's jobs.
+//! Screenshots of each page are saved in the test's folder (or in `RINGTRAIN_SCREENSHOTS`).
 
 mod support;
 
@@ -58,24 +58,30 @@ async fn chart(browser: &Browser, id: &str, series: u32) -> String {
     labels.as_str().unwrap().to_string()
 }
 
-/// Pixels of a chart that are strongly coloured (its lines, not its grey frame or black text).
-async fn coloured_pixels(browser: &Browser, id: &str) -> u64 {
+/// The points a chart drew: the corners of its lines and its dots.
+async fn drawn_points(browser: &Browser, id: &str) -> u64 {
     let script = format!(
         "const c = document.getElementById('{id}'); \
-         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
-         let n = 0; for (let i = 0; i < d.length; i += 4) {{ \
-           const [r, g, b, a] = [d[i], d[i+1], d[i+2], d[i+3]]; \
-           if (a > 200 && Math.max(r, g, b) - Math.min(r, g, b) > 80) n++; }} \
-         return n;"
+         const lines = [...c.querySelectorAll('g.series path')].map(p => p.getAttribute('d').split('L').length); \
+         return lines.reduce((a, b) => a + b, 0) + c.querySelectorAll('g.series circle').length;"
     );
     browser.run(&script, json!([])).await.as_u64().unwrap()
+}
+
+/// The colours of a chart's series.
+async fn series_colours(browser: &Browser, id: &str) -> Value {
+    let script = format!("return [...document.querySelectorAll('#{id} g.series')].map(g => g.getAttribute('stroke'));");
+    browser.run(&script, json!([])).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let cluster = Cluster::up("web", 2).await;
     let url = cluster.url.clone();
-    let shots = cluster.dir.join("screenshots");
+    // RINGTRAIN_SCREENSHOTS=docs/screenshots refreshes the README's and the user guide's pictures
+    let shots = std::env::var_os("RINGTRAIN_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| cluster.dir.join("screenshots"));
     std::fs::create_dir_all(&shots).unwrap();
     let browser = Browser::start().await;
 
@@ -120,7 +126,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     // kn = 32·32 = 1024 with the reference batch 64: the lr scales 16 times, to 1.6
     assert!(previews.contains("k = 1: batch 32") && previews.contains("k = 32: batch 1024, lr 1.6"), "{previews}");
     let drawn = browser
-        .run("return [...document.querySelectorAll('#preview-charts canvas')].map(c => c.dataset.series);", json!([]))
+        .run("return [...document.querySelectorAll('#preview-charts .chart')].map(c => c.dataset.series);", json!([]))
         .await;
     assert_eq!(drawn, json!(["1", "1", "1", "1"]), "one lr curve per worker count");
     browser.screenshot(&shots.join("submit.png")).await;
@@ -130,15 +136,35 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.wait_text("#job-state", "succeeded", LONG).await;
     browser.wait_text("#job-logs", "rank 1 of 2:", SHORT).await;
     chart(&browser, "loss-chart", 1).await;
-    assert!(coloured_pixels(&browser, "loss-chart").await > 200, "the loss line is drawn");
+    assert!(drawn_points(&browser, "loss-chart").await >= 2, "the loss line is drawn");
+    // ticks at round values, percentages where the axis says %, the epochs counted from 1
     let errors = chart(&browser, "error-chart", 2).await;
     assert!(errors.contains("epoch") && errors.contains("train") && errors.contains("test"), "{errors}");
+    assert!(errors.contains("error (%)") && errors.split('|').any(|l| l.ends_with('%')), "{errors}");
+    assert!(errors.split('|').any(|l| l == "1") && errors.split('|').any(|l| l == "2"), "{errors}");
     let lr = chart(&browser, "lr-chart", 2).await;
-    assert!(lr.contains("lr") && lr.contains("used") && lr.contains("planned"), "{lr}");
+    assert!(lr.contains("learning rate") && lr.contains("used") && lr.contains("planned"), "{lr}");
+    // the lr on a log scale, on request
+    browser.click("#lr-chart .log-toggle input").await;
+    let logged = wait_for(&browser, "const c = document.getElementById('lr-chart'); return c.dataset.labels.includes('(log scale)') ? c.dataset.labels : null;", SHORT).await;
+    assert!(logged.as_str().unwrap().contains("learning rate (log scale)"), "{logged}");
     assert!(chart(&browser, "speed-chart", 1).await.contains("samples/s"));
-    assert!(chart(&browser, "allreduce-chart", 1).await.contains("all-reduce share"));
-    let facts = browser.text("#job-facts").await;
-    assert!(facts.contains("Global batch (kn)") && facts.contains("64 = 2 × 32"), "{facts}");
+    assert!(chart(&browser, "allreduce-chart", 1).await.contains("all-reduce share (%)"));
+    // the value under the pointer
+    browser
+        .run(
+            "const area = document.querySelector('#loss-chart .hover-area'); const r = area.getBoundingClientRect(); \
+             area.dispatchEvent(new PointerEvent('pointermove', {clientX: r.left + r.width / 2, clientY: r.top + 5, bubbles: true}));",
+            json!([]),
+        )
+        .await;
+    let hovered = browser.wait_text("#loss-chart .tooltip", "training loss", SHORT).await;
+    assert!(hovered.lines().count() >= 2 || hovered.contains(':'), "an x and the loss there: {hovered}");
+    // what the run is: asked beside effective, and what it used
+    let config = browser.text("#config-rows").await;
+    assert!(config.contains("Learning rate") && config.contains("2 × 32 = global batch 64"), "{config}");
+    let used = browser.wait_text("#job-facts", "Device time", SHORT).await;
+    assert!(used.contains("device-seconds") && used.contains("Peak memory of a rank"), "{used}");
     let events = browser.text("#job-events").await;
     assert!(events.contains("scheduled: placement 1 (attempt 1)") && events.contains("succeeded"), "{events}");
     browser.screenshot(&shots.join("job.png")).await;
@@ -189,6 +215,26 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     .await;
     assert!(rank0.as_str().unwrap().contains("[rank 0]"), "{rank0}");
 
+    // "Fork" on a checkpoint opens the editor with a new job that starts from its weights
+    browser
+        .run(
+            "const rows = [...document.querySelectorAll('#checkpoint-rows tr')]; \
+             rows.find(r => r.textContent.includes('final weights')).querySelector('button[data-fork]').click();",
+            json!([]),
+        )
+        .await;
+    let fork = wait_for(
+        &browser,
+        "const v = document.getElementById('spec').value; return v.includes('init_from') ? v : null;",
+        SHORT,
+    )
+    .await;
+    let fork: Value = serde_json::from_str(fork.as_str().unwrap()).unwrap();
+    assert_eq!(fork["name"], "web-short-fork");
+    assert!(fork["init_from"]["checkpoint"].as_str().is_some_and(|id| id.len() == 36), "{fork}");
+    browser.run("history.back();", json!([])).await;
+    browser.wait_text("#job-title", "Job web-short", SHORT).await;
+
     // "submit again" opens the spec in the editor
     browser.click("#submit-again").await;
     let again = browser.run("return document.getElementById('spec').value;", json!([])).await;
@@ -209,8 +255,13 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.wait_text("#job-rows", "iteration ", SHORT).await;
     browser.wait_text("#team-usage", "guaranteed and 1 CPU of its", SHORT).await;
     browser.screenshot(&shots.join("jobs-running.png")).await;
-    let long = browser.run("return [...document.querySelectorAll('#job-rows button')].find(b => b.textContent === 'web-long').dataset.job;", json!([])).await;
-    browser.click(&format!("#job-rows button[data-job='{}']", long.as_str().unwrap())).await;
+    let long = browser
+        .run(
+            "return [...document.querySelectorAll('#job-rows a')].find(b => b.textContent === 'web-long').dataset.job;",
+            json!([]),
+        )
+        .await;
+    browser.click(&format!("#job-rows a[data-job='{}']", long.as_str().unwrap())).await;
     browser.wait_text("#job-state", "running", SHORT).await;
     // Cancel asks first; the test says yes
     browser.run("window.confirm = () => true;", json!([])).await;
@@ -220,6 +271,12 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     // detail where the view shows its errors
     browser.run("document.getElementById('cancel').click();", json!([])).await;
     browser.wait_text("#job-error", "already cancelled", SHORT).await;
+    // a cancelled job resumes (from its newest checkpoint when it has one), and is cancelled again
+    browser.click("#resume").await;
+    browser.wait_text("#job-events", "queued: resumed by token", SHORT).await;
+    wait_for(&browser, "return !document.getElementById('cancel').hidden;", SHORT).await;
+    browser.click("#cancel").await;
+    browser.wait_text("#job-state", "cancelled", Duration::from_secs(30)).await;
 
     // the run history: filtered by name, and paged
     browser.click("#nav button[data-page=jobs]").await;
@@ -257,6 +314,64 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
         .await;
     browser.wait_text("#job-rows", "web-short", SHORT).await;
 
+    // the run table: sorted by a heading (ascending, then descending), a spec field added as a column
+    let names = "const n = [...document.querySelectorAll('#job-rows td[data-column=name]')].map(t => t.textContent); \
+                 return n.length === 2 ? n : null;";
+    browser.click("#job-head button[data-sort=name]").await;
+    wait_for(
+        &browser,
+        "return document.querySelector('#job-head th[data-column=name]').getAttribute('aria-sort') === 'ascending';",
+        SHORT,
+    )
+    .await;
+    assert_eq!(wait_for(&browser, names, SHORT).await, json!(["web-long", "web-short"]));
+    browser.click("#job-head button[data-sort=name]").await;
+    wait_for(
+        &browser,
+        "return document.querySelector('#job-head th[data-column=name]').getAttribute('aria-sort') === 'descending';",
+        SHORT,
+    )
+    .await;
+    assert_eq!(wait_for(&browser, names, SHORT).await, json!(["web-short", "web-long"]));
+    browser.type_into("#new-column", "train_samples").await;
+    browser.click("#column-form button[type=submit]").await;
+    browser.wait_text("#job-head", "train_samples", SHORT).await;
+    let samples = browser.text("#job-rows").await;
+    assert!(samples.contains("60000") && samples.contains("2000"), "{samples}");
+    // a tag, set on the job's page, and the history filtered by it
+    browser.click("#job-rows a[data-job]:not([data-job=''])").await;
+    let tagged = browser.run("return document.getElementById('job-title').textContent;", json!([])).await;
+    browser.wait_text("#job-title", "Job web-", SHORT).await;
+    browser.type_into("#new-tag", "baseline").await;
+    browser.click("#tag-form button[type=submit]").await;
+    browser.wait_text("#job-tags", "baseline", SHORT).await;
+    browser.type_into("#job-note", "the first try").await;
+    browser.click("#save-note").await;
+    browser.wait_text("#note-state", "Saved", SHORT).await;
+    browser.click("#nav button[data-page=jobs]").await;
+    browser.type_into("#tag-filter", "baseline").await;
+    browser.click("#job-filters button[type=submit]").await;
+    let filtered = wait_for(
+        &browser,
+        "const r = document.querySelectorAll('#job-rows tr'); return r.length === 1 ? r[0].textContent : null;",
+        SHORT,
+    )
+    .await;
+    assert!(filtered.as_str().unwrap().contains("baseline"), "only the tagged job ({tagged}): {filtered}");
+    browser.run("document.getElementById('tag-filter').value = ''; document.getElementById('text-filter').value = 'FIRST TRY';", json!([])).await;
+    browser.click("#job-filters button[type=submit]").await;
+    let searched = wait_for(
+        &browser,
+        "const r = document.querySelectorAll('#job-rows tr'); return r.length === 1 ? r[0].textContent : null;",
+        SHORT,
+    )
+    .await;
+    assert!(searched.as_str().unwrap().contains("baseline"), "found by its note: {searched}");
+    browser.run("document.getElementById('text-filter').value = '';", json!([])).await;
+    browser.click("#job-filters button[type=submit]").await;
+    browser.wait_text("#job-rows", "web-long", SHORT).await;
+    browser.screenshot(&shots.join("jobs-table.png")).await;
+
     // comparing needs two, and shows both recipes and curves
     browser.click("#compare-selected").await;
     browser.wait_text("#jobs-error", "Select 2 to 8 jobs", Duration::from_secs(5)).await;
@@ -272,16 +387,15 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let table = browser.wait_text("#compare-rows", "web-long", SHORT).await;
     assert!(table.contains("web-short") && table.contains("64"), "both recipes side by side: {table}");
     chart(&browser, "compare-loss-chart", 2).await;
-    let coloured = browser
-        .run(
-            "const c = document.getElementById('compare-loss-chart'); \
-             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
-             const seen = new Set(); for (let i = 0; i < d.length; i += 4) { if (d[i+3] > 200 && (d[i] > 150 || d[i+2] > 150) && Math.abs(d[i] - d[i+2]) > 80) seen.add(d[i] > d[i+2] ? 'red' : 'blue'); } \
-             return [...seen].sort();",
-            json!([]),
-        )
-        .await;
-    assert_eq!(coloured, json!(["blue", "red"]), "two loss curves in two colours");
+    let colours = series_colours(&browser, "compare-loss-chart").await;
+    assert_eq!(colours.as_array().unwrap().len(), 2, "two loss curves: {colours}");
+    assert_ne!(colours[0], colours[1], "in two colours");
+    // every spec field that differs, and the final error against a parameter (one job has finished)
+    let diff = browser.wait_text("#diff-rows", "train_samples", SHORT).await;
+    assert!(diff.contains("name") && diff.contains("epochs") && !diff.contains("per_worker_batch"), "{diff}");
+    chart(&browser, "compare-scatter", 1).await;
+    browser.run("const s = document.getElementById('scatter-parameter'); s.value = 'effective.global_batch'; s.dispatchEvent(new Event('change'));", json!([])).await;
+    assert!(chart(&browser, "compare-scatter", 1).await.contains("kn (global batch)"));
     assert!(chart(&browser, "compare-samples-chart", 2).await.contains("samples seen"));
     browser.screenshot(&shots.join("compare.png")).await;
 
@@ -298,18 +412,19 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert_eq!(study.status(), 201);
     browser.click("#nav button[data-page=studies]").await;
     browser.wait_text("#study-rows", "web-study", SHORT).await;
-    browser.click("#study-rows button").await;
+    browser.click("#study-rows a").await;
     browser.wait_text("#study-title", "web-study: 2 succeeded", LONG).await;
     let table = browser.wait_text("#study-point-rows", "workers=2", SHORT).await;
     assert!(table.contains("0*") && table.contains("2 / 2"), "the reference and the devices: {table}");
-    let curves = wait_for(
-        &browser,
-        "const svg = document.querySelector('#study-plot svg'); \
-         return svg && svg.querySelectorAll('polyline').length >= 4 ? svg.querySelectorAll('polyline').length : null;",
-        SHORT,
-    )
-    .await;
-    assert_eq!(curves, json!(4), "test and training error of both points");
+    let plot = chart(&browser, "study-plot", 4).await;
+    assert!(
+        plot.contains("0* workers=1 test") && plot.contains("1 workers=2 train"),
+        "test and training error of both points: {plot}"
+    );
+    assert!(
+        browser.run("return document.getElementById('cancel-study').hidden;", json!([])).await == json!(true),
+        "nothing left to cancel"
+    );
     browser.screenshot(&shots.join("study.png")).await;
 
     // the Team view: a new team, a viewer token for it (shown once), a second token revoked
@@ -326,9 +441,10 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
         browser.run("document.getElementById('new-token-role').value = arguments[0];", json!([role])).await;
         browser.run("document.getElementById('new-token-label').value = arguments[0];", json!([label])).await;
         browser.click("#token-create button[type=submit]").await;
-        let shown = browser.wait_text("#new-token", &format!("New {role} token"), SHORT).await;
+        browser.wait_text("#new-token", &format!("New {role} token"), SHORT).await;
         browser.wait_text("#token-rows", label, SHORT).await;
-        tokens.push(shown.rsplit(' ').next().unwrap().to_string());
+        tokens.push(browser.text("#new-token-value").await);
+        assert_eq!(browser.run("return document.getElementById('new-token-label').value;", json!([])).await, json!(""));
         browser.run("document.getElementById('new-token').textContent = '';", json!([])).await;
     }
     let revoke = browser
@@ -370,7 +486,7 @@ async fn views_have_addresses_and_a_lost_server_is_said() {
     assert_eq!(hash().await, json!("#/jobs"), "the Jobs list is the first view");
 
     // a job's page has its address, and a reload shows the same page
-    browser.click(&format!("#job-rows button[data-job='{id}']")).await;
+    browser.click(&format!("#job-rows a[data-job='{id}']")).await;
     browser.wait_text("#job-title", "Job addressed", SHORT).await;
     assert_eq!(hash().await, json!(format!("#/jobs/{id}")));
     let facts = browser.wait_text("#job-facts", "Model", SHORT).await;

@@ -82,21 +82,38 @@ pub(crate) async fn fetch_checkpoint(
     ctx: &AgentContext,
     work: &Work,
     checkpoint: &Checkpoint,
-    placement_dir: &Path,
+    rank_dir: &Path,
 ) -> Result<PathBuf> {
-    let archive = placement_dir.join("resume.tar");
     let path = format!("/v1/agent/jobs/{}/checkpoints/{}/archive", work.assignment.job_id, checkpoint.id);
-    ctx.client.download(&path, &archive, Some(&checkpoint.sha256)).await?;
-    let target = placement_dir.join("resume");
-    let unpacked = target.clone();
-    let name = tokio::task::spawn_blocking(move || -> Result<String> {
+    let name = fetch_archive(ctx, &path, Some(&checkpoint.sha256), &rank_dir.join("resume")).await?;
+    tracing::info!(checkpoint = %name, epoch = checkpoint.epoch, "resuming");
+    Ok(rank_dir.join("resume"))
+}
+
+/// Downloads and unpacks a fork's starting checkpoint (its `init_from`, pinned by the server); returns the
+/// folder for `--init-from`, laid out as a resume folder.
+pub(crate) async fn fetch_init(ctx: &AgentContext, work: &Work, rank_dir: &Path) -> Result<PathBuf> {
+    let path = format!("/v1/agent/jobs/{}/init", work.assignment.job_id);
+    let target = rank_dir.join("init");
+    let name = fetch_archive(ctx, &path, None, &target)
+        .await
+        .context("cannot fetch the starting checkpoint named by the spec's init_from")?;
+    tracing::info!(checkpoint = %name, "starting from another job's weights");
+    Ok(target)
+}
+
+/// Downloads the archive at `path` (checked against `sha256` when known) and unpacks it into `target`;
+/// returns the checkpoint folder's name.
+async fn fetch_archive(ctx: &AgentContext, path: &str, sha256: Option<&str>, target: &Path) -> Result<String> {
+    let archive = target.with_extension("tar");
+    ctx.client.download(path, &archive, sha256).await?;
+    let unpacked = target.to_path_buf();
+    tokio::task::spawn_blocking(move || -> Result<String> {
         let name = unpack_checkpoint(&archive, &unpacked)?;
         std::fs::remove_file(&archive)?;
         Ok(name)
     })
-    .await??;
-    tracing::info!(checkpoint = %name, epoch = checkpoint.epoch, "resuming");
-    Ok(target)
+    .await?
 }
 
 /// The trainer's checkpoint folder names (`protocol::rank::CheckpointName`).

@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use crate::client::Client;
 use crate::confine::{self, RankSandbox};
-use crate::files::{dataset_file, fetch_checkpoint, model_file};
+use crate::files::{dataset_file, fetch_checkpoint, fetch_init, model_file};
 use crate::lines::CappedLines;
 use crate::relay::Relay;
 use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
@@ -103,6 +103,8 @@ struct Prepared {
     model: Option<PathBuf>,
     /// The unpacked checkpoint rank 0 resumes from.
     resume: Option<PathBuf>,
+    /// The unpacked checkpoint whose weights rank 0 of a fork starts from.
+    init: Option<PathBuf>,
 }
 
 impl Prepared {
@@ -131,7 +133,11 @@ async fn prepare(ctx: &Arc<AgentContext>, work: &Work) -> Result<Prepared> {
         (Some(checkpoint), 0) => Some(fetch_checkpoint(ctx, work, checkpoint, &rank_dir).await?),
         _ => None,
     };
-    Ok(Prepared { placement_dir, rank_dir, spec, dataset, model, resume })
+    let init = match work.init_weights && a.rank == 0 {
+        true => Some(fetch_init(ctx, work, &rank_dir).await?),
+        false => None,
+    };
+    Ok(Prepared { placement_dir, rank_dir, spec, dataset, model, resume, init })
 }
 
 /// The rank's process, confined, with its command line, environment and pipes; and its cgroup, when the
@@ -153,6 +159,7 @@ async fn rank_process(ctx: &Arc<AgentContext>, work: &Work, prepared: &Prepared)
         stop_file: Some(private.join("stop")),
         threads: ctx.threads,
         resume: prepared.resume.as_ref().map(|_| private.join("resume")),
+        init_from: prepared.init.as_ref().map(|_| private.join("init")),
         ..Default::default()
     };
     if let Some(file) = &prepared.dataset {

@@ -124,6 +124,10 @@ async fn work_for(
     } else {
         None
     };
+    let init_weights = assignment.rank == 0
+        && assignment.state != AssignmentState::Running
+        && resume.is_none()
+        && job.spec.init_from.is_some();
     let device_index = node.devices.iter().find(|d| d.id == assignment.device_id).map_or(0, |d| d.index);
     Ok(Work {
         rendezvous_secret: inputs.rendezvous_secret.clone(),
@@ -136,6 +140,7 @@ async fn work_for(
         dataset_size: job.dataset_size,
         rendezvous,
         resume,
+        init_weights,
     })
 }
 

@@ -17,6 +17,7 @@ pub mod progress;
 pub mod prometheus;
 pub mod queue;
 pub mod reference_guard;
+pub mod resources;
 pub mod resume;
 pub mod routes;
 pub mod state;

@@ -20,6 +20,8 @@ pub struct LiveProgress {
     pub samples_per_s: Option<f64>,
     /// Share of that window's wall time spent in the gradient all-reduce (0 to 1).
     pub allreduce_share: Option<f64>,
+    /// Seconds until the last iteration at that window's rate (evaluations and checkpoints not counted).
+    pub seconds_left: Option<f64>,
 }
 
 impl LiveProgress {
@@ -48,12 +50,15 @@ pub async fn live_progress(store: &dyn Store, job: &Job) -> StoreResult<Option<L
     let point = store.query_metrics(id, &query).await?.into_iter().next();
     let field = |name: &str| point.as_ref().and_then(|p| p.fields.get(name)).and_then(Value::as_f64);
     let total = job.effective.as_ref().map(|e| e.total_iterations as i64);
-    Ok(Some(LiveProgress {
+    let mut progress = LiveProgress {
         iterations_done: newest + 1,
         total_iterations: total,
         epoch: point.as_ref().map_or(0, |p| p.epoch),
         loss: field("loss"),
         samples_per_s: field("samples_per_s"),
         allreduce_share: field("allreduce_share"),
-    }))
+        seconds_left: None,
+    };
+    progress.seconds_left = job.effective.as_ref().and_then(|e| progress.seconds_left(e.global_batch as f64));
+    Ok(Some(progress))
 }

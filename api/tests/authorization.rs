@@ -26,6 +26,8 @@ const RULES: &[(&str, &str, &str)] = &[
     ("get", "/v1/jobs", "yyyyfyuu"),
     ("get", "/v1/jobs/{id}", "nyyyfnuu"),
     ("post", "/v1/jobs/{id}/cancel", "nyyffnuu"),
+    ("post", "/v1/jobs/{id}/resume", "nyyffnuu"),
+    ("patch", "/v1/jobs/{id}", "nyyffnuu"),
     ("get", "/v1/jobs/{id}/events", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/logs", "nyyyfnuu"),
     ("get", "/v1/jobs/{id}/metrics", "nyyyfnuu"),
@@ -38,6 +40,8 @@ const RULES: &[(&str, &str, &str)] = &[
     ("get", "/v1/models/{id}", "nyyyfnuu"),
     ("delete", "/v1/models/{id}", "nyyffnuu"),
     ("get", "/v1/agent/jobs/{id}/model", "ffffyfuu"),
+    // the fixture's job is not a fork: 404 even to its rank 0's agent (tests/cluster.rs downloads a fork's)
+    ("get", "/v1/agent/jobs/{id}/init", "ffffnfuu"),
     ("post", "/v1/schedules/preview", "yyyyfyuu"),
     ("post", "/v1/studies", "yyyffyuu"),
     ("get", "/v1/studies", "yyyyfyuu"),
@@ -217,7 +221,10 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         ("post", "/v1/teams/{id}/tokens") => Some(json!({"role": "viewer"})),
         ("patch", "/v1/teams/{id}") => Some(json!({"cpu_quota": 8})),
         ("post", "/v1/agent-tokens") => Some(json!({})),
-        ("post", "/v1/jobs/{id}/cancel") | ("post", "/v1/agent/nodes/{id}/heartbeat") => Some(json!({})),
+        ("post", "/v1/jobs/{id}/cancel")
+        | ("post", "/v1/jobs/{id}/resume")
+        | ("post", "/v1/agent/nodes/{id}/heartbeat") => Some(json!({})),
+        ("patch", "/v1/jobs/{id}") => Some(json!({"note": "checked"})),
         ("post", "/v1/agent/nodes") => Some(
             json!({"name": "n0", "address": "127.0.0.1", "devices": [{"index": 0, "kind": "cpu", "name": "cpu 0"}]}),
         ),

@@ -439,6 +439,125 @@ async fn schedule_preview_compares_world_sizes(app: TestApp) {
     app.get(&format!("/v1/jobs/{id}/schedule"), &team.viewer).await.problem(409);
 }
 
+/// A failed or cancelled job is queued again by `POST /v1/jobs/{id}/resume`, with an event naming who
+/// resumed it; anything else is refused.
+async fn ended_jobs_resume(app: TestApp) {
+    let team = app.team("alpha").await;
+    let reply = app.post("/v1/jobs", &team.member, &spec("again")).await;
+    let id = reply.body["id"].as_str().unwrap().to_string();
+    let resume = format!("/v1/jobs/{id}/resume");
+    let refused = app.post(&resume, &team.member, &json!({})).await;
+    refused.problem(409);
+    assert!(refused.body["detail"].as_str().unwrap().contains("only a failed or cancelled job"), "{}", refused.text);
+    assert_eq!(app.post(&format!("/v1/jobs/{id}/cancel"), &team.member, &json!({})).await.status, 200);
+    app.post(&resume, &team.viewer, &json!({})).await.problem(403);
+    let other = app.team("beta").await;
+    app.post(&resume, &other.member, &json!({})).await.problem(404);
+    let resumed = app.post(&resume, &team.member, &json!({})).await;
+    assert_eq!(resumed.status, 200, "{}", resumed.text);
+    assert_eq!(resumed.body["state"], "queued");
+    assert!(resumed.body["finished_at"].is_null() && resumed.body["error"].is_null(), "{}", resumed.text);
+    let events = app.get(&format!("/v1/jobs/{id}/events"), &team.viewer).await;
+    let last = events.body["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!((&last["from_state"], &last["to_state"]), (&json!("cancelled"), &json!("queued")), "{last}");
+    assert!(last["reason"].as_str().unwrap().starts_with("resumed by token"), "{last}");
+    // queued again: it may be cancelled again, and resumed again
+    assert_eq!(app.post(&format!("/v1/jobs/{id}/cancel"), &team.member, &json!({})).await.status, 200);
+    assert_eq!(app.post(&resume, &team.member, &json!({})).await.status, 200);
+}
+
+/// A fork names a checkpoint of a job of its team that trains the same model; the checkpoint is pinned
+/// beside the new job, so the fork starts as submitted even once its source's artifacts are deleted.
+async fn forks_start_from_a_checkpoint_of_the_team(app: TestApp) {
+    let team = app.team("alpha").await;
+    let (source, agent, attempt) = common::placed_job(&app, &team, 4, std::time::Duration::from_secs(60), true).await;
+    let upload = format!("/v1/agent/jobs/{source}/checkpoints/epoch-0001?attempt={attempt}&epoch=1&iteration=32");
+    let uploaded = app.send_bytes(Method::PUT, &upload, &agent, vec![7u8; 1234]).await;
+    assert_eq!(uploaded.status, 201, "{}", uploaded.text);
+    let checkpoint = uploaded.body["id"].as_str().unwrap().to_string();
+
+    // every problem at once: another model, and a field out of range
+    let mut other_model = spec("fork");
+    other_model["model"] = json!({"name": "mlp", "hidden": [64]});
+    other_model["init_from"] = json!({"checkpoint": checkpoint});
+    other_model["priority"] = json!(1_000_000);
+    let refused = app.post("/v1/jobs", &team.member, &other_model).await;
+    let mut paths = refused.problem(422);
+    paths.sort();
+    assert_eq!(paths, ["init_from.checkpoint", "priority"], "{}", refused.text);
+    assert!(refused.text.contains("would not load"), "{}", refused.text);
+    // another team's checkpoint is no checkpoint
+    let beta = app.team("beta").await;
+    let mut foreign = spec("foreign");
+    foreign["init_from"] = json!({"checkpoint": checkpoint});
+    assert_eq!(app.post("/v1/jobs", &beta.member, &foreign).await.problem(422), ["init_from.checkpoint"]);
+    // an unknown id, and a field the fork does not have
+    let mut unknown = spec("unknown");
+    unknown["init_from"] = json!({"checkpoint": uuid::Uuid::new_v4().to_string(), "epoch": 1});
+    let mut paths = app.post("/v1/jobs", &team.member, &unknown).await.problem(422);
+    paths.sort();
+    assert_eq!(paths, ["init_from.checkpoint", "init_from.epoch"], "the unknown field and the unknown id at once");
+
+    // the placed job trains mlp [32] on synthetic data, as `spec` does
+    let mut fork = spec("fork");
+    fork["workers"] = json!(1);
+    fork["init_from"] = json!({"checkpoint": checkpoint});
+    let forked = app.post("/v1/jobs", &team.member, &fork).await;
+    assert_eq!(forked.status, 201, "{}", forked.text);
+    assert_eq!(forked.body["spec"]["init_from"]["checkpoint"], checkpoint.as_str());
+    let fork_id = forked.body["id"].as_str().unwrap();
+    let pinned = app.dir.path().join("checkpoints").join(fork_id).join("init.tar");
+    // the source's artifacts go (it must have ended first); the fork keeps its starting point
+    app.post(&format!("/v1/jobs/{source}/cancel"), &team.member, &json!({})).await;
+    let deleted = app.call(Method::DELETE, &format!("/v1/jobs/{source}/artifacts"), Some(&team.member), None).await;
+    assert_eq!(deleted.status, 200, "{}", deleted.text);
+    assert_eq!(std::fs::read(&pinned).unwrap(), vec![7u8; 1234], "pinned at {}", pinned.display());
+    // no agent may fetch it before the fork is placed on its node
+    app.get(&format!("/v1/agent/jobs/{fork_id}/init"), &agent).await.problem(404);
+}
+
+/// Tags and a note are set with PATCH (each field given replaces the stored one), checked field by field, and
+/// find runs in the history: by tag (whole tags only) and by words of the name or note (case ignored).
+async fn tags_and_notes_find_runs(app: TestApp) {
+    let team = app.team("alpha").await;
+    let first = app.submit(&team.member, &spec("warmup-sweep-1")).await;
+    let second = app.submit(&team.member, &spec("warmup-sweep-2")).await;
+    let job = |id: &str| format!("/v1/jobs/{id}");
+    let tagged = app
+        .patch(
+            &job(&first),
+            &team.member,
+            &json!({"tags": ["baseline", "kn=256", "baseline"], "note": "The Reference run\nof the sweep"}),
+        )
+        .await;
+    assert_eq!(tagged.status, 200, "{}", tagged.text);
+    assert_eq!(tagged.body["tags"], json!(["baseline", "kn=256"]), "a repeated tag is kept once");
+    assert_eq!(app.patch(&job(&second), &team.member, &json!({"tags": ["baseline-2"]})).await.status, 200);
+    // a field left out stays as it was
+    let noted =
+        app.patch(&job(&first), &team.member, &json!({"note": "the reference run of the sweep, checked"})).await;
+    assert_eq!(noted.body["tags"], json!(["baseline", "kn=256"]));
+    // every problem at once, with its path; nothing stored
+    let bad = app
+        .patch(&job(&first), &team.member, &json!({"tags": ["fine", "has space", "x".repeat(41)], "note": "bell\u{7}"}))
+        .await;
+    assert_eq!(bad.problem(422), ["tags[1]", "tags[2]", "note"]);
+    assert_eq!(app.get(&format!("/v1/jobs/{first}"), &team.viewer).await.body["tags"], json!(["baseline", "kn=256"]));
+    // a viewer may not write, another team does not see the job
+    app.patch(&job(&first), &team.viewer, &json!({"note": "x"})).await.problem(403);
+    let other = app.team("beta").await;
+    app.patch(&job(&first), &other.member, &json!({"note": "x"})).await.problem(404);
+    // the history by tag (a whole tag: `baseline` is not `baseline-2`), and by words
+    let names = |reply: &common::Reply| -> Vec<String> {
+        reply.body["jobs"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(names(&app.get("/v1/jobs?tag=baseline", &team.viewer).await), ["warmup-sweep-1"]);
+    assert_eq!(names(&app.get("/v1/jobs?tag=baseline-2", &team.viewer).await), ["warmup-sweep-2"]);
+    assert_eq!(names(&app.get("/v1/jobs?q=REFERENCE%20RUN", &team.viewer).await), ["warmup-sweep-1"]);
+    assert_eq!(names(&app.get("/v1/jobs?q=sweep", &team.viewer).await), ["warmup-sweep-2", "warmup-sweep-1"]);
+    assert!(names(&app.get("/v1/jobs?tag=baseline", &other.viewer).await).is_empty());
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     submit_returns_job_effective_lr_and_links,
@@ -451,4 +570,7 @@ ringtrain_store::on_both_backends!(
     event_stream_follows_until_the_job_ends,
     idempotency_key_replays_or_conflicts,
     schedule_preview_compares_world_sizes,
+    ended_jobs_resume,
+    forks_start_from_a_checkpoint_of_the_team,
+    tags_and_notes_find_runs,
 );

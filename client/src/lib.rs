@@ -178,6 +178,10 @@ impl ApiClient {
         self.call(Method::POST, path, Some(body), DEFAULT_TIMEOUT).await
     }
 
+    pub async fn patch<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T, CallError> {
+        self.call(Method::PATCH, path, Some(body), DEFAULT_TIMEOUT).await
+    }
+
     /// A DELETE whose answer is not read (204).
     pub async fn delete(&self, path: &str) -> Result<(), CallError> {
         let request = self.request(Method::DELETE, path).timeout(DEFAULT_TIMEOUT);

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::DatasetRef;
 use crate::error::FieldError;
-use crate::ids::{JobId, ModelId};
+use crate::ids::{CheckpointId, JobId, ModelId};
 
 /// A training job: what to train, on what, with which recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,6 +77,22 @@ pub struct JobSpec {
     /// The training loss (see [`Loss`]); default: `cross_entropy` for class labels, `mse` for values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<Loss>,
+    /// Start from another job's checkpoint (a fork: fine-tuning, or going on with a changed schedule); see
+    /// [`InitFrom`]. Absent: weights initialised from `seed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<InitFrom>,
+}
+
+/// Where a forked job's weights come from: a checkpoint of a job of the same team that trains the same
+/// model. The job takes the checkpoint's weights and BatchNorm statistics (rank 0's, for every rank), not
+/// its momentum, iteration or schedule: its own spec's schedule runs from iteration 0, so the lr, warmup and
+/// global batch may all differ from the run it forks. (Momentum buffers and an iteration count mean nothing
+/// under another schedule or batch; a run resumed as it was is `POST /v1/jobs/{id}/resume`.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitFrom {
+    /// The checkpoint's id (`GET /v1/jobs/{id}/checkpoints`).
+    pub checkpoint: CheckpointId,
 }
 
 /// Early stops for runs that cannot recover, so they do not hold devices to the end.

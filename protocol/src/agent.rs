@@ -84,6 +84,10 @@ pub struct Work {
     pub rendezvous: Option<String>,
     /// The checkpoint to resume from (the job's newest), for rank 0 to download and broadcast.
     pub resume: Option<Checkpoint>,
+    /// Rank 0 of a fork (a spec with `init_from`) that does not resume: download the job's starting
+    /// checkpoint (`GET /v1/agent/jobs/{id}/init`) and start from its weights.
+    #[serde(default)]
+    pub init_weights: bool,
     /// The secret this placement's ranks prove to each other in the rendezvous and on the ring; the agent
     /// hands it to the rank in its environment (never in argv).
     #[serde(default)]

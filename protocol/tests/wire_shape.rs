@@ -57,6 +57,7 @@ fn poll() -> Poll {
             dataset_sha256: Some("cd".repeat(32)),
             model: Some(ModelFile { id: ModelId(id(6)), sha256: "ef".repeat(32), inputs: vec!["x".into()] }),
             device_index: 1,
+            init_weights: false,
         }],
         stop: vec![AssignmentId(id(9))],
         preempt: vec![],
@@ -105,7 +106,8 @@ fn poll_json() -> Value {
             "rendezvous_secret": "s3cret",
             "dataset_sha256": "cd".repeat(32),
             "model": {"id": "00000000-0000-0000-0000-000000000006", "sha256": "ef".repeat(32), "inputs": ["x"]},
-            "device_index": 1
+            "device_index": 1,
+            "init_weights": false
         }],
         "stop": ["00000000-0000-0000-0000-000000000009"],
         "preempt": []
@@ -126,10 +128,10 @@ fn a_poll_answer_has_the_shape_agents_read() {
 
 #[test]
 fn an_older_servers_poll_without_the_later_fields_still_reads() {
-    // `preempt`, `rendezvous_secret`, `dataset_sha256` and `model` came after the first agents
+    // `preempt`, `rendezvous_secret`, `dataset_sha256`, `model` and `init_weights` came after the first agents
     let mut older = poll_json();
     older.as_object_mut().unwrap().remove("preempt");
-    for field in ["rendezvous_secret", "dataset_sha256", "model"] {
+    for field in ["rendezvous_secret", "dataset_sha256", "model", "init_weights"] {
         older["work"][0].as_object_mut().unwrap().remove(field);
     }
     let read: Poll = serde_json::from_value(older).unwrap();

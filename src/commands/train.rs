@@ -45,6 +45,10 @@ pub struct Args {
     /// Resume from the newest checkpoint in this folder (an earlier run's OUT/checkpoints).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// A fork (a spec with `init_from`): start from the weights of the newest checkpoint in this folder,
+    /// at iteration 0 of this spec's schedule (ignored when resuming).
+    #[arg(long)]
+    init_from: Option<PathBuf>,
     /// Ranks each process plays (micro-batches with their own BN statistics, gradients accumulated). Default:
     /// workers / devices when the processes are the spec's `devices`, else 1.
     #[arg(long)]
@@ -209,7 +213,11 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     let mut comm = args.collective.connect(&config, device)?;
     // One line for the job's logs: what this rank runs, where, and from where it resumes. (Written, not
     // eprintln!: a closed stderr must not panic the rank.)
-    let resume = args.resume.as_ref().map_or_else(|| "from the start".to_string(), |p| format!("from {}", p.display()));
+    let resume = match (&args.resume, &args.init_from) {
+        (Some(resume), _) => format!("from {}", resume.display()),
+        (None, Some(init)) => format!("from the start, with the weights in {}", init.display()),
+        (None, None) => "from the start".to_string(),
+    };
     let _ = writeln!(
         std::io::stderr(),
         "rank {rank} of {}: {} on {device:?}, {threads} threads, all-reduce: {}, {resume}",
@@ -220,6 +228,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     let options = TrainOptions {
         out_dir: args.out.clone(),
         resume_from: args.resume.clone(),
+        init_from: args.init_from.clone(),
         virtual_ranks: virtual_ranks(args, &spec, config.world),
         bucket_bytes: args.bucket_mb.max(1) << 20,
         device,
@@ -250,6 +259,7 @@ fn rank_confinement(args: &Args, spec: &JobSpec, private: &std::path::Path) -> r
     read.extend(args.dataset_file.iter().cloned());
     read.extend(args.model_file.iter().cloned());
     read.extend(args.resume.iter().cloned());
+    read.extend(args.init_from.iter().cloned());
     read.extend(args.stop_file.as_ref().and_then(|f| f.parent()).map(std::path::Path::to_path_buf));
     match &spec.dataset {
         DatasetRef::Idx { path } => read.push(PathBuf::from(path)),
@@ -396,6 +406,7 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
             rendezvous: rendezvous.clone(),
             out: args.out.clone(),
             resume: args.resume.clone(),
+            init_from: args.init_from.clone(),
             virtual_ranks: args.virtual_ranks,
             threads: args.threads,
             comm_timeout_s: Some(args.comm_timeout_s),
@@ -447,6 +458,7 @@ mod tests {
             rendezvous: "10.0.0.1:4000".into(),
             out: Some("out".into()),
             resume: Some("resume".into()),
+            init_from: Some("init".into()),
             virtual_ranks: Some(2),
             threads: Some(3),
             comm_timeout_s: Some(60),
@@ -470,6 +482,7 @@ mod tests {
         assert_eq!((args.rank, args.world), (Some(1), Some(4)));
         assert_eq!(args.rendezvous, Some("10.0.0.1:4000".parse().unwrap()));
         assert_eq!((args.out.as_deref(), args.resume.as_deref()), (Some("out".as_ref()), Some("resume".as_ref())));
+        assert_eq!(args.init_from.as_deref(), Some("init".as_ref()));
         assert_eq!((args.virtual_ranks, args.threads), (Some(2), Some(3)));
         assert_eq!((args.comm_timeout_s, args.join_timeout_s, args.bucket_mb), (60, 30, 8));
         assert_eq!(args.collective.name(), "ring");

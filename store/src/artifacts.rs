@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use ringtrain_core::{DatasetId, JobId, ModelId, TeamId};
+use ringtrain_core::{CheckpointId, DatasetId, JobId, ModelId, TeamId};
 pub use ringtrain_protocol::Checkpoint;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -107,6 +107,8 @@ pub trait ArtifactStore: Send + Sync {
     /// replaces an earlier one's, never the reverse (Conflict).
     async fn add_checkpoint(&self, checkpoint: NewCheckpoint) -> StoreResult<Checkpoint>;
     async fn list_checkpoints(&self, job: JobId) -> StoreResult<Vec<Checkpoint>>;
+    /// One checkpoint by its id, whichever job it belongs to (a fork's `init_from`).
+    async fn get_checkpoint(&self, id: CheckpointId) -> StoreResult<Option<Checkpoint>>;
     /// Forgets the job's checkpoints except the final weights and the newest `keep` others (by iteration);
     /// returns those forgotten, whose files the caller removes.
     async fn prune_checkpoints(&self, job: JobId, keep: i64) -> StoreResult<Vec<Checkpoint>>;
@@ -128,7 +130,7 @@ pub trait ArtifactStore: Send + Sync {
 macro_rules! impl_artifact_store {
     ($store:ty) => {
         const _: () = {
-            use ringtrain_core::{DatasetId, JobId, ModelId, TeamId};
+            use ringtrain_core::{CheckpointId, DatasetId, JobId, ModelId, TeamId};
             use sqlx::types::Json;
             use uuid::Uuid;
 
@@ -176,6 +178,12 @@ macro_rules! impl_artifact_store {
                     );
                     let rows: Vec<CheckpointRow> = sqlx::query_as(&sql).bind(job.0).fetch_all(self.pool()).await?;
                     Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn get_checkpoint(&self, id: CheckpointId) -> StoreResult<Option<Checkpoint>> {
+                    let sql = format!("SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE id = $1");
+                    let row: Option<CheckpointRow> = sqlx::query_as(&sql).bind(id.0).fetch_optional(self.pool()).await?;
+                    Ok(row.map(Into::into))
                 }
 
                 async fn prune_checkpoints(&self, job: JobId, keep: i64) -> StoreResult<Vec<Checkpoint>> {

@@ -51,6 +51,16 @@ pub struct Job {
     pub unplaceable: Option<Unplaceable>,
     /// The study this job is a point of.
     pub study: Option<StudyPoint>,
+    /// What the team wrote about the run (see [`Annotations`]).
+    pub tags: Vec<String>,
+    pub note: String,
+}
+
+/// A run's tags and note, as `PATCH /v1/jobs/{id}` sets them: each field given replaces the stored one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Annotations {
+    pub tags: Option<Vec<String>>,
+    pub note: Option<String>,
 }
 
 impl Job {
@@ -133,6 +143,10 @@ pub struct JobFilter {
     pub created_before: Option<DateTime<Utc>>,
     /// Only jobs older than this `seq` (the cursor of the previous page).
     pub before_seq: Option<i64>,
+    /// Only jobs with this tag.
+    pub tag: Option<String>,
+    /// Only jobs whose name or note holds this text, ignoring ASCII case.
+    pub text: Option<String>,
     pub limit: i64,
 }
 
@@ -161,6 +175,8 @@ pub trait JobStore: Send + Sync {
     async fn get_job(&self, id: JobId) -> StoreResult<Option<Job>>;
     /// The run history of a team, newest first.
     async fn list_jobs(&self, team_id: TeamId, filter: &JobFilter) -> StoreResult<Vec<Job>>;
+    /// Sets a job's tags and note (each one given); None when there is no such job.
+    async fn annotate_job(&self, id: JobId, annotations: &Annotations) -> StoreResult<Option<Job>>;
     /// Jobs holding devices: scheduled or running.
     async fn active_jobs(&self) -> StoreResult<Vec<Job>>;
     /// The queue, highest priority then oldest first.
@@ -209,7 +225,9 @@ macro_rules! impl_job_store {
             use crate::backend::SqlBackend;
             use crate::jobs::{prefix_upper_bound, JobStore};
             use crate::rows::{self, EventRow, JobRow, EVENT_COLUMNS, JOB_COLUMNS};
-            use crate::{now, IdempotencyKey, Job, JobEvent, JobFilter, NewJob, StoreError, StoreResult, Submitted};
+            use crate::{
+                now, Annotations, IdempotencyKey, Job, JobEvent, JobFilter, NewJob, StoreError, StoreResult, Submitted,
+            };
 
             type Tx<'a> = sqlx::Transaction<'a, <$store as SqlBackend>::Db>;
 
@@ -338,9 +356,34 @@ macro_rules! impl_job_store {
                     if let Some(seq) = filter.before_seq {
                         q.push(" AND seq < ").push_bind(seq);
                     }
+                    let find = <Self as SqlBackend>::FIND_TEXT;
+                    if let Some(tag) = &filter.tag {
+                        // a tag holds no quote, so `"tag"` is found only as a whole element of the array
+                        q.push(format!(" AND {find}(tags, ")).push_bind(format!("\"{tag}\"")).push(") > 0");
+                    }
+                    if let Some(text) = &filter.text {
+                        q.push(format!(" AND {find}(lower(coalesce(name, '') || ' ' || note), "))
+                            .push_bind(text.to_ascii_lowercase())
+                            .push(") > 0");
+                    }
                     q.push(" ORDER BY seq DESC LIMIT ").push_bind(filter.limit);
                     let rows: Vec<JobRow> = q.build_query_as().fetch_all(self.pool()).await?;
                     rows::jobs(rows)
+                }
+
+                async fn annotate_job(&self, id: JobId, annotations: &Annotations) -> StoreResult<Option<Job>> {
+                    let tags = annotations.tags.as_ref().map(|tags| serde_json::Value::from(tags.clone()).to_string());
+                    let sql = format!(
+                        "UPDATE jobs SET tags = coalesce($2, tags), note = coalesce($3, note) WHERE id = $1 \
+                         RETURNING {JOB_COLUMNS}"
+                    );
+                    let row: Option<JobRow> = sqlx::query_as(&sql)
+                        .bind(id.0)
+                        .bind(tags)
+                        .bind(annotations.note.as_deref())
+                        .fetch_optional(self.pool())
+                        .await?;
+                    row.map(Job::try_from).transpose()
                 }
 
                 async fn active_jobs(&self) -> StoreResult<Vec<Job>> {

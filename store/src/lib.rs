@@ -56,7 +56,9 @@ use async_trait::async_trait;
 pub use artifacts::{ArtifactStore, Checkpoint, Dataset, DatasetInput, Model, NewCheckpoint, NewDataset, NewModel};
 pub use assignments::{Assignment, AssignmentStore, NewAssignment};
 pub use error::{StoreError, StoreResult};
-pub use jobs::{IdempotencyKey, Job, JobEvent, JobFilter, JobStore, NewJob, StudyPoint, Submitted, Unplaceable};
+pub use jobs::{
+    Annotations, IdempotencyKey, Job, JobEvent, JobFilter, JobStore, NewJob, StudyPoint, Submitted, Unplaceable,
+};
 pub use lifecycle::{Cancellation, LeaseChange, LifecycleStore, Transition};
 pub use logs::{LogQuery, LogStore, RankLogLine};
 pub use metrics::{MetricPoint, MetricStore, MetricsQuery, RankProgress};

@@ -11,6 +11,7 @@
 //! | [`fail_placement`](LifecycleStore::fail_placement) | scheduled/running → queued (restarts left) or failed | pending ones cancelled |
 //! | [`preempt_job`](LifecycleStore::preempt_job) | scheduled/running → queued, preemptions + 1 | pending cancelled, live ones marked preempted |
 //! | [`cancel_job`](LifecycleStore::cancel_job) | queued/scheduled/running → cancelled | pending ones cancelled |
+//! | [`resume_job`](LifecycleStore::resume_job) | failed/cancelled → queued, restart budget anew | — |
 //!
 //! Delivered and running assignments are never ended here: they keep their devices until their agent, told
 //! by its next poll to stop them, reports them ended.
@@ -94,6 +95,13 @@ pub enum Cancellation {
 /// its read and its write. Each lost round means the job made progress, so a few suffice.
 pub(crate) const CANCEL_ROUNDS: usize = 8;
 
+/// A resumed job's `max_restarts`: the failures it has had count as used, and the spec's budget starts again
+/// from here (a job that failed for having used its restarts would otherwise fail at its first hiccup).
+pub(crate) fn resumed_restart_budget(job: &Job) -> i32 {
+    let budget = job.spec.max_restarts.min(i32::MAX as u32) as i32;
+    job.user_attempt().max(0).saturating_add(budget)
+}
+
 /// What [`succeed_job`](LifecycleStore::succeed_job) does to the active placement `job`: succeeded, with
 /// `result`.
 pub(crate) fn success_transition(job: &Job, result: Option<Value>) -> Transition {
@@ -149,6 +157,11 @@ pub trait LifecycleStore: Send + Sync {
     /// Cancels a job that has not ended, whatever its state, and its pending ranks. None when there is no
     /// such job; Conflict when it kept changing state through every round.
     async fn cancel_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Cancellation>>;
+    /// failed/cancelled → queued: the job is placed again and resumes from its newest checkpoint (the only
+    /// way out of an ended state, so `JobState::can_become` does not list it). Its restart budget starts
+    /// again: the spec's `max_restarts` more failures from here. None when there is no such job; Conflict
+    /// when it has not ended, has succeeded, or changed meanwhile.
+    async fn resume_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Job>>;
     /// Extends the lease of every active job with a live assignment on this node (its agent is alive).
     async fn renew_node_leases(&self, node_id: NodeId, lease: Duration) -> StoreResult<u64>;
 }
@@ -165,7 +178,10 @@ macro_rules! impl_lifecycle_store {
             use uuid::Uuid;
 
             use crate::backend::{lease_expiry, SqlBackend};
-            use crate::lifecycle::{failure_transition, success_transition, Cancellation, LifecycleStore, CANCEL_ROUNDS};
+            use crate::lifecycle::{
+                failure_transition, resumed_restart_budget, success_transition, Cancellation, LifecycleStore,
+                CANCEL_ROUNDS,
+            };
             use crate::rows::{AssignmentRow, JobRow, ASSIGNMENT_COLUMNS, JOB_COLUMNS};
             use crate::{now, Assignment, Job, LeaseChange, NewAssignment, StoreError, StoreResult, Transition};
 
@@ -449,6 +465,42 @@ macro_rules! impl_lifecycle_store {
                     Err(StoreError::Conflict(format!("job {id} kept changing state; try again")))
                 }
 
+                async fn resume_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Job>> {
+                    let Some(job) = crate::jobs::JobStore::get_job(self, id).await? else { return Ok(None) };
+                    if !matches!(job.state, JobState::Failed | JobState::Cancelled) {
+                        return Err(StoreError::Conflict(format!(
+                            "job {id} is {}: only a failed or cancelled job can be resumed",
+                            job.state
+                        )));
+                    }
+                    let budget = resumed_restart_budget(&job);
+                    let now = now();
+                    let mut tx = self.pool().begin().await?;
+                    let sql = format!(
+                        "UPDATE jobs SET state = 'queued', updated_at = $3, finished_at = NULL, result = NULL, \
+                         error = NULL, lease_owner = NULL, lease_expires = NULL, max_restarts = $4 \
+                         WHERE id = $1 AND state = $2 AND attempt = $5 RETURNING {JOB_COLUMNS}"
+                    );
+                    let row: Option<JobRow> = sqlx::query_as(&sql)
+                        .bind(id.0)
+                        .bind(job.state.as_str())
+                        .bind(now)
+                        .bind(budget)
+                        .bind(job.attempt)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let Some(row) = row else {
+                        tx.rollback().await?;
+                        return Err(StoreError::Conflict(format!("job {id} changed while it was resumed; try again")));
+                    };
+                    let resumed: Job = row.try_into()?;
+                    let change = (job.state.as_str(), JobState::Queued.as_str());
+                    let attempts = (resumed.attempt, resumed.user_attempt());
+                    Self::insert_state_event(&mut tx, id, now, change, attempts, reason).await?;
+                    tx.commit().await?;
+                    Ok(Some(resumed))
+                }
+
                 async fn renew_node_leases(&self, node_id: NodeId, lease: Duration) -> StoreResult<u64> {
                     let _urgent = self.write_gate().map(|gate| gate.urgent());
                     let done = sqlx::query(
@@ -506,6 +558,8 @@ mod tests {
             updated_at: at,
             started_at: Some(at),
             finished_at: None,
+            tags: Vec::new(),
+            note: String::new(),
             result: None,
             error: None,
             unplaceable: None,
@@ -555,5 +609,14 @@ mod tests {
         assert_eq!(t.reason, "placement 2 (attempt 1) succeeded");
         assert_eq!(t.result, Some(json!({"accuracy": 0.9})));
         assert_eq!((t.error, t.lease, t.owner, t.attempt), (None, LeaseChange::Clear, None, None));
+    }
+
+    #[test]
+    fn a_resumed_job_gets_its_restart_budget_again() {
+        // the spec's budget is 3; four runs failed (one preemption did not count)
+        let job = running(5, 1, 3);
+        assert_eq!(super::resumed_restart_budget(&job), 4 + 3);
+        let resumed = Job { max_restarts: super::resumed_restart_budget(&job), attempt: 6, ..job };
+        assert!(resumed.may_restart(), "the first failure after a resume is retried");
     }
 }

@@ -23,7 +23,7 @@ use crate::{
 /// The columns every job query returns, in [`JobRow`]'s order.
 pub(crate) const JOB_COLUMNS: &str = "seq, id, team_id, created_by, name, spec, effective, dataset_size, state, \
      priority, device, devices, attempt, preemptions, max_restarts, lease_owner, lease_expires, created_at, updated_at, \
-     started_at, finished_at, result, error, unplaceable_since, unplaceable_reason, study_id, study_point";
+     started_at, finished_at, result, error, unplaceable_since, unplaceable_reason, study_id, study_point, tags, note";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct JobRow {
@@ -54,6 +54,8 @@ pub(crate) struct JobRow {
     unplaceable_reason: Option<String>,
     study_id: Option<Uuid>,
     study_point: Option<i32>,
+    tags: String,
+    note: String,
 }
 
 /// A stored state or kind name: one this build does not know is a corrupt row.
@@ -75,6 +77,8 @@ impl TryFrom<JobRow> for Job {
             ),
             None => None,
         };
+        let tags: Vec<String> =
+            serde_json::from_str(&row.tags).map_err(|e| corrupt("its stored tags do not parse", e))?;
         Ok(Job {
             id: JobId(row.id),
             seq: row.seq,
@@ -108,6 +112,8 @@ impl TryFrom<JobRow> for Job {
                 (Some(id), Some(point)) => Some(StudyPoint { study_id: StudyId(id), point }),
                 _ => None,
             },
+            tags,
+            note: row.note,
         })
     }
 }

@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use ringtrain_core::Effective;
 use ringtrain_protocol::rank::{checkpoint_files, CheckpointName};
 use serde::{Deserialize, Serialize};
@@ -207,12 +207,28 @@ impl Replica<'_> {
 
     /// Rank 0 reads the newest checkpoint under `resume_from` (if any), then broadcasts the start point, the
     /// weights (so that without a checkpoint every rank starts from rank 0's initialisation) and, when
-    /// resuming, the momentum buffers and every rank's BatchNorm statistics. Returns the start point and, on
-    /// rank 0, the epoch records so far.
-    pub(crate) fn agree_on_start(&mut self, resume_from: Option<&Path>) -> Result<(StartPoint, Vec<EpochRecord>)> {
+    /// resuming, the momentum buffers and every rank's BatchNorm statistics. A fork (`forked`, on every
+    /// rank: the spec has `init_from`) that does not resume starts at iteration 0 from the weights of the
+    /// newest checkpoint under `init_from` (rank 0's), with its BatchNorm statistics on every rank and fresh
+    /// momentum. Returns the start point and, on rank 0, the epoch records so far.
+    pub(crate) fn agree_on_start(
+        &mut self,
+        resume_from: Option<&Path>,
+        forked: bool,
+        init_from: Option<&Path>,
+    ) -> Result<(StartPoint, Vec<EpochRecord>)> {
         let loaded = match resume_from.filter(|_| self.is_root()) {
             Some(root) => latest(root)?.map(|dir| read(&dir)).transpose()?,
             None => None,
+        };
+        // a placement that resumes the fork's own checkpoint has no use for where the fork began
+        let initial = match (forked && self.is_root() && loaded.is_none(), init_from) {
+            (true, Some(root)) => {
+                let dir = latest(root)?.context("the starting checkpoint (init_from) holds no checkpoint")?;
+                Some(read(&dir)?.1.model)
+            }
+            (true, None) => bail!("the spec's init_from names a starting checkpoint, but this rank was given none"),
+            (false, _) => None,
         };
         let start = broadcast_start(&mut *self.comm, loaded.as_ref().map(|(state, _)| state))?;
         let mut history = Vec::new();
@@ -224,6 +240,9 @@ impl Replica<'_> {
             }
             self.opt.load_state(&tensors.optimizer)?;
             history = state.history.clone();
+        }
+        if let Some(model) = &initial {
+            self.load_weights(model)?;
         }
         let params: Vec<&Tensor> = self.opt.params().iter().map(|p| &p.tensor).collect();
         broadcast_from_root(&mut *self.comm, &params)?;
@@ -238,8 +257,51 @@ impl Replica<'_> {
             }
             self.comm.broadcast(&mut all, 0)?;
             self.bn.scatter(&all, self.comm.rank());
+        } else if forked && self.bn.len() > 0 {
+            let mut all = vec![0.0f32; self.bn.len() * self.total_ranks];
+            if let Some(model) = &initial {
+                self.spread_batch_norm(model, &mut all)?;
+            }
+            self.comm.broadcast(&mut all, 0)?;
+            self.bn.scatter(&all, self.comm.rank());
         }
         Ok((start, history))
+    }
+
+    /// A fork's starting weights, each checked against the shape this model gives it (a tensor of another
+    /// shape would otherwise be broadcast into it silently).
+    fn load_weights(&self, model: &[(String, Tensor)]) -> Result<()> {
+        for p in self.opt.params() {
+            let saved = find(model, &p.name).context("the starting checkpoint (init_from) is of another model")?;
+            ensure!(
+                saved.size() == p.tensor.size(),
+                "the starting checkpoint's {} has shape {:?}, this model's {:?}: it is of another model or data shape",
+                p.name,
+                saved.size(),
+                p.tensor.size()
+            );
+            tch::no_grad(|| p.tensor.shallow_clone().copy_(saved));
+        }
+        Ok(())
+    }
+
+    /// The BatchNorm statistics of a checkpoint's model file (rank 0's, by buffer name) as every rank's,
+    /// laid out as [`BatchNormState::gather`] lays them.
+    fn spread_batch_norm(&self, model: &[(String, Tensor)], all: &mut [f32]) -> Result<()> {
+        let b = self.bn.len();
+        for (offset, (name, t)) in offsets(self.bn.buffers()) {
+            let saved = find(model, name)?;
+            let n = t.numel();
+            ensure!(
+                saved.numel() == n,
+                "the starting checkpoint's {name} has {} values, this model's {n}",
+                saved.numel()
+            );
+            for vr in 0..self.total_ranks {
+                saved.to_kind(Kind::Float).contiguous().copy_data(&mut all[vr * b + offset..vr * b + offset + n], n);
+            }
+        }
+        Ok(())
     }
 
     fn check(&self, state: &CheckpointState) -> Result<()> {

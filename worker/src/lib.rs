@@ -15,6 +15,7 @@ pub mod models;
 pub mod optim;
 pub mod peak_memory;
 pub mod precision;
+pub mod process_usage;
 pub mod trainer;
 
 pub use collective::{Backend, Collective, NcclCollective, RendezvousConfig, RingCollective, SoloCollective};

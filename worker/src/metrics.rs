@@ -22,6 +22,12 @@ pub enum Metric {
         /// `allreduce_s` over the wall time since the previous line: the share of time communication took
         /// (a chart can draw it without knowing how many iterations each line covers).
         allreduce_share: f64,
+        /// CPU cores this rank process kept busy since the previous line (1.0: one core all the time).
+        #[serde(default)]
+        cpu_cores: f64,
+        /// The most memory this rank process has held resident so far, in bytes.
+        #[serde(default)]
+        peak_rss_bytes: f64,
     },
     Epoch(EpochRecord),
 }

@@ -66,6 +66,9 @@ pub struct TrainOptions {
     pub out_dir: Option<PathBuf>,
     /// A checkpoint folder (the `checkpoints/` of an earlier run) to resume from; only rank 0 reads it.
     pub resume_from: Option<PathBuf>,
+    /// A fork's starting checkpoint (the spec's `init_from`, laid out as a resume folder), used when there
+    /// is nothing to resume; only rank 0 reads it.
+    pub init_from: Option<PathBuf>,
     /// v: how many ranks this process plays.
     pub virtual_ranks: usize,
     pub bucket_bytes: usize,
@@ -95,6 +98,7 @@ impl Default for TrainOptions {
         TrainOptions {
             out_dir: None,
             resume_from: None,
+            init_from: None,
             virtual_ranks: 1,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             device: Device::Cpu,
@@ -223,7 +227,11 @@ impl<'c> Trainer<'c> {
             effective: &effective,
             script: None,
         }
-        .agree_on_start(options.resume_from.as_deref())?;
+        .agree_on_start(
+            options.resume_from.as_deref(),
+            spec.init_from.is_some(),
+            options.init_from.as_deref(),
+        )?;
         Ok(Trainer {
             spec: spec.clone(),
             effective,
@@ -294,7 +302,7 @@ impl<'c> Trainer<'c> {
         let loss = all.loss_sum / self.total_ranks as f64;
         if !loss.is_finite() {
             return Err(JobError(format!(
-                "the training loss became {loss} at iteration {iteration} (lr {}): stopping; the last good checkpoint is kept",
+                "the training loss became {loss} at iteration {iteration} (lr {}): stopping (checkpoints written before it, if any, are kept)",
                 self.effective.lr_at(iteration)
             ))
             .into());

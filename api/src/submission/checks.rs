@@ -84,6 +84,7 @@ pub async fn checked_job(
     if study.is_none() {
         problems.take(check_reference(state, user, spec).await)?;
     }
+    problems.take(super::fork::check_init(state, user, spec).await)?;
     // What a job needs of a device means something only for a spec without problems (and a zero
     // batch or worker count would divide by zero).
     if problems.0.is_empty() && reading.is_clean() {

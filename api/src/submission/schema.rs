@@ -184,6 +184,13 @@ fn job_spec() -> Value {
             "priority": integer(-i128::from(MAX_PRIORITY), i128::from(MAX_PRIORITY), Some(0), "Higher first, within a team's queue."),
             "device": one_of(&["cpu", "gpu"], "cpu", "The kind of device every rank gets."),
             "precision": one_of(&["fp32", "bf16"], "fp32", "bf16: autocast with float32 master weights."),
+            "init_from": {
+                "type": ["object", "null"], "additionalProperties": false, "required": ["checkpoint"],
+                "description": "A fork: start from the weights (and BatchNorm statistics) of a checkpoint of a job of the team that trains the same model, at iteration 0 of this spec's schedule, with fresh momentum.",
+                "properties": {
+                    "checkpoint": {"type": "string", "format": "uuid", "description": "The checkpoint's id (GET /v1/jobs/{id}/checkpoints)."}
+                }
+            },
             "guard": {
                 "type": "object", "additionalProperties": false,
                 "properties": {

@@ -131,6 +131,9 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
         reference_point: reference as i32,
     };
     let (study, jobs) = state.store.create_study(new, jobs).await?;
+    for job in &jobs {
+        super::fork::pin_for(state, job).await?;
+    }
     state.changed().await;
     Ok((study, jobs))
 }

@@ -114,6 +114,10 @@ impl TestApp {
     }
 
     /// Sends raw bytes as `application/octet-stream`.
+    pub async fn patch(&self, uri: &str, token: &str, body: &Value) -> Reply {
+        self.call(Method::PATCH, uri, Some(token), Some(body)).await
+    }
+
     pub async fn send_bytes(&self, method: Method, uri: &str, token: &str, bytes: Vec<u8>) -> Reply {
         let request = Request::builder()
             .method(method)

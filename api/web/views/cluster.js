@@ -1,15 +1,21 @@
 // Cluster: nodes, devices and who holds them; the team's queue with the scheduler's reasons.
 
 import { api } from "../api.js";
-import { $, add, cell } from "../dom.js";
+import { $, add, cell, jobLink, linkedText } from "../dom.js";
 
 export const live = true;
 
-function holderText(device) {
-  const holder = device.held_by;
-  if (!holder) return "free";
-  const job = holder.job_id ? ` ${holder.job_name || holder.job_id} rank ${holder.rank}` : "";
-  return `${holder.team_name}${job}`;
+/** Who holds a device: its team, and the job and rank (a link, when the reader may see the job). */
+function holder(item, device) {
+  const held = device.held_by;
+  if (!held) {
+    item.append("free");
+    return;
+  }
+  item.append(`${held.team_name}`);
+  if (held.job_id) {
+    item.append(" ", jobLink(held.job_id, held.job_name || held.job_id), ` rank ${held.rank}`);
+  }
 }
 
 export async function refresh() {
@@ -25,9 +31,9 @@ export async function refresh() {
     devices.className = "devices";
     for (const d of node.devices) {
       const memory = d.memory_bytes ? `, ${(d.memory_bytes / 2 ** 30).toFixed(0)} GiB` : "";
-      add(devices, "li", `${d.kind} ${d.index} (${d.name}${memory}): ${holderText(d)}`).className = d.held_by
-        ? "busy"
-        : "free";
+      const item = add(devices, "li", `${d.kind} ${d.index} (${d.name}${memory}): `);
+      holder(item, d);
+      item.className = d.held_by ? "busy" : "free";
     }
     rows.appendChild(row);
   }
@@ -38,7 +44,10 @@ export async function refresh() {
   list.replaceChildren();
   for (const job of waiting) {
     const position = job.queue_position ? `#${job.queue_position} ${job.device}` : job.device;
-    add(list, "li", `${position}: ${job.name || job.id}: ${job.pending_reason.message}`);
+    const item = add(list, "li", `${position}: `);
+    item.appendChild(jobLink(job.id, job.name || job.id));
+    const why = add(item, "span");
+    linkedText(why, `: ${job.pending_reason.message}`);
   }
   $("queue-empty").hidden = waiting.length > 0;
 }

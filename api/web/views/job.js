@@ -1,10 +1,11 @@
-// Job: its recipe, live charts, events, checkpoints (downloaded with the token) and logs; cancelled, or
-// submitted again through the editor.
+// Job: what the run is (its configuration, asked and effective), its times and what it used, its tags and
+// note, live charts, events, checkpoints (downloaded with the token, or forked into a new job) and logs;
+// cancelled, resumed, or submitted again through the editor.
 
 import { api, metricsOf, refusal, request } from "../api.js";
 import { COLOURS, drawChart, plannedLr } from "../charts.js";
-import { $, act, add, button, cell, clock, percent, text } from "../dom.js";
-import { progressText } from "./jobs.js";
+import { $, act, add, button, cell, clock, duration, linkedText, percent, text } from "../dom.js";
+import { bestTestError, progressText } from "./jobs.js";
 
 /** The job shown. */
 let jobId = null;
@@ -26,6 +27,9 @@ export function open(id) {
   $("log-rank").value = "";
   $("log-follow").checked = true;
   $("job-error").textContent = "";
+  $("note-state").textContent = "";
+  $("job-note").dataset.saved = "";
+  $("job-note").value = "";
 }
 
 export async function refresh() {
@@ -37,13 +41,17 @@ export async function refresh() {
   ]);
   if (id !== jobId) return;
   renderFacts(job);
+  renderConfiguration(job);
+  renderAnnotations(job);
   spec = job.spec;
   $("job-spec").textContent = JSON.stringify(job.spec, null, 2);
   $("cancel").hidden = ENDED.includes(job.state);
+  $("resume").hidden = !["failed", "cancelled"].includes(job.state);
   const eventList = $("job-events");
   eventList.replaceChildren();
   for (const event of events.events) {
-    add(eventList, "li", `${clock(event.at)} ${event.to_state}${event.reason ? `: ${event.reason}` : ""}`);
+    const item = add(eventList, "li");
+    linkedText(item, `${clock(event.at)} ${event.to_state}${event.reason ? `: ${event.reason}` : ""}`);
   }
   renderCheckpoints(job, checkpoints.checkpoints);
   if ($("log-follow").checked) await renderLogs();
@@ -52,7 +60,6 @@ export async function refresh() {
 
 function renderFacts(job) {
   $("job-title").textContent = `Job ${job.name || job.id}`;
-  const e = job.effective || {};
   const s = job.spec || {};
   const model = s.model ? s.model.name || `uploaded model ${s.model.uploaded}` : "";
   const optimizer = s.optimizer || {};
@@ -67,7 +74,7 @@ function renderFacts(job) {
     ],
     ["Model", model],
     ["Dataset", s.dataset],
-    ["Epochs", e.epochs ?? s.epochs],
+    ["Starts from", s.init_from ? `the weights of checkpoint ${s.init_from.checkpoint}` : ""],
     [
       "Optimizer",
       `SGD, momentum ${optimizer.momentum ?? 0.9}${nesterov ? " (Nesterov)" : ""}, weight decay ${optimizer.weight_decay ?? 0.0001}`,
@@ -75,17 +82,14 @@ function renderFacts(job) {
     ["Seed", s.seed ?? 0],
     ["Precision", s.precision || "fp32"],
     ...times(job),
-    ["Global batch (kn)", e.global_batch && `${e.global_batch} = ${e.workers} × ${e.per_worker_batch}`],
-    ["Learning rate", e.scaled_lr && `${e.scaled_lr} (base ${e.base_lr} for a batch of ${e.reference_batch})`],
-    ["Warmup iterations", e.warmup_iterations],
-    ["Warmup", e.warmup_skipped],
-    ["Decay milestones (epochs)", e.decay_milestones && e.decay_milestones.join(", ")],
-    ["Iterations", e.total_iterations && `${e.total_iterations} (${e.iterations_per_epoch} per epoch)`],
     ["Attempt", `${job.attempt} (${job.preemptions} preemptions)`],
   ];
   const p = job.progress;
   if (p) {
     facts.push(["Progress", progressText(job)]);
+    if (p.seconds_left !== null && p.seconds_left !== undefined) {
+      facts.push(["Time left", `about ${duration(Math.round(p.seconds_left))} at the current rate`]);
+    }
     if (p.allreduce_share !== null && p.allreduce_share !== undefined) facts.push(["All-reduce share", percent(p.allreduce_share, 1)]);
   }
   if (job.pending_reason) facts.push(["Waiting", job.pending_reason.message]);
@@ -93,8 +97,19 @@ function renderFacts(job) {
   if (job.result) {
     const r = job.result;
     facts.push(["Final test error", percent(r.final_test_error)]);
+    const best = bestTestError(job);
+    if (best !== null) facts.push(["Best test error", percent(best)]);
     if (r.samples_per_s) facts.push(["Throughput", `${Math.round(r.samples_per_s)} samples/s`]);
     if (r.communication_fraction !== undefined) facts.push(["All-reduce share", percent(r.communication_fraction, 1)]);
+  }
+  const used = job.resources;
+  if (used) {
+    facts.push(["Device time", `${duration(Math.round(used.device_seconds))} (${used.device_seconds.toFixed(1)} device-seconds)`]);
+    if (used.peak_rss_bytes) facts.push(["Peak memory of a rank", `${(used.peak_rss_bytes / 2 ** 20).toFixed(0)} MiB`]);
+    if (used.cpu_cores) {
+      const when = job.state === "running" ? "now" : "at its last report";
+      facts.push(["CPU use", `${used.cpu_cores.toFixed(1)} cores busy ${when} (all ranks)`]);
+    }
   }
   if (job.error) facts.push(["Error", job.error]);
   const list = $("job-facts");
@@ -102,9 +117,83 @@ function renderFacts(job) {
   for (const [name, value] of facts) {
     if (text(value) === "") continue;
     add(list, "dt", name);
-    const dd = add(list, "dd", value);
-    if (name === "State") dd.id = "job-state";
+    const dd = add(list, "dd");
+    if (name === "Waiting") linkedText(dd, value);
+    else dd.textContent = text(value);
+    if (name === "State") {
+      dd.id = "job-state";
+      dd.className = `state ${value}`;
+    }
   }
+}
+
+/** The spec's recipe as asked, beside what the run does with it (the effective hyperparameters). */
+function renderConfiguration(job) {
+  const s = job.spec || {};
+  const e = job.effective;
+  const lr = s.lr || {};
+  const warmup = lr.warmup || {};
+  const decay = lr.decay || {};
+  const rows = [
+    ["Workers × batch per worker", `${s.workers ?? 1} × ${s.per_worker_batch ?? 32}`,
+      e && `${e.workers} × ${e.per_worker_batch} = global batch ${e.global_batch}`],
+    ["Devices", s.devices ?? "as many as workers", `${job.devices} ${job.device}`],
+    ["Learning rate", `${lr.base ?? 0.1} for a batch of ${lr.reference_batch ?? 256}, ${lr.scaling || "linear"} scaling${lr.max ? `, at most ${lr.max}` : ""}`,
+      e && `${e.scaled_lr} (× ${Number(e.scaling_factor.toPrecision(6))})`],
+    ["Warmup", (warmup.kind || "gradual") === "none" ? "none" : `${warmup.kind || "gradual"}, ${epochs(warmup.epochs ?? 5)}`,
+      e && (e.warmup_skipped ? `none: ${e.warmup_skipped}` : `${e.warmup_iterations} iterations (${epochs(e.warmup_epochs)})`)],
+    ["Decay", decayAsked(decay),
+      e && (e.decay_kind === "step" ? `step at epochs ${e.decay_milestones.join(", ")}, × ${e.decay_factor}` : e.decay_kind)],
+    ["Epochs", s.epochs ?? 90, e && `${e.epochs}: ${e.total_iterations} iterations (${e.iterations_per_epoch} per epoch)`],
+    ["Training samples", s.train_samples ?? "all", e && `${e.train_size} of ${job.dataset_size}`],
+  ];
+  const body = $("config-rows");
+  body.replaceChildren();
+  for (const [name, asked, effective] of rows) {
+    const row = body.appendChild(document.createElement("tr"));
+    add(row, "th", name).scope = "row";
+    cell(row, asked);
+    cell(row, effective ?? "known once the dataset's size is (idx: data: when a rank reads it)");
+  }
+}
+
+/** `1 epoch`, `2.5 epochs`. */
+const epochs = (n) => `${n} epoch${n === 1 ? "" : "s"}`;
+
+/** The spec's decay as written, its defaults said as the defaults they are. */
+function decayAsked(decay) {
+  const kind = decay.kind || "step";
+  if (kind !== "step") return kind;
+  const at = decay.milestones ? `at epochs ${decay.milestones.join(", ")}` : "at 1/3, 2/3 and 8/9 of the epochs (the default)";
+  return `step ${at}, × ${decay.factor ?? 0.1}`;
+}
+
+/** The job's tags (each with a button taking it off) and its note, editable in place. */
+function renderAnnotations(job) {
+  const list = $("job-tags");
+  list.replaceChildren();
+  for (const tag of job.tags) {
+    const item = add(list, "li", tag);
+    const remove = button("×", () => saveAnnotations({ tags: job.tags.filter((t) => t !== tag) }), { tag });
+    remove.setAttribute("aria-label", `remove tag ${tag}`);
+    item.append(" ", remove);
+  }
+  $("no-tags").hidden = job.tags.length > 0;
+  const note = $("job-note");
+  // a note being written is not overwritten by the next refresh
+  if (document.activeElement !== note && note.dataset.saved !== job.note) {
+    note.value = job.note;
+    note.dataset.saved = job.note;
+  }
+}
+
+/** Sets the job's tags and/or note; the view shows the answer. */
+function saveAnnotations(change) {
+  return act($("job-error"), async () => {
+    const job = await api(`/v1/jobs/${jobId}`, { method: "PATCH", body: JSON.stringify(change) });
+    renderAnnotations(job);
+    $("note-state").textContent = change.note !== undefined ? "Saved." : "";
+  });
 }
 
 /** When it was submitted, started and ended, and how long it ran (or has been running). */
@@ -118,13 +207,6 @@ function times(job) {
     rows.push([job.finished_at ? "Duration" : "Running for", duration(seconds)]);
   }
   return rows;
-}
-
-/** `45 s`, `2 min 31 s`, `3 h 05 min`. */
-export function duration(seconds) {
-  if (seconds < 60) return `${seconds} s`;
-  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${String(seconds % 60).padStart(2, "0")} s`;
-  return `${Math.floor(seconds / 3600)} h ${String(Math.floor((seconds % 3600) / 60)).padStart(2, "0")} min`;
 }
 
 async function renderCharts(job) {
@@ -143,28 +225,45 @@ async function renderCharts(job) {
   const series = (points, field, x = "iteration") => points.map((p) => [p[x], p.fields[field]]);
   // epochs are reported 0-based; the chart counts them as people do, from 1
   const byEpoch = (points, field) => points.map((p) => [p.epoch + 1, p.fields[field]]);
-  drawChart($("loss-chart"), [{ points: series(losses, "loss") }], { x: "iteration", y: "loss" });
+  const empty = (what) => emptyText(job, what);
+  drawChart($("loss-chart"), [{ label: "training loss, mean over the ranks", points: series(losses, "loss") }], {
+    x: "iteration",
+    y: "loss",
+    logToggle: true,
+    empty: empty("iteration"),
+  });
   drawChart(
     $("error-chart"),
     [
       { label: "train", points: byEpoch(trainErrors, "train_error"), colour: COLOURS[1] },
       { label: "test", points: byEpoch(testErrors, "test_error"), colour: COLOURS[0] },
     ],
-    { x: "epoch", y: "error", yFromZero: true },
+    { x: "epoch", y: "error (%)", yFormat: "percent", xInteger: true, yFromZero: true, empty: empty("epoch") },
   );
   const lrSeries = [{ label: "used", points: series(lrs, "lr"), colour: COLOURS[0] }];
   if (planned) lrSeries.push({ label: "planned", points: plannedLr(planned), colour: COLOURS[7], dashed: true });
-  drawChart($("lr-chart"), lrSeries, { x: "iteration", y: "lr", yFromZero: true });
+  drawChart($("lr-chart"), lrSeries, { x: "iteration", y: "learning rate", yFromZero: true, logToggle: true, empty: empty("iteration") });
   drawChart($("speed-chart"), [{ points: series(speeds, "samples_per_s"), colour: COLOURS[2] }], {
     x: "iteration",
     y: "samples/s",
     yFromZero: true,
+    empty: empty("iteration"),
   });
   drawChart($("allreduce-chart"), [{ points: series(shares, "allreduce_share"), colour: COLOURS[3] }], {
     x: "iteration",
-    y: "all-reduce share",
+    y: "all-reduce share (%)",
+    yFormat: "percent",
     yFromZero: true,
+    height: 180,
+    empty: job.devices === 1 && job.workers === 1 ? "one rank: nothing to reduce" : empty("iteration"),
   });
+}
+
+/** What a chart says while it has nothing to draw, by the job's state. */
+function emptyText(job, what) {
+  if (job.state === "queued") return "not started yet";
+  if (["scheduled", "running"].includes(job.state)) return `no ${what} reported yet`;
+  return `no ${what} was reported before the job ${job.state === "succeeded" ? "ended" : `was ${job.state}`}`;
 }
 
 function renderCheckpoints(job, checkpoints) {
@@ -191,6 +290,10 @@ function renderCheckpoints(job, checkpoints) {
       weights.setAttribute("aria-label", `download ${file} of ${checkpoint.name}`);
       downloads.append(" ", weights);
     }
+    // a new job from these weights: the editor opens with this job's spec, to change before submitting
+    const fork = button("Fork", () => forkFrom(job, checkpoint), { fork: checkpoint.id });
+    fork.setAttribute("aria-label", `a new job from the weights of ${checkpoint.name}`);
+    add(row, "td").appendChild(fork);
     rows.appendChild(row);
   }
   $("no-checkpoints").hidden = checkpoints.length > 0;
@@ -232,6 +335,21 @@ function cancel() {
   });
 }
 
+/** Queues the ended job again; it resumes from its newest checkpoint. */
+function resume() {
+  return act($("job-error"), async () => {
+    await api(`/v1/jobs/${jobId}/resume`, { method: "POST" });
+    await refresh();
+  });
+}
+
+/** The editor with this job's spec, renamed "<name>-fork", starting from `checkpoint`'s weights. */
+function forkFrom(job, checkpoint) {
+  const fork = { ...job.spec, init_from: { checkpoint: checkpoint.id } };
+  fork.name = `${job.spec.name || "job"}-fork`;
+  app.navigate("submit", fork);
+}
+
 /** The editor with this job's spec, renamed "<name>-again". */
 function submitAgain() {
   if (!spec) {
@@ -246,6 +364,17 @@ function submitAgain() {
 export function wire(shell) {
   app = shell;
   $("cancel").addEventListener("click", cancel);
+  $("resume").addEventListener("click", resume);
+  $("tag-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const tag = $("new-tag").value.trim();
+    if (!tag) return;
+    const tags = [...$("job-tags").querySelectorAll("button[data-tag]")].map((b) => b.dataset.tag);
+    saveAnnotations({ tags: [...tags, tag] }).then((saved) => {
+      if (saved) $("new-tag").value = "";
+    });
+  });
+  $("save-note").addEventListener("click", () => saveAnnotations({ note: $("job-note").value }));
   $("submit-again").addEventListener("click", submitAgain);
   $("log-filters").addEventListener("submit", (event) => event.preventDefault());
   for (const id of ["log-search", "log-rank", "log-follow"]) {

@@ -1,14 +1,17 @@
-// Studies: the team's studies, and one study's table and plot; a study's points cancelled together.
+// Studies: the team's studies, and one study's table and plot (drawn here with the page's charts; the
+// server's SVG of the same plot, which `ringtrain study --out` writes, can be downloaded); a study's points
+// cancelled together.
 
 import { api, refusal, request } from "../api.js";
-import { $, act, add, button, cell, clock, percent } from "../dom.js";
+import { COLOURS, drawChart } from "../charts.js";
+import { $, act, add, cell, clock, jobLink, percent } from "../dom.js";
 
-/** The shell: navigate(page, arg) and me(). */
-let app = null;
 /** The study opened below the list, if any (`#/studies/ID`). */
 let studyId = null;
 /** The epochs finished by each point when the plot was last drawn: it is redrawn only when that changes. */
 let plotDrawn = null;
+/** The study shown, as last fetched. */
+let shownStudy = null;
 
 export const live = true;
 
@@ -24,7 +27,10 @@ export async function refresh() {
   rows.replaceChildren();
   for (const study of page.studies) {
     const row = document.createElement("tr");
-    add(row, "td").appendChild(button(study.name || study.id, () => app.navigate("studies", study.id), { study: study.id }));
+    const link = add(row, "td").appendChild(document.createElement("a"));
+    link.href = `#/studies/${study.id}`;
+    link.dataset.study = study.id;
+    link.textContent = study.name || study.id;
     cell(row, study.points);
     cell(row, statesText(study.states));
     cell(row, clock(study.created_at));
@@ -54,7 +60,7 @@ async function renderStudy() {
   for (const p of study.points) {
     const row = document.createElement("tr");
     row.dataset.point = p.point;
-    cell(row, `${p.point}${p.is_reference ? "*" : ""}`);
+    add(row, "td").appendChild(jobLink(p.job_id, `${p.point}${p.is_reference ? "*" : ""}`));
     cell(row, p.label);
     cell(row, p.global_batch);
     cell(row, `${p.workers} / ${p.devices}`);
@@ -70,26 +76,63 @@ async function renderStudy() {
     if (p.error) state.title = p.error;
     rows.appendChild(row);
   }
-  const epochs = study.points.map((p) => p.test_error.length).join(",");
+  const ended = ["succeeded", "failed", "cancelled"];
+  $("cancel-study").hidden = study.points.every((p) => ended.includes(p.state));
+  shownStudy = study;
+  const epochs = study.points.map((p) => `${p.train_error.length}/${p.test_error.length}`).join(",");
   if (plotDrawn !== epochs) {
-    const response = await request(study.links.plot);
-    if (!response.ok) throw await refusal(response);
-    // the server's own SVG, parsed as XML and imported as nodes (no markup is ever assigned as HTML)
-    const svg = new DOMParser().parseFromString(await response.text(), "image/svg+xml").documentElement;
-    if (id !== studyId) return;
-    $("study-plot").replaceChildren(document.importNode(svg, true));
+    drawPlot(study);
     plotDrawn = epochs;
   }
 }
 
+/** Every point's error per epoch: test solid, training dashed, one colour a point (the reference starred). */
+function drawPlot(study) {
+  const series = study.points.flatMap((p, i) => {
+    const colour = COLOURS[i % COLOURS.length];
+    const name = `${p.point}${p.is_reference ? "*" : ""} ${p.label}`;
+    const perEpoch = (errors) => errors.map((error, epoch) => [epoch + 1, error]);
+    return [
+      { label: `${name} test`, points: perEpoch(p.test_error), colour },
+      { label: `${name} train`, points: perEpoch(p.train_error), colour, dashed: true },
+    ];
+  });
+  drawChart($("study-plot"), series, {
+    x: "epoch",
+    y: "error (%)",
+    yFormat: "percent",
+    xInteger: true,
+    yFromZero: true,
+    height: 320,
+    empty: "no point has finished an epoch yet",
+  });
+}
+
+/** The server's SVG of the plot, fetched with the token and saved from memory. */
+function downloadPlot() {
+  return act($("study-error"), async () => {
+    if (!shownStudy) return;
+    const response = await request(shownStudy.links.plot);
+    if (!response.ok) throw await refusal(response);
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(await response.blob());
+    link.download = `${shownStudy.name || shownStudy.id}.svg`;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+  });
+}
+
 function cancelStudy() {
+  if (!window.confirm("Cancel every point of this study that has not ended?")) return undefined;
   return act($("study-error"), async () => {
     await api(`/v1/studies/${studyId}/cancel`, { method: "POST" });
     await refresh();
   });
 }
 
-export function wire(shell) {
-  app = shell;
+export function wire() {
   $("cancel-study").addEventListener("click", cancelStudy);
+  $("study-svg").addEventListener("click", downloadPlot);
 }

@@ -125,16 +125,16 @@ function renderPreview(answer) {
         `warmup ${e.warmup_iterations} of ${e.total_iterations} iterations`,
     );
     if (e.warmup_skipped) add(figure, "p", e.warmup_skipped);
-    const canvas = add(figure, "canvas");
-    Object.assign(canvas, { width: 260, height: 170 });
-    canvas.setAttribute("role", "img");
-    canvas.setAttribute("aria-label", `learning rate per epoch with ${k} workers`);
+    const chart = add(figure, "div");
+    chart.setAttribute("role", "img");
+    chart.setAttribute("aria-label", `learning rate per epoch with ${k} workers`);
     const perEpoch = e.iterations_per_epoch || 1;
     const points = plannedLr(schedule).map(([i, lr]) => [i / perEpoch, lr]);
-    drawChart(canvas, [{ points, colour: COLOURS[PREVIEW_WORKERS.indexOf(k) % COLOURS.length] }], {
+    drawChart(chart, [{ points, colour: COLOURS[PREVIEW_WORKERS.indexOf(k) % COLOURS.length] }], {
       x: "epoch",
-      y: "lr",
+      y: "learning rate",
       yFromZero: true,
+      height: 220,
       empty: `${e.total_iterations} iteration${e.total_iterations === 1 ? "" : "s"}: no curve to draw`,
     });
   }

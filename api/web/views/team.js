@@ -35,6 +35,13 @@ export async function refresh() {
     }
     cell(row, team.weight);
     cell(row, team.budget ? `${team.budget.device_hours} device-hours per ${team.budget.period}` : "none");
+    // what it used in the last 30 days (the usage route's default range)
+    const used = cell(row, "…");
+    used.dataset.usage = team.id;
+    api(`/v1/teams/${team.id}/usage`).then(
+      (usage) => (used.textContent = usage.device_hours.toFixed(2)),
+      () => (used.textContent = "-"),
+    );
     const actions = add(row, "td");
     actions.appendChild(button("Tokens", () => teamAction(() => (teamId = team.id)), { team: team.id }));
     if (me.platform) actions.appendChild(button("Save quotas", () => saveQuotas(team.id, row)));
@@ -114,11 +121,20 @@ function createToken(event) {
   event.preventDefault();
   teamAction(async () => {
     const label = $("new-token-label").value.trim();
+    const days = Number($("new-token-days").value);
+    const expires = days > 0 ? { expires_at: new Date(Date.now() + days * 864e5).toISOString() } : {};
     const created = await api(`/v1/teams/${teamId}/tokens`, {
       method: "POST",
-      body: JSON.stringify({ role: $("new-token-role").value, ...(label ? { label } : {}) }),
+      body: JSON.stringify({ role: $("new-token-role").value, ...(label ? { label } : {}), ...expires }),
     });
-    $("new-token").textContent = `New ${created.info.role} token (shown this once, copy it now): ${created.token}`;
+    $("new-token-label").value = "";
+    const shown = $("new-token");
+    shown.replaceChildren(`New ${created.info.role} token (shown this once, copy it now): `);
+    const code = shown.appendChild(document.createElement("code"));
+    code.id = "new-token-value";
+    code.textContent = created.token;
+    const copy = button("Copy", () => navigator.clipboard.writeText(created.token).then(() => (copy.textContent = "Copied")));
+    shown.append(" ", copy);
   });
 }
 

@@ -22,6 +22,8 @@ pub struct RankCommand {
     pub out: Option<PathBuf>,
     /// The checkpoints folder to resume from.
     pub resume: Option<PathBuf>,
+    /// A fork's starting checkpoint (laid out as a resume folder): its weights, when there is no `resume`.
+    pub init_from: Option<PathBuf>,
     pub virtual_ranks: Option<usize>,
     pub threads: Option<i32>,
     pub comm_timeout_s: Option<u64>,
@@ -61,6 +63,7 @@ impl RankCommand {
         let paths = [
             ("--out", &self.out),
             ("--resume", &self.resume),
+            ("--init-from", &self.init_from),
             ("--dataset-file", &self.dataset_file),
             ("--model-file", &self.model_file),
             ("--stop-file", &self.stop_file),

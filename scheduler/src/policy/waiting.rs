@@ -133,7 +133,7 @@ impl fmt::Display for WaitReason {
                 free_within_team_guarantee
             ),
             WaitReason::HeadOfLine { kind, needed, held, awaiting_jobs } => {
-                write!(f, "first in line for {}: {} held for it", devices(*needed, *kind), held)?;
+                write!(f, "first in line for {}: {} kept free for it so far", devices(*needed, *kind), held)?;
                 if awaiting_jobs.is_empty() {
                     write!(f, "; it starts when the devices being freed have stopped")
                 } else {

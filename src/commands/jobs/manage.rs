@@ -37,6 +37,12 @@ pub struct ListArgs {
     /// Only jobs whose name starts with this.
     #[arg(long)]
     name: Option<String>,
+    /// Only jobs with this tag.
+    #[arg(long)]
+    tag: Option<String>,
+    /// Only jobs whose name or note holds this text (ASCII case ignored).
+    #[arg(long)]
+    search: Option<String>,
     /// At most this many (1 to 500).
     #[arg(long, default_value_t = 50)]
     limit: u32,
@@ -48,12 +54,12 @@ pub struct ListArgs {
 #[derive(Debug, clap::Args)]
 pub struct ShowArgs {
     /// The job's id, or the start of it (`76acc08f`).
-    id: IdArg,
+    pub(super) id: IdArg,
     #[command(flatten)]
-    connection: Connection,
+    pub(super) connection: Connection,
     /// Print the server's answer as JSON.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
 }
 
 /// Submits the file; true unless `--watch` saw the job end other than succeeded.
@@ -98,6 +104,12 @@ pub async fn list(args: &ListArgs) -> Result<()> {
     }
     if let Some(name) = &args.name {
         query += &format!("&name_prefix={}", encode(name));
+    }
+    if let Some(tag) = &args.tag {
+        query += &format!("&tag={}", encode(tag));
+    }
+    if let Some(text) = &args.search {
+        query += &format!("&q={}", encode(text));
     }
     let page: Value = api.get(&query).await?;
     if args.json {
@@ -183,6 +195,22 @@ fn progress(progress: &Value) -> Option<String> {
     if let Some(share) = progress["allreduce_share"].as_f64() {
         text += &format!(", {:.0}% all-reduce", share * 100.0);
     }
+    if let Some(left) = progress["seconds_left"].as_f64() {
+        text += &format!(", about {} left", duration_text(left.round() as i64));
+    }
+    Some(text)
+}
+
+/// What a job used: `41.3 device-seconds, peak memory 212 MiB per rank, 1.9 CPU cores`; None before it
+/// was placed.
+fn resources(used: &Value) -> Option<String> {
+    let mut text = format!("{:.1} device-seconds", used["device_seconds"].as_f64()?);
+    if let Some(bytes) = used["peak_rss_bytes"].as_f64() {
+        text += &format!(", peak memory {:.0} MiB per rank", bytes / f64::from(1 << 20));
+    }
+    if let Some(cores) = used["cpu_cores"].as_f64() {
+        text += &format!(", {cores:.1} CPU cores busy");
+    }
     Some(text)
 }
 
@@ -239,6 +267,13 @@ pub async fn show(args: &ShowArgs) -> Result<()> {
     }
     if let Some(error) = job["error"].as_str() {
         lines.push(("error", error.to_string()));
+    }
+    if let Some(used) = resources(&job["resources"]) {
+        lines.push(("used", used));
+    }
+    lines.push(("tags", super::annotate::tags_text(&job)));
+    if let Some(note) = job["note"].as_str().filter(|n| !n.is_empty()) {
+        lines.push(("note", note.to_string()));
     }
     for (name, value) in lines {
         println!("{name:>8}  {value}");

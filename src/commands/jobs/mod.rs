@@ -1,6 +1,8 @@
 //! `ringtrain jobs ...`: the team's jobs from the terminal. Human output by default, `--json` for scripts;
 //! the exit status is 0 only on success, and a refusal prints the API's reason with its field paths.
 
+mod again;
+mod annotate;
 mod data;
 mod logs;
 pub mod manage;
@@ -23,6 +25,15 @@ pub enum Jobs {
     Show(manage::ShowArgs),
     /// Cancel a job that has not ended.
     Cancel(manage::ShowArgs),
+    /// Queue a failed or cancelled job again: it resumes from its newest checkpoint.
+    Resume(manage::ShowArgs),
+    /// Submit a new job starting from the weights of a checkpoint of this one (fine-tune, or go on with a
+    /// changed schedule: `--set epochs=5 --set lr.base=0.01`).
+    Fork(again::ForkArgs),
+    /// Add tags to a job (`--remove`: take them off); `jobs list --tag` finds it by them.
+    Tag(annotate::TagArgs),
+    /// Set a job's note; `jobs list --search` finds it by its words.
+    Note(annotate::NoteArgs),
     /// Follow a job until it ends: progress, loss, lr, throughput, test error.
     Watch(watch::WatchArgs),
     /// What a job's ranks printed (stderr, and stdout lines that are not metric reports).
@@ -42,6 +53,10 @@ pub fn run(jobs: Jobs) -> ExitCode {
         Jobs::List(args) => block_on("jobs list", manage::list(&args)),
         Jobs::Show(args) => block_on("jobs show", manage::show(&args)),
         Jobs::Cancel(args) => block_on("jobs cancel", manage::cancel(&args)),
+        Jobs::Resume(args) => block_on("jobs resume", again::resume(&args)),
+        Jobs::Fork(args) => block_on("jobs fork", again::fork(&args)),
+        Jobs::Tag(args) => block_on("jobs tag", annotate::tag(&args)),
+        Jobs::Note(args) => block_on("jobs note", annotate::note(&args)),
         Jobs::Watch(args) => block_on_job("jobs watch", watch::watch(&args)),
         Jobs::Logs(args) => block_on("jobs logs", logs::logs(&args)),
         Jobs::Metrics(args) => block_on("jobs metrics", data::metrics(&args)),

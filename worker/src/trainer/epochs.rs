@@ -11,6 +11,7 @@ use crate::checkpoint::{self, PartialEpoch};
 use crate::data::shuffle::epoch_permutation;
 use crate::data::Labels;
 use crate::metrics::{EpochRecord, ErrorMetric, Metric, RunResult};
+use crate::process_usage::ProcessUsage;
 
 impl Trainer<'_> {
     /// Trains from the start epoch to the end, reporting through `sink`; rank 0 writes checkpoints and
@@ -76,6 +77,7 @@ impl Trainer<'_> {
     /// The metrics line of `iteration`, with the throughput and all-reduce time since the previous line.
     fn iteration_line(&self, epoch: u64, iteration: u64, outcome: &StepOutcome, window: &LogWindow) -> Metric {
         let elapsed = window.started.elapsed().as_secs_f64().max(1e-9);
+        let usage = ProcessUsage::now();
         Metric::Iteration {
             rank: self.comm.rank(),
             epoch,
@@ -86,6 +88,8 @@ impl Trainer<'_> {
             samples_per_s: window.steps as f64 * self.effective.global_batch as f64 / elapsed,
             allreduce_s: window.allreduce.as_secs_f64(),
             allreduce_share: (window.allreduce.as_secs_f64() / elapsed).min(1.0),
+            cpu_cores: usage.cores_since(&window.usage),
+            peak_rss_bytes: usage.peak_rss_bytes as f64,
         }
     }
 
@@ -175,10 +179,12 @@ struct LogWindow {
     started: Instant,
     steps: u64,
     allreduce: Duration,
+    /// The process's CPU time and memory when the window began.
+    usage: ProcessUsage,
 }
 
 impl LogWindow {
     fn new() -> LogWindow {
-        LogWindow { started: Instant::now(), steps: 0, allreduce: Duration::ZERO }
+        LogWindow { started: Instant::now(), steps: 0, allreduce: Duration::ZERO, usage: ProcessUsage::now() }
     }
 }

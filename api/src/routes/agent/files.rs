@@ -122,6 +122,25 @@ pub async fn agent_download_checkpoint(
     checkpoint_file(&state, &checkpoint).await
 }
 
+/// Download a fork's starting checkpoint (the archive its `init_from` named, pinned when it was submitted):
+/// for the agent of rank 0 of the job's current placement.
+#[utoipa::path(get, path = "/v1/agent/jobs/{id}/init", tag = "agent", params(("id" = Uuid, Path)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404)),
+    security(("bearer" = [])))]
+pub async fn agent_download_init(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<JobId>,
+) -> ApiResult<Response> {
+    let job = state.store.get_job(id).await?.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    let job = rank_zero_job(&state, &agent, id, job.attempt).await?;
+    if job.spec.init_from.is_none() {
+        return Err(ApiError::not_found(format!("job {id} is not a fork: it has no starting checkpoint")));
+    }
+    files::file_response(&crate::submission::fork::init_archive(&state, job.id)).await
+}
+
 /// Download an uploaded dataset's safetensors file: only for an agent holding a live rank of a job that
 /// trains on it (anything else is 404).
 #[utoipa::path(get, path = "/v1/agent/datasets/{id}", tag = "agent", params(("id" = Uuid, Path)),

@@ -1,8 +1,11 @@
-//! /v1/jobs: submit, run history, one job, cancel. What a job did is beside it: its state changes in
+//! /v1/jobs: submit, run history, one job; cancelled or resumed in [`control`], tagged and noted in
+//! [`annotations`]. What a job did is beside it: its state changes in
 //! [`events`], its metrics and LR schedule in [`metrics`], its ranks' output in [`logs`], its checkpoints
 //! and weights in [`artifacts`]. Every route answers 404 for another team's job.
 
+pub mod annotations;
 pub mod artifacts;
+pub mod control;
 pub mod dry_run;
 pub mod events;
 pub mod logs;
@@ -15,7 +18,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{Effective, JobId, JobState, StudyId, TeamId};
-use ringtrain_store::{Cancellation, IdempotencyKey, Job, JobFilter, RankLogLine, Submitted, Unplaceable};
+use ringtrain_store::{IdempotencyKey, Job, JobFilter, RankLogLine, Submitted, Unplaceable};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -27,8 +30,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
 use crate::progress::{live_progress, LiveProgress};
 use crate::queue::{self, EstimatedStart, Reader, Standing};
+use crate::resources::{job_resources, JobResources};
 use crate::state::AppState;
-use crate::submission::checks;
+use crate::submission::{checks, fork};
 
 /// A job as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -95,6 +99,12 @@ pub struct JobView {
     /// While running: how far it has come (rank 0's newest report: iterations done of the total, epoch,
     /// loss, samples/s, all-reduce share); absent until it reports.
     pub progress: Option<LiveProgress>,
+    /// On `GET /v1/jobs/{id}` only, once placed: the device-seconds it used, and what its ranks reported of
+    /// their memory and CPU.
+    pub resources: Option<JobResources>,
+    /// What the team wrote about the run (`PATCH /v1/jobs/{id}`): tags to filter by, and a note.
+    pub tags: Vec<String>,
+    pub note: String,
     pub links: JobLinks,
 }
 
@@ -146,6 +156,9 @@ impl From<&Job> for JobView {
             estimated_start: None,
             last_log_lines: None,
             progress: None,
+            resources: None,
+            tags: job.tags.clone(),
+            note: job.note.clone(),
             links: JobLinks {
                 schedule: format!("{base}/schedule"),
                 events: format!("{base}/events"),
@@ -294,15 +307,7 @@ pub async fn submit_job(
         }
     };
     let (reading, spec_json) = checks::parse_spec(&body)?;
-    let queued = state.store.count_queued(user.team_id).await?;
-    let limit = state.config.max_queued_per_team;
-    if queued >= limit {
-        return Err(ApiError::too_many(
-            "queue-full",
-            format!("your team has {queued} queued jobs, the most it may; submit again when some have started"),
-            60,
-        ));
-    }
+    control::check_queue_room(&state, &user, "submit again").await?;
     let spec = reading.spec.clone();
     let new = checks::checked_job(&state, &user, reading, spec_json, None).await?;
     if query.dry_run == Some(true) {
@@ -311,6 +316,7 @@ pub async fn submit_job(
     }
     match state.store.submit_job(new, key).await? {
         Submitted::Created(job) => {
+            fork::pin_for(&state, &job).await?;
             state.changed().await;
             let location = format!("/v1/jobs/{}", job.id);
             Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(JobView::from(&job))).into_response())
@@ -335,6 +341,10 @@ pub struct ListJobsQuery {
     pub created_after: Option<DateTime<Utc>>,
     /// RFC 3339; exclusive.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only jobs with this tag.
+    pub tag: Option<String>,
+    /// Only jobs whose name or note holds this text (ASCII case ignored).
+    pub q: Option<String>,
     /// `next_cursor` of the previous page.
     #[param(pattern = "^-?[0-9]{1,18}$")]
     pub cursor: Option<String>,
@@ -383,6 +393,8 @@ pub async fn list_jobs(
         created_after: query.created_after,
         created_before: query.created_before,
         before_seq,
+        tag: query.tag.filter(|t| !t.is_empty()),
+        text: query.q.filter(|q| !q.is_empty()),
         // One more than asked tells whether another page exists.
         limit: i64::from(limit) + 1,
     };
@@ -404,48 +416,25 @@ pub async fn get_job(
     ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Json<JobView>> {
     let job = team_job(&state, &user, id).await?;
+    let mut view = JobView::from(&job);
+    if job.attempt > 0 {
+        view.resources = Some(job_resources(state.store.as_ref(), &job).await?);
+    }
     if job.state == JobState::Failed {
-        let mut view = JobView::from(&job);
         view.last_log_lines = Some(state.store.last_stderr_lines(job.id, job.attempt, FAILURE_LINES).await?);
         return Ok(Json(view));
     }
     if job.state != JobState::Queued {
-        return Ok(Json(with_progress(&state, &job, JobView::from(&job)).await?));
+        return Ok(Json(with_progress(&state, &job, view).await?));
     }
     let insight = state.queue_insight().await?;
     let standing = insight.standing(&job);
     let reader = Reader::new(&user, &insight.read.view);
-    let mut view = JobView::from(&job).with_standing(standing.as_ref(), &reader);
+    let mut view = view.with_standing(standing.as_ref(), &reader);
     let planned = insight.read.view.queued.iter().any(|q| q.id == job.id);
     if planned {
         let estimate = queue::estimate(&state, &insight, insight.read.view.clone(), job.id).await?;
         view.estimated_start = Some(estimate.for_reader(&reader));
     }
     Ok(Json(view))
-}
-
-/// Cancel a job that has not finished; its ranks are told to stop (by their agents' next poll).
-#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = Uuid, Path)),
-    responses((status = 200, body = JobView), (status = 403),
-        (status = 404),
-        (status = 409, description = "Already finished")),
-    security(("bearer" = [])))]
-pub async fn cancel_job(
-    State(state): State<AppState>,
-    user: User,
-    ApiPath(id): ApiPath<JobId>,
-) -> ApiResult<Json<JobView>> {
-    let job = team_job(&state, &user, id).await?;
-    user.require_write()?;
-    let reason = format!("cancelled by token {}", user.token.label.as_deref().unwrap_or(&user.token.id.to_string()));
-    match state.store.cancel_job(job.id, &reason).await? {
-        Some(Cancellation::Cancelled(cancelled)) => {
-            // Ranks already handed to agents keep their devices until the agents, told by their next poll,
-            // stop them and say so.
-            state.changed().await;
-            Ok(Json(JobView::from(&cancelled)))
-        }
-        Some(Cancellation::AlreadyEnded(ended)) => Err(ApiError::conflict(format!("job {id} already {}", ended.state))),
-        None => Err(ApiError::not_found(format!("no job {id}"))),
-    }
 }
