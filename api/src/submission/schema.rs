@@ -54,19 +54,22 @@ impl Modify for JobSpecSchema {
 }
 
 /// `POST /v1/studies`: what `ringtrain_core::study::StudyRequest` parses. Which of template, axes and points
-/// may go together, and how many points axes make, are the server's 422s.
+/// may go together, and how many points axes make, are the server's 422s. Nullable fields are an `anyOf`
+/// with `null` and arrays say what their items are, so client generators (openapi-python-client) can type
+/// every field (tests/python_client.rs).
 pub fn study_request() -> Value {
     let max_points = ringtrain_core::study::MAX_POINTS;
     json!({
         "type": "object", "additionalProperties": false,
         "properties": {
             "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME_CHARS},
-            "template": {"type": ["string", "null"], "enum": ["goyal", null],
+            "template": {"anyOf": [{"type": "string", "enum": ["goyal"]}, {"type": "null"}],
                 "description": "A built-in study instead of base and axes or points: goyal (Goyal et al.'s Table 1 in miniature)."},
             "base": {"anyOf": [{"$ref": format!("#/components/schemas/{JOB_SPEC}")}, {"type": "null"}],
                 "description": "The spec every point starts from."},
-            "axes": {"type": ["object", "null"], "additionalProperties": {"type": "array", "minItems": 1},
-                "description": "Spec path (dotted) → values; the points are every combination, paths in sorted order."},
+            "axes": {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 1, "items": axis_value()}},
+                               {"type": "null"}],
+                "description": "Spec path (dotted) → values (any JSON the path takes); the points are every combination, paths in sorted order."},
             "points": {"type": ["array", "null"], "minItems": 1, "maxItems": max_points,
                 "items": {"type": "object"}, "description": "Instead of axes: each point's overrides (spec path → value)."},
             "reference": {"type": ["integer", "null"], "minimum": 0, "maximum": max_points - 1,
@@ -75,6 +78,14 @@ pub fn study_request() -> Value {
                 "description": "Set every other point's guard.reference_job to the reference's job."}
         }
     })
+}
+
+/// A value an axis gives its spec path: any JSON a spec field takes. Spelled out as a union because a
+/// schema without a type (`{}`) does not survive utoipa's reading of this literal, and client generators
+/// cannot type an array whose items are unknown.
+fn axis_value() -> Value {
+    let numbers = json!({"type": "array", "items": {"type": "number"}});
+    json!({"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "object"}, numbers, {"type": "null"}]})
 }
 
 /// `integer` within a range, with a default.
