@@ -212,6 +212,42 @@ async fn a_team_below_its_guarantee_reclaims_borrowed_devices_and_the_borrower_r
     assert!(b_events.to_string().contains("2 device(s)"), "{b_events}");
 }
 
+/// Issue 29 on `ringtrain up`: an elastic borrower (4 workers on 1 to 4 devices) is shrunk, not stopped, when
+/// the owner of half the pool reclaims it (4 → 2 devices, from a checkpoint of where it was), grows back onto
+/// the idle devices once the owner's job has ended (2 → 4), and trains its run: every iteration once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elastic_borrower_shrinks_when_reclaimed_and_grows_back() {
+    let cluster = Cluster::up("elastic", 4).await;
+    let owner = cluster.team("owner", 2).await;
+    let borrower = cluster.team("borrower", 2).await;
+    let mut spec = fashion_mnist("elastic-borrower", 4, 60000, 3);
+    spec["devices"] = json!({"min": 1});
+    let elastic = borrower.submit(&spec).await;
+    borrower.wait_first_iteration(&elastic, LONG).await;
+    let placed = borrower.job(&elastic).await;
+    assert_eq!(placed["devices"], 4, "it starts on all 4 devices, 2 of them borrowed: {placed}");
+
+    let claimer = owner.submit(&fashion_mnist("owner-reclaims", 2, 2000, 1)).await;
+    owner.wait_state(&claimer, "succeeded", LONG).await;
+    let done = borrower.wait_state(&elastic, "succeeded", LONG).await;
+    let events = borrower.get(&format!("/v1/jobs/{elastic}/events")).await.to_string();
+    assert!(events.contains("reclaimed by another team"), "{events}");
+    assert!(events.contains("resized 4 → 2 devices"), "shrunk, not stopped: {events}");
+    assert!(events.contains("growing from 2 to 4 devices") && events.contains("resized 2 → 4 devices"), "{events}");
+    let devices: Vec<i64> =
+        done["result"]["history"].as_array().unwrap().iter().map(|p| p["devices"].as_i64().unwrap()).collect();
+    assert_eq!(devices, [4, 2, 4], "{done}");
+    assert_eq!(done["result"]["iterations_lost"], 0, "each stop was at a checkpoint of where it was: {done}");
+    // the same run on every count: rank 0 (the one rank of every placement) reported every iteration once
+    let total = done["effective"]["total_iterations"].as_i64().unwrap();
+    let rank0: Vec<Value> =
+        borrower.metrics(&elastic, "iteration").await.into_iter().filter(|p| p["rank"] == 0).collect();
+    assert_complete_series(&rank0, 1, total);
+    assert_eq!(done["workers"], 4);
+    let placements = borrower.job(&elastic).await["placements"].as_array().unwrap().len();
+    assert_eq!(placements, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_loses_nothing_and_running_jobs_go_on() {
     let db = fresh_postgres_database("restart").await;

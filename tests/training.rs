@@ -34,17 +34,16 @@ fn ringtrain() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ringtrain"))
 }
 
+/// `ringtrain train --local`, not yet run.
+fn local_command(spec: &Path, processes: usize, extra: &[&str], out: &Path) -> Command {
+    let mut command = ringtrain();
+    command.arg("train").arg("--spec").arg(spec).args(["--local", &processes.to_string(), "--out"]).arg(out);
+    command.args(["--comm-timeout-s", "60"]).args(extra);
+    command
+}
+
 fn train_local(spec: &Path, processes: usize, extra: &[&str], out: &Path) -> Output {
-    let output = ringtrain()
-        .arg("train")
-        .arg("--spec")
-        .arg(spec)
-        .args(["--local", &processes.to_string(), "--out"])
-        .arg(out)
-        .args(["--comm-timeout-s", "60"])
-        .args(extra)
-        .output()
-        .unwrap();
+    let output = local_command(spec, processes, extra, out).output().unwrap();
     assert!(output.status.success(), "training failed:\n{}", String::from_utf8_lossy(&output.stderr));
     output
 }
@@ -303,6 +302,63 @@ fn a_run_stopped_on_request_mid_epoch_resumes_bit_for_bit() {
     stitched.extend(epoch_records(&resumed));
     assert_eq!(stitched, epoch_records(&uninterrupted));
     let worst = worst_relative_difference(&final_model(&resumed_out), &final_model(&whole));
+    assert_eq!(worst, 0.0, "final weights must be bit-identical");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `ringtrain train --local` with an environment, whatever its exit status (4: stopped on request).
+fn train_local_stopping(spec: &Path, processes: usize, extra: &[&str], out: &Path, stop: &str) -> Output {
+    let output = local_command(spec, processes, extra, out).env("RINGTRAIN_STOP", stop).output().unwrap();
+    assert_eq!(output.status.code(), Some(4), "a stop on request:\n{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+/// Issue 29's ground: an elastic 4-worker run resized at its stops, 4 → 2 → 4 devices (each of the 2 playing 2
+/// virtual ranks, each virtual rank keeping its BatchNorm statistics and its shard), is the same job run on 4
+/// devices throughout: every iteration's loss within 1e-5 relative (they are in fact equal: an elastic job
+/// sums its gradients in virtual-rank order on any layout), the same lr, the same test error to 0.1 point.
+#[test]
+fn a_run_resized_at_its_stops_trains_the_fixed_run() {
+    let dir = scratch("resized");
+    let mut spec = resnet_spec(4);
+    spec["devices"] = serde_json::json!({"min": 2});
+    spec["epochs"] = 3.into();
+    spec["log_every_iterations"] = 1.into();
+    spec["dataset"] = "synthetic:480".into(); // 15 iterations per epoch
+    let spec_path = write_spec(&dir, &spec);
+    let fixed = metrics(&train_local(&spec_path, 4, &[], &dir.join("fixed")).stdout);
+
+    // on 4 devices until a stop after iteration 11, on 2 until one after iteration 29, then on 4 again
+    let first = dir.join("first");
+    let part_one = metrics(&train_local_stopping(&spec_path, 4, &[], &first, "1:11").stdout);
+    let second = dir.join("second");
+    let resume_first = first.join("checkpoints");
+    let on_two = ["--virtual-ranks", "2", "--resume", resume_first.to_str().unwrap()];
+    let part_two = metrics(&train_local_stopping(&spec_path, 2, &on_two, &second, "1:29").stdout);
+    let resume_second = second.join("checkpoints");
+    let part_three =
+        metrics(&train_local(&spec_path, 4, &["--resume", resume_second.to_str().unwrap()], &dir.join("third")).stdout);
+
+    let resized: Vec<(u64, f64, f64)> =
+        [&part_one, &part_two, &part_three].into_iter().flat_map(|part| losses(part)).collect();
+    let expected = losses(&fixed);
+    assert_eq!(resized.iter().map(|l| l.0).collect::<Vec<_>>(), expected.iter().map(|l| l.0).collect::<Vec<_>>());
+    for ((iteration, loss, lr), (_, fixed_loss, fixed_lr)) in resized.iter().zip(&expected) {
+        assert_eq!(lr, fixed_lr, "iteration {iteration}: the schedule is the run's");
+        let relative = (loss - fixed_loss).abs() / fixed_loss.abs().max(1e-12);
+        assert!(relative <= 1e-5, "iteration {iteration}: loss {loss} against {fixed_loss} ({relative:e} relative)");
+    }
+    let test_error = |lines: &[Metric]| {
+        lines.iter().rev().find_map(|m| match m {
+            Metric::Epoch(r) if r.rank == 0 => Some(r.test_error),
+            _ => None,
+        })
+    };
+    let (resized_error, fixed_error) = (test_error(&part_three).unwrap(), test_error(&fixed).unwrap());
+    assert!((resized_error - fixed_error).abs() <= 0.001, "test error {resized_error} against {fixed_error}");
+    // the weights, summed in the same order on every layout, are the fixed run's bit for bit (the reported
+    // losses ride as f32 sums per process, which may differ in their last bits)
+    let worst = worst_relative_difference(&final_model(&dir.join("third")), &final_model(&dir.join("fixed")));
     assert_eq!(worst, 0.0, "final weights must be bit-identical");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -190,6 +190,9 @@ async fn rank_process(ctx: &Arc<AgentContext>, work: &Work, prepared: &Prepared)
         work.rendezvous.clone().context("rank 0's address is not known yet")?
     };
     (rank.rank, rank.world, rank.rendezvous) = (a.rank as usize, a.world_size as usize, rendezvous);
+    // the placement's processes play the job's k ranks: an elastic job's placements differ in how many
+    let (workers, world) = (prepared.spec.workers as usize, rank.world.max(1));
+    rank.virtual_ranks = (workers % world == 0).then_some(workers / world);
     command.args(rank.args());
     if prepared.spec.device == DeviceKind::Gpu {
         // The rank sees only its own GPU, as CUDA device 0.

@@ -154,12 +154,20 @@ async fn resume_checkpoint(state: &AppState, job: &Job) -> ApiResult<(Option<Che
     if checkpoints.is_empty() {
         return Ok((None, reached));
     }
+    let mut ranks_by_placement = std::collections::BTreeMap::new();
+    for attempt in checkpoints.iter().map(|c| c.attempt).collect::<std::collections::BTreeSet<_>>() {
+        let ranks = state.store.job_assignments(job.id, attempt).await?.len() as i32;
+        if ranks > 0 {
+            ranks_by_placement.insert(attempt, ranks);
+        }
+    }
     let shape = ReportShape {
         ranks: job.devices,
+        ranks_by_placement,
         log_every: i64::from(job.spec.log_every_iterations),
         // unknown only for `idx:` data before a rank reported its size: one iteration an epoch is the
         // cautious reading (every iteration may end an epoch)
         iterations_per_epoch: job.effective.as_ref().map_or(1, |e| e.iterations_per_epoch as i64),
     };
-    Ok((resume_point(checkpoints, &progress, shape), reached))
+    Ok((resume_point(checkpoints, &progress, &shape), reached))
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// One placement of a job.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct PlacementRecord {
     /// 1 for the first time the job was placed, one more per start.
     pub placement: i32,
@@ -32,6 +32,13 @@ pub struct PlacementRecord {
     /// Iterations it had trained and reported that the next placement trained again (0 when it stopped
     /// after a checkpoint of where it was, as a preemption does).
     pub iterations_lost: i64,
+    /// Iterations it trained that count: from where it resumed to where the next placement resumed (None for
+    /// the last placement, or when either is unknown).
+    pub iterations: Option<i64>,
+    /// Seconds from the previous placement's last rank stopping to this placement claiming its devices: what
+    /// a stop and a start (a resize, a preemption, a lost node) cost beside the training itself, waiting in
+    /// the queue included (None for the first).
+    pub restart_seconds: Option<f64>,
 }
 
 /// The whole history.
@@ -100,9 +107,19 @@ pub fn summarize(
                 ended: ended.to_string(),
                 resumed_from_iteration: rank0.and_then(|s| s.resumed_from),
                 iterations_lost: 0,
+                iterations: None,
+                restart_seconds: None,
             }
         })
         .collect();
+    for i in 1..placements.len() {
+        let (before, after) = placements.split_at_mut(i);
+        let (previous, this) = (&mut before[i - 1], &mut after[0]);
+        if let (Some(from), Some(to)) = (previous.resumed_from_iteration, this.resumed_from_iteration) {
+            previous.iterations = Some((to - from).max(0));
+        }
+        this.restart_seconds = previous.ended_at.map(|end| seconds(this.started_at - end));
+    }
     // what placement p+1 trained again is what placement p lost
     let retrained: Vec<i64> = by_placement
         .values()

@@ -36,9 +36,10 @@ pub struct JobSpec {
     pub workers: u32,
     /// The devices the job holds (default: `workers`, one rank each). Must divide `workers`: each device's
     /// process then plays workers/devices virtual ranks (micro-batches of n with their own BatchNorm
-    /// statistics, gradients accumulated), so the run is the k-worker run on fewer devices, only slower.
+    /// statistics, gradients accumulated), so the run is the k-worker run on fewer devices, only slower. A
+    /// range makes the job elastic (see [`Devices`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub devices: Option<u32>,
+    pub devices: Option<Devices>,
     /// n: samples per rank per iteration. BatchNorm statistics are computed over these n samples.
     #[serde(default = "defaults::per_worker_batch")]
     pub per_worker_batch: u32,
@@ -81,6 +82,57 @@ pub struct JobSpec {
     /// [`InitFrom`]. Absent: weights initialised from `seed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
+}
+
+/// `devices`: a count, or a range that makes the job *elastic* (issue 29): `{"min": 1, "max": 8}` (`max`
+/// defaults to `workers`). An elastic job runs on any divisor of `workers` within the range: the scheduler
+/// starts it on the most that fit, shrinks it (a stop at a checkpoint and a restart on fewer) rather than
+/// stopping it when its devices are reclaimed, grows it onto idle devices, and restarts it on what is left
+/// when a node is lost. Its k, global batch, schedule and curve are the submitted run's on every count:
+/// each device's process plays workers / count virtual ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Devices {
+    Fixed(u32),
+    Range(DeviceRange),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceRange {
+    #[serde(default = "defaults::one")]
+    pub min: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+}
+
+impl From<u32> for Devices {
+    fn from(count: u32) -> Self {
+        Devices::Fixed(count)
+    }
+}
+
+/// A count or a range, with one message for anything else (serde's untagged enums say only that nothing
+/// matched).
+impl<'de> Deserialize<'de> for Devices {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Expected;
+        impl<'de> serde::de::Visitor<'de> for Expected {
+            type Value = Devices;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a device count, or a range such as {\"min\": 1, \"max\": 8}")
+            }
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Devices, E> {
+                u32::try_from(value)
+                    .map(Devices::Fixed)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(value), &self))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Devices, A::Error> {
+                DeviceRange::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Devices::Range)
+            }
+        }
+        deserializer.deserialize_any(Expected)
+    }
 }
 
 /// Where a forked job's weights come from: a checkpoint of a job of the same team that trains the same
@@ -404,6 +456,9 @@ mod defaults {
     pub fn workers() -> u32 {
         1
     }
+    pub fn one() -> u32 {
+        1
+    }
     pub fn per_worker_batch() -> u32 {
         32
     }
@@ -480,10 +535,30 @@ impl JobSpec {
 
     /// The devices the job holds: `devices`, or one per worker.
     pub fn device_count(&self) -> u32 {
-        self.devices.unwrap_or(self.workers)
+        self.allowed_device_counts().last().copied().unwrap_or(self.workers)
     }
 
-    /// The ranks each device's process plays (workers / devices; 1 unless `devices` is set below `workers`).
+    /// The device counts the job may run on, ascending: its one count, or for an elastic job every divisor
+    /// of `workers` within its range (each count playing workers / count virtual ranks, so the run is the
+    /// same on any of them).
+    pub fn allowed_device_counts(&self) -> Vec<u32> {
+        match self.devices {
+            None => vec![self.workers],
+            Some(Devices::Fixed(count)) => vec![count],
+            Some(Devices::Range(range)) => {
+                let max = range.max.unwrap_or(self.workers).min(self.workers);
+                (range.min.max(1)..=max).filter(|count| self.workers % count == 0).collect()
+            }
+        }
+    }
+
+    /// Whether the job may run on several device counts (`devices` is a range).
+    pub fn is_elastic(&self) -> bool {
+        matches!(self.devices, Some(Devices::Range(_)))
+    }
+
+    /// The ranks each device's process plays (workers / devices; 1 unless `devices` is set below `workers`),
+    /// on the most devices the job may hold.
     pub fn virtual_ranks(&self) -> u32 {
         (self.workers / self.device_count().max(1)).max(1)
     }

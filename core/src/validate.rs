@@ -1,7 +1,7 @@
 //! Range and consistency checks of a parsed [`JobSpec`]: every problem at once, each with its path.
 
 use crate::error::FieldError;
-use crate::spec::{DecayKind, JobSpec, Loss, ModelName, WarmupKind};
+use crate::spec::{DecayKind, Devices, JobSpec, Loss, ModelName, WarmupKind};
 
 /// Limits that keep a spec sane; beyond them a job is a typo, not a plan.
 pub mod limits {
@@ -110,14 +110,31 @@ impl JobSpec {
             p.check(n >= 1, "test_samples", || "must be at least 1 (got 0)".into());
         }
         p.int_range("workers", self.workers, 1, MAX_WORKERS);
-        if let Some(devices) = self.devices {
-            p.int_range("devices", devices, 1, self.workers.max(1));
-            p.check(devices == 0 || self.workers % devices == 0, "devices", || {
-                format!(
-                    "must divide workers = {} (each device plays workers / devices virtual ranks; got {devices})",
-                    self.workers
-                )
-            });
+        match self.devices {
+            Some(Devices::Fixed(devices)) => {
+                p.int_range("devices", devices, 1, self.workers.max(1));
+                p.check(devices == 0 || self.workers % devices == 0, "devices", || {
+                    format!(
+                        "must divide workers = {} (each device plays workers / devices virtual ranks; got {devices})",
+                        self.workers
+                    )
+                });
+            }
+            Some(Devices::Range(range)) => {
+                let max = range.max.unwrap_or(self.workers);
+                p.int_range("devices.min", range.min, 1, self.workers.max(1));
+                if let Some(max) = range.max {
+                    p.int_range("devices.max", max, range.min.max(1), self.workers.max(1));
+                }
+                let fits = range.min >= 1 && max >= range.min && max <= self.workers;
+                p.check(!fits || !self.allowed_device_counts().is_empty(), "devices", || {
+                    format!(
+                        "no count from {} to {max} divides workers = {}: the job could run on none",
+                        range.min, self.workers
+                    )
+                });
+            }
+            None => {}
         }
         p.int_range("per_worker_batch", self.per_worker_batch, 1, MAX_PER_WORKER_BATCH);
         p.int_range("epochs", self.epochs, 1, MAX_EPOCHS);

@@ -241,3 +241,32 @@ fn a_model_is_a_built_in_name_or_an_upload_with_its_own_data() {
         assert!(err[0].reason.contains(reason), "{json}: {}", err[0]);
     }
 }
+
+/// `devices` as a range makes a job elastic: its counts are the divisors of `workers` in the range; a range
+/// that holds none, or is upside down, is refused at its path; anything but a count or a range says what is
+/// expected.
+#[test]
+fn a_device_range_lists_the_divisors_of_workers_within_it() {
+    let spec = |devices: &str| {
+        JobSpec::from_json(&format!(
+            r#"{{"model": {{"name": "mlp"}}, "dataset": "synthetic", "workers": 12, "devices": {devices}}}"#
+        ))
+    };
+    let elastic = spec(r#"{"min": 2}"#).unwrap();
+    assert!(elastic.is_elastic());
+    assert_eq!(elastic.allowed_device_counts(), [2, 3, 4, 6, 12]);
+    assert_eq!(elastic.device_count(), 12);
+    assert_eq!(spec(r#"{"min": 2, "max": 5}"#).unwrap().allowed_device_counts(), [2, 3, 4]);
+    let fixed = spec("4").unwrap();
+    assert!(!fixed.is_elastic());
+    assert_eq!(fixed.allowed_device_counts(), [4]);
+    assert_eq!(fixed.virtual_ranks(), 3);
+    let paths = |devices: &str| -> Vec<String> { spec(devices).unwrap_err().into_iter().map(|e| e.path).collect() };
+    assert_eq!(paths(r#"{"min": 5, "max": 5}"#), ["devices"], "no count from 5 to 5 divides 12");
+    assert_eq!(paths(r#"{"min": 6, "max": 4}"#), ["devices.max"]);
+    assert_eq!(paths(r#"{"min": 0}"#), ["devices.min"]);
+    let wrong = spec(r#""four""#).unwrap_err();
+    assert!(wrong[0].reason.contains(r#"a device count, or a range such as {"min": 1, "max": 8}"#), "{wrong:?}");
+    let unknown = spec(r#"{"least": 1}"#).unwrap_err();
+    assert_eq!(unknown[0].path, "devices.least", "{unknown:?}");
+}

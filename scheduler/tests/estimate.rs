@@ -43,6 +43,7 @@ impl World {
                     started: now as u64,
                     preemptible: true,
                     preempting: false,
+                    grow_to: Vec::new(),
                 });
             }
             for preempt in &plan.preemptions {
@@ -56,6 +57,7 @@ impl World {
                     kind: running.kind,
                     devices: running.devices.len() as u32,
                     submit_seq: 0,
+                    larger: Vec::new(),
                 });
                 running.id = JobId(uuid::Uuid::from_u128(running.id.0.as_u128() + 1_000_000));
                 running.preempting = true;

@@ -61,6 +61,7 @@ fn build(
             started: owner as u64,
             preemptible,
             preempting: preempting == 0,
+            grow_to: Vec::new(),
         });
     }
     for (j, &(t, gpu, k, priority)) in queued.iter().enumerate() {
@@ -71,6 +72,7 @@ fn build(
             kind: if gpu { DeviceKind::Gpu } else { DeviceKind::Cpu },
             devices: k,
             submit_seq: j as u64,
+            larger: Vec::new(),
         });
     }
     view
@@ -126,7 +128,7 @@ proptest! {
         let view = build(&nodes, &teams, &owners, &running, &queued);
         let (t, gpu, k, priority) = submitted;
         let kind = if gpu { DeviceKind::Gpu } else { DeviceKind::Cpu };
-        let new_job = |submit_seq| QueuedJob { id: job(999), team: team(t % teams.len() as u128), priority, kind, devices: k, submit_seq };
+        let new_job = |submit_seq| QueuedJob { id: job(999), team: team(t % teams.len() as u128), priority, kind, devices: k, submit_seq, larger: Vec::new() };
         let dry = ringtrain_scheduler::dry_run(&view, new_job(u64::MAX)).expect("planned");
 
         let mut submitted_view = view.clone();
@@ -214,6 +216,7 @@ proptest! {
                     started: 0,
                     preemptible: true,
                     preempting: false,
+    grow_to: Vec::new(),
                 });
                 next_busy += h;
             }
@@ -225,6 +228,7 @@ proptest! {
                     kind: DeviceKind::Gpu,
                     devices: 1,
                     submit_seq: j as u64,
+    larger: Vec::new(),
                 });
             }
         }

@@ -46,8 +46,15 @@ impl Sim {
     }
 
     fn submit_with_priority(&mut self, j: u128, t: u128, k: u32, work: u64, priority: i32) {
-        let spec =
-            QueuedJob { id: job(j), team: team(t), priority, kind: DeviceKind::Gpu, devices: k, submit_seq: j as u64 };
+        let spec = QueuedJob {
+            id: job(j),
+            team: team(t),
+            priority,
+            kind: DeviceKind::Gpu,
+            devices: k,
+            submit_seq: j as u64,
+            larger: Vec::new(),
+        };
         self.specs.insert(spec.id, spec.clone());
         self.work_left.insert(spec.id, work);
         self.view.queued.push(spec);
@@ -87,6 +94,7 @@ impl Sim {
                 started: now,
                 preemptible: true,
                 preempting: false,
+                grow_to: Vec::new(),
             });
         }
         for p in &plan.preemptions {

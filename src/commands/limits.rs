@@ -56,6 +56,10 @@ pub struct LimitArgs {
     /// (thrash protection: a reclaim waits rather than stop a job that has barely started).
     #[arg(long, env = "RINGTRAIN_MIN_RUN_BEFORE_PREEMPTION_SECONDS", default_value_t = defaults().scheduling.min_run_before_preemption.as_secs())]
     pub min_run_before_preemption_seconds: u64,
+    /// Seconds an elastic job's placement runs before it may grow onto idle devices (each growth is a stop at
+    /// a checkpoint and a restart on more devices).
+    #[arg(long, env = "RINGTRAIN_GROW_INTERVAL_SECONDS", default_value_t = defaults().scheduling.grow_interval.as_secs())]
+    pub grow_interval_seconds: u64,
     /// Lines of rank output one job may store per second (0: no limit); beyond it lines are dropped.
     #[arg(long, env = "RINGTRAIN_LOG_LINES_PER_SECOND", default_value_t = defaults().log_lines_per_second)]
     pub log_lines_per_second: f64,
@@ -93,6 +97,7 @@ impl LimitArgs {
         config.min_free_bytes = self.min_free_bytes;
         config.keep_checkpoints = self.keep_checkpoints;
         config.scheduling.min_run_before_preemption = Duration::from_secs(self.min_run_before_preemption_seconds);
+        config.scheduling.grow_interval = Duration::from_secs(self.grow_interval_seconds);
         config.log_lines_per_second = self.log_lines_per_second;
         config.max_log_lines_per_job = self.max_log_lines_per_job;
         config.log_retention = Duration::from_secs(self.log_retention_days.saturating_mul(86_400));

@@ -280,14 +280,11 @@ fn rank_confinement(args: &Args, spec: &JobSpec, private: &std::path::Path) -> r
 
 /// The virtual ranks each of `processes` rank processes plays: as asked, or what the spec's `devices` implies
 /// when the processes are its devices (how agents start them), else 1.
+/// The ranks each process plays: `--virtual-ranks`, else workers / processes when the processes divide the
+/// workers (an elastic job's placements hold any allowed count), else 1 (and the trainer says what is wrong).
 fn virtual_ranks(args: &Args, spec: &JobSpec, processes: usize) -> usize {
-    args.virtual_ranks.unwrap_or_else(|| {
-        if processes == spec.device_count() as usize {
-            spec.virtual_ranks() as usize
-        } else {
-            1
-        }
-    })
+    let workers = spec.workers as usize;
+    args.virtual_ranks.unwrap_or(if processes > 0 && workers % processes == 0 { workers / processes } else { 1 })
 }
 
 /// The placement's rendezvous secret, from the environment (the agent, or `--local`, put it there; never an

@@ -334,15 +334,18 @@ macro_rules! impl_lifecycle_store {
                 ) -> StoreResult<Option<(Job, Vec<Assignment>)>> {
                     let now = now();
                     let mut tx = self.pool().begin().await?;
+                    // an elastic job's placements hold different counts: the column is the current one's
                     let sql = format!(
                         "UPDATE jobs SET state = 'scheduled', attempt = attempt + 1, lease_owner = $2, \
-                         lease_expires = $3, updated_at = $4 WHERE id = $1 AND state = 'queued' RETURNING {JOB_COLUMNS}"
+                         lease_expires = $3, updated_at = $4, devices = coalesce($5, devices) WHERE id = $1 AND state = 'queued' \
+                         RETURNING {JOB_COLUMNS}"
                     );
                     let row: Option<JobRow> = sqlx::query_as(&sql)
                         .bind(id.0)
                         .bind(owner)
                         .bind(lease_expiry(lease))
                         .bind(now)
+                        .bind((!ranks.is_empty()).then_some(ranks.len() as i32))
                         .fetch_optional(&mut *tx)
                         .await?;
                     let Some(row) = row else {
@@ -351,8 +354,21 @@ macro_rules! impl_lifecycle_store {
                     };
                     let job: Job = row.try_into()?;
                     let nodes: std::collections::BTreeSet<NodeId> = ranks.iter().map(|r| r.node_id).collect();
+                    // the previous placement's count, read after the write (a read first would make SQLite's
+                    // deferred transaction upgrade to a write, which concurrent starts turn into "locked")
+                    let (previous,): (i64,) =
+                        sqlx::query_as("SELECT count(*) FROM assignments WHERE job_id = $1 AND attempt = $2")
+                            .bind(id.0)
+                            .bind(job.attempt - 1)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    let resized = match previous {
+                        0 => String::new(),
+                        n if n == ranks.len() as i64 => String::new(),
+                        n => format!(" (resized {n} → {} devices)", ranks.len()),
+                    };
                     let reason = format!(
-                        "{}: placed on {} device(s) of {} node(s) by {owner}",
+                        "{}: placed on {} device(s) of {} node(s) by {owner}{resized}",
                         job.placement_name(),
                         ranks.len(),
                         nodes.len()

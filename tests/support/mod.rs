@@ -135,6 +135,10 @@ fn start_up(dir: &Path, cpus: u32) -> (Process, String) {
         .arg(dir.join("data"))
         .env("RINGTRAIN_BOOTSTRAP_TOKEN", ADMIN_TOKEN)
         .env("RINGTRAIN_KEEP_CHECKPOINTS", "1000")
+        // the elastic test shrinks a job seconds after it started and grows it back seconds later; the
+        // minimum run time and the grow interval are tested in the scheduler's own tests
+        .env("RINGTRAIN_MIN_RUN_BEFORE_PREEMPTION_SECONDS", "0")
+        .env("RINGTRAIN_GROW_INTERVAL_SECONDS", "2")
         .env("RUST_LOG", "warn");
     let (server, rest) = start_until(command, "ringtrain is up at ");
     let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();

@@ -40,6 +40,11 @@ impl GradientReducer {
         GradientReducer { buckets, staging: Vec::new() }
     }
 
+    /// The host staging buffer, for [`reduce_in_rank_order`].
+    pub fn staging(&mut self) -> &mut Vec<f32> {
+        &mut self.staging
+    }
+
     pub fn bucket_count(&self) -> usize {
         self.buckets.len()
     }
@@ -101,6 +106,62 @@ impl GradientReducer {
         }
         Ok(Reduced { grads, extras: summed_extras, comm_time })
     }
+}
+
+/// One virtual rank's gradients, flattened in parameter order (f32): what [`reduce_in_rank_order`] takes.
+pub fn flat_gradients(params: &[Param]) -> Tensor {
+    let parts: Vec<Tensor> =
+        params.iter().map(|p| grad_or_zeros(&p.tensor).to_kind(Kind::Float).flatten(0, -1)).collect();
+    match parts.is_empty() {
+        true => Tensor::zeros([0], (Kind::Float, tch::Device::Cpu)),
+        false => Tensor::cat(&parts, 0),
+    }
+}
+
+/// The all-reduce of an elastic job (issue 29), which must give the same sums on any number of processes:
+/// every virtual rank's gradients (`rows`, this process's, from virtual rank `first` on) are gathered into
+/// a [k, P + extras] table (each process fills its own rows, zeros elsewhere, and the table is all-reduce
+/// SUMMED: adding zeros is exact), then summed row by row in virtual-rank order and divided by `k`. The
+/// order of the additions is thus the same whatever the processes, so a run resized at a checkpoint is the
+/// fixed run bit for bit; the price is k/2 times the all-reduce bytes of [`GradientReducer::reduce`]'s
+/// in-ring sum (each process sends the whole table, not only the sum). `extras` ride in row `first` and come
+/// back summed in the same order, not divided.
+pub fn reduce_in_rank_order(
+    params: &[Param],
+    rows: &[Tensor],
+    first: usize,
+    k: usize,
+    comm: &mut dyn Collective,
+    staging: &mut Vec<f32>,
+    extras: &Tensor,
+) -> CommResult<Reduced> {
+    let device = params.first().map_or(extras.device(), |p| p.tensor.device());
+    let extras = extras.to_kind(Kind::Float).to_device(device).flatten(0, -1);
+    let (ride, width) = (extras.numel() as i64, rows.first().map_or(0, Tensor::numel) as i64);
+    let mut table = Tensor::zeros([k as i64, width + ride], (Kind::Float, device));
+    for (j, row) in rows.iter().enumerate() {
+        table.get((first + j) as i64).narrow(0, 0, width).copy_(row);
+    }
+    table.get(first as i64).narrow(0, width, ride).copy_(&extras);
+    let started = Instant::now();
+    comm.all_reduce_sum_tensor(&mut table, staging)?;
+    let comm_time = comm.last_device_time().unwrap_or_else(|| started.elapsed());
+    // one addition after another, row 0 first: the same order on any layout (a `sum` over the rows might
+    // split its work by the thread count)
+    let mut total = table.get(0).copy();
+    for r in 1..k as i64 {
+        total += table.get(r);
+    }
+    let summed_extras = Vec::<f32>::try_from(&total.narrow(0, width, ride)).unwrap_or_default();
+    let averaged = total.narrow(0, 0, width) / k as f64;
+    let mut grads = Vec::with_capacity(params.len());
+    let mut offset = 0;
+    for p in params {
+        let numel = p.tensor.numel() as i64;
+        grads.push(averaged.narrow(0, offset, numel).view(p.tensor.size().as_slice()));
+        offset += numel;
+    }
+    Ok(Reduced { grads, extras: summed_extras, comm_time })
 }
 
 /// What [`GradientReducer::reduce`] returns.

@@ -28,7 +28,7 @@ use crate::collective::Collective;
 use crate::data::shuffle::batch_indices;
 use crate::data::{Dataset, Labels};
 use crate::faults::FaultInjection;
-use crate::gradients::{GradientReducer, DEFAULT_BUCKET_BYTES};
+use crate::gradients::{flat_gradients, reduce_in_rank_order, GradientReducer, DEFAULT_BUCKET_BYTES};
 use crate::metrics::EpochRecord;
 use crate::models::{self, Network, OperatorCheck, Scripted};
 use crate::optim::{Sgd, SgdConfig};
@@ -289,14 +289,27 @@ impl<'c> Trainer<'c> {
         // f64 sums, as the ranks' f32 values would be summed on the host
         let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
         let mut wrong = Tensor::zeros([], (Kind::Double, device));
+        // an elastic job keeps each virtual rank's gradients apart, to be summed in rank order
+        let in_rank_order = self.spec.is_elastic();
+        let mut rows = Vec::new();
         for j in 0..self.virtual_ranks() {
             let (loss, tally) = self.micro_batch(iteration, j, step_in_epoch, permutation)?;
             loss_sum += loss.to_kind(Kind::Double);
             wrong += tally.to_kind(Kind::Double);
+            if in_rank_order {
+                rows.push(flat_gradients(self.opt.params()).copy());
+                self.opt.zero_grad();
+            }
         }
         let stop = self.stop_requested(iteration);
         let extras = StepTally::pack_on_device(&loss_sum, &wrong, stop);
-        let reduced = self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &extras)?;
+        let reduced = if in_rank_order {
+            let first = self.comm.rank() * self.virtual_ranks();
+            let (params, comm) = (self.opt.params(), &mut *self.comm);
+            reduce_in_rank_order(params, &rows, first, self.total_ranks, comm, self.reducer.staging(), &extras)?
+        } else {
+            self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &extras)?
+        };
         let all = StepTally::unpack(&reduced.extras);
         self.times.allreduce += reduced.comm_time;
         let loss = all.loss_sum / self.total_ranks as f64;

@@ -142,8 +142,13 @@ fn job_spec() -> Value {
             "test_samples": {"type": ["integer", "null"], "minimum": 1, "maximum": U64,
                              "description": "Evaluate on only the first N test samples."},
             "workers": integer(1, i128::from(MAX_WORKERS), Some(1), "k: ranks trained in data parallel (the run's math: global batch k·n, lr, BatchNorm over n)."),
-            "devices": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_WORKERS,
-                        "description": "Devices the job holds (default: workers); must divide workers, each device's process playing workers/devices virtual ranks."},
+            "devices": {"anyOf": [
+                            {"type": "integer", "minimum": 1, "maximum": MAX_WORKERS},
+                            {"type": "object", "additionalProperties": false, "properties": {
+                                "min": {"type": "integer", "minimum": 1, "maximum": MAX_WORKERS, "default": 1},
+                                "max": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_WORKERS}}},
+                            {"type": "null"}],
+                        "description": "Devices the job holds (default: workers); must divide workers, each device's process playing workers/devices virtual ranks. A range {min, max} (max: workers by default) makes the job elastic: it runs on any divisor of workers within it, shrinking, growing and surviving a lost node at the same k, batch and schedule."},
             "per_worker_batch": integer(1, i128::from(MAX_PER_WORKER_BATCH), Some(32),
                 "n: samples per rank per iteration; k·n must not exceed the training samples."),
             "epochs": integer(1, i128::from(MAX_EPOCHS), Some(90),

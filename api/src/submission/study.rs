@@ -69,7 +69,7 @@ pub async fn fit_devices(state: &AppState, points: &mut [PlannedPoint]) -> ApiRe
             continue;
         }
         let fits = (1..=capacity as u32).rev().find(|d| k % d == 0).unwrap_or(1);
-        point.spec.devices = Some(fits);
+        point.spec.devices = Some(fits.into());
         point.spec_json["devices"] = fits.into();
     }
     Ok(())

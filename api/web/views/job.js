@@ -54,6 +54,7 @@ export async function refresh() {
     linkedText(item, `${clock(event.at)} ${event.to_state}${event.reason ? `: ${event.reason}` : ""}`);
   }
   renderCheckpoints(job, checkpoints.checkpoints);
+  renderPlacements(job.placements || []);
   if ($("log-follow").checked) await renderLogs();
   await renderCharts(job);
 }
@@ -264,6 +265,29 @@ function emptyText(job, what) {
   if (job.state === "queued") return "not started yet";
   if (["scheduled", "running"].includes(job.state)) return `no ${what} reported yet`;
   return `no ${what} was reported before the job ${job.state === "succeeded" ? "ended" : `was ${job.state}`}`;
+}
+
+function renderPlacements(placements) {
+  const rows = $("placement-rows");
+  rows.replaceChildren();
+  for (const p of placements) {
+    const row = rows.appendChild(document.createElement("tr"));
+    row.dataset.placement = p.placement;
+    const dash = (value, show = (v) => v) => (value === null || value === undefined ? "-" : show(value));
+    for (const value of [
+      p.placement,
+      p.devices,
+      clock(p.started_at),
+      duration(Math.round(p.wall_seconds)),
+      p.device_seconds.toFixed(1),
+      dash(p.resumed_from_iteration),
+      dash(p.iterations),
+      dash(p.restart_seconds, (s) => duration(Math.round(s))),
+      p.ended,
+    ]) {
+      cell(row, value);
+    }
+  }
 }
 
 function renderCheckpoints(job, checkpoints) {

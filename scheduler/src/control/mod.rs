@@ -96,11 +96,18 @@ pub struct ViewConfig {
     /// instead of stopping a job that has barely started, so no two teams can start and stop each other's
     /// jobs in a loop.
     pub min_run_before_preemption: Duration,
+    /// An elastic job grows onto idle devices at most this often: not before its placement has run this
+    /// long (each growth is a stop at a checkpoint and a restart).
+    pub grow_interval: Duration,
 }
 
 impl Default for ViewConfig {
     fn default() -> Self {
-        ViewConfig { queue_window: 1_000, min_run_before_preemption: Duration::from_secs(300) }
+        ViewConfig {
+            queue_window: 1_000,
+            min_run_before_preemption: Duration::from_secs(300),
+            grow_interval: Duration::from_secs(300),
+        }
     }
 }
 

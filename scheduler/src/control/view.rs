@@ -74,6 +74,7 @@ impl Snapshot {
         let now = ringtrain_store::now();
         let min_run =
             chrono::Duration::from_std(self.config.min_run_before_preemption).unwrap_or(chrono::Duration::MAX);
+        let grow_after = chrono::Duration::from_std(self.config.grow_interval).unwrap_or(chrono::Duration::MAX);
         let mut placed_at = HashMap::new();
         let mut view = ClusterView {
             teams: self.teams.iter().map(pool_team).collect(),
@@ -88,6 +89,10 @@ impl Snapshot {
                 // the placement's own start: a job resumed after a preemption has only just started again
                 let placed = ranks.iter().map(|a| a.created_at).min().unwrap_or(job.updated_at);
                 placed_at.insert(job.id, placed);
+                let held = slots.len() as u32;
+                // a placement grows only while all its ranks train: not while starting, nor once some ended
+                let whole = ranks.len() as i32 == ranks[0].world_size
+                    && ranks.iter().all(|a| a.state == ringtrain_core::AssignmentState::Running);
                 view.running.push(RunningJob {
                     id: job.id,
                     team: job.team_id,
@@ -97,6 +102,7 @@ impl Snapshot {
                     started: placed.timestamp_micros().max(0) as u64,
                     preemptible: now - placed >= min_run,
                     preempting: false,
+                    grow_to: grow_to(job, held, whole && now - placed >= min_run.max(grow_after)),
                 });
                 continue;
             }
@@ -112,6 +118,7 @@ impl Snapshot {
                 started: 0,
                 preemptible: false,
                 preempting: true,
+                grow_to: Vec::new(),
             });
         }
         view.queued.retain(|q| !stopping.contains(&q.id) && !self.over_budget.contains_key(&q.team));
@@ -152,14 +159,26 @@ fn pool_team(team: &Team) -> crate::Team {
     }
 }
 
+/// A queued job as the policy sees it: the smallest device count it may run on, and its larger ones.
 fn queued_job(job: &Job) -> QueuedJob {
+    let mut counts = job.spec.allowed_device_counts();
+    let devices = if counts.is_empty() { job.devices.max(0) as u32 } else { counts.remove(0) };
     QueuedJob {
         id: job.id,
         team: job.team_id,
         priority: job.priority,
         kind: job.device,
-        devices: job.devices.max(0) as u32,
+        devices,
         submit_seq: job.seq.max(0) as u64,
+        larger: counts,
+    }
+}
+
+/// The counts a running elastic job may grow to from `held` devices, once its placement has run long enough.
+fn grow_to(job: &Job, held: u32, may_grow: bool) -> Vec<u32> {
+    match may_grow && job.spec.is_elastic() {
+        true => job.spec.allowed_device_counts().into_iter().filter(|&count| count > held).collect(),
+        false => Vec::new(),
     }
 }
 

@@ -94,6 +94,7 @@ pub fn estimate_start(view: &ClusterView, job: JobId, timeline: &Timeline) -> Es
                 started: now as u64,
                 preemptible: true,
                 preempting: false,
+                grow_to: Vec::new(),
             });
         }
         for preempt in &plan.preemptions {
@@ -112,6 +113,7 @@ pub fn estimate_start(view: &ClusterView, job: JobId, timeline: &Timeline) -> Es
                 kind: running.kind,
                 devices: running.devices.len() as u32,
                 submit_seq: 0,
+                larger: Vec::new(),
             };
             // the stand-in keeps the devices until it has stopped, under another id
             running.id = JobId(uuid::Uuid::from_u128(running.id.0.as_u128() ^ u128::MAX));

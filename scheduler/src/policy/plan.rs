@@ -79,6 +79,9 @@ struct KindPass<'v, 'i> {
     reclaim_held: Option<Held>,
     /// Reclaims that failed only because their victims have not run the minimum time: job -> those victims.
     deferred: BTreeMap<JobId, Vec<JobId>>,
+    /// Elastic jobs started in the guarantee walk on what their guarantee left (by position in
+    /// `plan.starts`), each with its larger counts: they take more once nobody else wants the rest.
+    capped: Vec<(usize, Vec<u32>)>,
 }
 
 impl<'v, 'i> KindPass<'v, 'i> {
@@ -140,12 +143,14 @@ impl<'v, 'i> KindPass<'v, 'i> {
             head_of_line: None,
             reclaim_held: None,
             deferred: BTreeMap::new(),
+            capped: Vec::new(),
         }
     }
 
     fn run(&mut self) {
         self.guarantee_walk();
         self.fair_share_walk();
+        self.grow_elastic_jobs();
         let mut position = 0;
         for mut waiting in self.reclaiming.drain(..).chain(self.waiting.drain(..)) {
             position += 1;
@@ -187,7 +192,8 @@ impl<'v, 'i> KindPass<'v, 'i> {
             let position = cursor[team];
             cursor[team] += 1;
 
-            let placed = self.try_start(team, position);
+            // an elastic job starts within what is left of the guarantee here; it may grow beyond it later
+            let placed = self.try_start(team, position, room);
             if !placed && job.devices < self.reclaim_fails_from {
                 if self.try_reclaim(team, job) {
                     self.queues[team].done[position] = true;
@@ -220,7 +226,7 @@ impl<'v, 'i> KindPass<'v, 'i> {
             let position = cursor[team];
             cursor[team] += 1;
 
-            if !self.try_start(team, position) {
+            if !self.try_start(team, position, u32::MAX) {
                 let reserved = if head_of_line_decided { None } else { self.reserve_head_of_line(job) };
                 head_of_line_decided = true;
                 // a reclaim held back by the minimum run time starts sooner than any reservation's wait
@@ -237,6 +243,55 @@ impl<'v, 'i> KindPass<'v, 'i> {
             if cursor[team] < self.queues[team].jobs.len() {
                 heap.push(Reverse((self.key(team), team)));
             }
+        }
+    }
+
+    /// Elastic jobs below their most grow onto devices that stay idle after both walks, when no job of this
+    /// kind waits for them (nothing reclaims, nothing is reserved or waiting): each to the largest of its
+    /// counts that its own devices and the idle ones make, the most recently started last. The idle devices
+    /// are taken from the pool here, so two jobs never count the same ones; the job stops at a checkpoint
+    /// and starts on them (and its own) in a later pass.
+    fn grow_elastic_jobs(&mut self) {
+        if !self.waiting.is_empty() || !self.reclaiming.is_empty() {
+            return;
+        }
+        let slot = self.kind_slot();
+        // jobs started in this pass on less than they may hold take what is left first: no stop needed
+        for (start, larger) in std::mem::take(&mut self.capped) {
+            let held = self.plan.starts[start].devices.len() as u32;
+            let free = self.index.kinds[slot].pool.total();
+            let Some(to) = larger.iter().rev().copied().find(|&to| to > held && u64::from(to - held) <= free) else {
+                continue;
+            };
+            let Some(more) = self.index.kinds[slot].pool.take(to - held) else { continue };
+            let team = self.book.index(self.plan.starts[start].team);
+            let account = &mut self.book.accounts[team];
+            let (usage, guarantee) = (account.usage[slot], account.guarantee(self.kind));
+            account.usage[slot] += to - held;
+            let started = &mut self.plan.starts[start];
+            started.devices.extend(self.index.slots(&more));
+            started.devices.sort_unstable();
+            started.borrowed += (usage + to - held).saturating_sub(guarantee) - usage.saturating_sub(guarantee);
+        }
+        let mut growing: Vec<usize> = (0..self.index.running.len())
+            .filter(|&r| {
+                let job = self.index.running[r];
+                job.kind == self.kind && job.preemptible && !job.preempting && !job.grow_to.is_empty()
+            })
+            .collect();
+        growing.sort_by_key(|&r| (self.index.running[r].started, self.index.running[r].id));
+        for r in growing {
+            let job = self.index.running[r];
+            let held = job.devices.len() as u32;
+            let free = self.index.kinds[slot].pool.total();
+            let Some(to) = job.grow_to.iter().rev().copied().find(|&to| to > held && u64::from(to - held) <= free)
+            else {
+                continue;
+            };
+            let Some(_) = self.index.kinds[slot].pool.take(to - held) else { continue };
+            let team = self.book.index(job.team);
+            self.book.accounts[team].usage[slot] += to - held;
+            self.plan.preemptions.push(Preempt { job: job.id, reason: PreemptReason::Grow { from: held, to } });
         }
     }
 
@@ -293,17 +348,29 @@ impl<'v, 'i> KindPass<'v, 'i> {
         }
     }
 
-    /// Starts the job if k free devices exist; records the start and the team's usage.
-    fn try_start(&mut self, team: usize, position: usize) -> bool {
+    /// Starts the job if enough free devices exist (an elastic job on the most of its counts that fit, at
+    /// most `cap`); records the start and the team's usage.
+    fn try_start(&mut self, team: usize, position: usize, cap: u32) -> bool {
         let job = self.queues[team].jobs[position];
         let k = self.kind_slot();
-        let Some(slots) = self.index.kinds[k].pool.take(job.devices) else { return false };
+        let free = self.index.kinds[k].pool.total();
+        let size = job
+            .larger
+            .iter()
+            .rev()
+            .copied()
+            .find(|&count| count <= cap && u64::from(count) <= free)
+            .unwrap_or(job.devices);
+        let Some(slots) = self.index.kinds[k].pool.take(size) else { return false };
         let account = &mut self.book.accounts[team];
         let guarantee = account.guarantee(self.kind);
         let usage = account.usage[k];
-        let borrowed = (usage + job.devices).saturating_sub(guarantee) - usage.saturating_sub(guarantee);
-        account.usage[k] += job.devices;
+        let borrowed = (usage + size).saturating_sub(guarantee) - usage.saturating_sub(guarantee);
+        account.usage[k] += size;
         self.queues[team].done[position] = true;
+        if job.larger.last().is_some_and(|&most| most > size) {
+            self.capped.push((self.plan.starts.len(), job.larger.clone()));
+        }
         self.plan.starts.push(Start { job: job.id, team: job.team, devices: self.index.slots(&slots), borrowed });
         true
     }

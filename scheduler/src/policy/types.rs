@@ -52,8 +52,11 @@ pub struct QueuedJob {
     pub priority: i32,
     /// The kind every one of its devices must be (`spec.device`).
     pub kind: DeviceKind,
-    /// k: the devices it needs, all at once (`spec.workers`).
+    /// The devices it needs, all at once: its spec's device count, or for an elastic job the smallest count
+    /// it may run on.
     pub devices: u32,
+    /// An elastic job's larger counts, ascending (empty for a fixed job): it starts on the largest that fits.
+    pub larger: Vec<u32>,
     /// Submission order (`jobs.seq`): earlier first among equal priorities. A preempted job keeps its seq,
     /// so it goes back to the front of its priority class.
     pub submit_seq: u64,
@@ -76,6 +79,9 @@ pub struct RunningJob {
     /// A preemption was already decided in an earlier pass and the job is checkpointing: its devices will be
     /// free soon and are not counted as its team's borrowing any more, and it is never chosen again.
     pub preempting: bool,
+    /// The larger counts an elastic job may grow to now, ascending: empty for a fixed job, one at its most,
+    /// or one placed less than the grow interval ago (the loop's choice).
+    pub grow_to: Vec<u32>,
 }
 
 /// A node and all its devices, busy or not; a device is free when no running job holds it. Lost nodes are
@@ -127,6 +133,9 @@ pub struct Preempt {
 pub enum PreemptReason {
     /// Its team holds devices beyond its guarantee, and `team`, below its guarantee, needs them for `for_job`.
     Reclaim { team: TeamId, for_job: JobId },
+    /// An elastic job grows onto idle devices nobody waits for: it stops at a checkpoint and starts again on
+    /// `to` devices (its own and idle ones).
+    Grow { from: u32, to: u32 },
 }
 
 /// The text the preempted job's team reads in its events: it names neither the other team nor its job
@@ -135,6 +144,9 @@ impl fmt::Display for PreemptReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PreemptReason::Reclaim { .. } => write!(f, "reclaimed by another team, below its guarantee"),
+            PreemptReason::Grow { from, to } => {
+                write!(f, "growing from {from} to {to} devices onto idle ones (a stop at a checkpoint, then a start)")
+            }
         }
     }
 }

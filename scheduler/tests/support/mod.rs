@@ -62,6 +62,7 @@ impl Cluster {
             kind,
             devices: k,
             submit_seq: j as u64,
+            larger: Vec::new(),
         });
         self
     }
@@ -89,6 +90,7 @@ impl Cluster {
             started: j as u64,
             preemptible,
             preempting,
+            grow_to: Vec::new(),
         });
         self
     }

@@ -141,6 +141,7 @@ pub fn generate(config: &BenchConfig) -> ClusterView {
                     started: rng.below(1_000_000),
                     preemptible: true,
                     preempting: false,
+                    grow_to: Vec::new(),
                 });
             }
             index += size;
@@ -155,6 +156,7 @@ pub fn generate(config: &BenchConfig) -> ClusterView {
             kind: if rng.below(100) < 85 { DeviceKind::Gpu } else { DeviceKind::Cpu },
             devices: rng.job_size(),
             submit_seq: seq as u64,
+            larger: Vec::new(),
         })
         .collect();
     ClusterView { teams, nodes, queued, running }

@@ -201,6 +201,24 @@ fn progress(progress: &Value) -> Option<String> {
     Some(text)
 }
 
+/// The device count of each placement, over time: `4 (31 s, preempted) → 2 (55 s) → 4 (running)`; None
+/// before the first.
+fn placements(placements: &Value) -> Option<String> {
+    let list = placements.as_array().filter(|l| !l.is_empty())?;
+    let parts: Vec<String> = list
+        .iter()
+        .map(|p| {
+            let ended = p["ended"].as_str().unwrap_or("?");
+            let wall = duration_text(p["wall_seconds"].as_f64().unwrap_or(0.0).round() as i64);
+            match ended {
+                "running" => format!("{} (running, {wall})", p["devices"]),
+                _ => format!("{} ({wall}, {ended})", p["devices"]),
+            }
+        })
+        .collect();
+    Some(parts.join(" → "))
+}
+
 /// What a job used: `41.3 device-seconds, peak memory 212 MiB per rank, 1.9 CPU cores`; None before it
 /// was placed.
 fn resources(used: &Value) -> Option<String> {
@@ -270,6 +288,9 @@ pub async fn show(args: &ShowArgs) -> Result<()> {
     }
     if let Some(used) = resources(&job["resources"]) {
         lines.push(("used", used));
+    }
+    if let Some(placed) = placements(&job["placements"]) {
+        lines.push(("devices", placed));
     }
     lines.push(("tags", super::annotate::tags_text(&job)));
     if let Some(note) = job["note"].as_str().filter(|n| !n.is_empty()) {

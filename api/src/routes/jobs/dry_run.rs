@@ -73,14 +73,17 @@ pub async fn answer(
     effective: Option<Effective>,
 ) -> ApiResult<DryRunView> {
     let insight = state.queue_insight().await?;
+    let mut counts = spec.allowed_device_counts();
     let job = QueuedJob {
         id: JobId::new(),
         team: user.team_id,
         priority: spec.priority,
         kind: spec.device,
-        devices: spec.device_count(),
+        // an elastic job needs its smallest count, and starts on the largest that fits
+        devices: if counts.is_empty() { spec.device_count() } else { counts.remove(0) },
         // submitted after every job already queued
         submit_seq: u64::MAX,
+        larger: counts,
     };
     let mut view = DryRunView {
         dry_run: true,
@@ -126,6 +129,13 @@ pub async fn answer(
                 within_guarantee,
                 borrowed
             );
+            let most = spec.device_count() as usize;
+            if spec.is_elastic() && slots.len() < most {
+                view.message += &format!(
+                    "; elastic: {} of its up to {most}, it grows when devices stay idle with nobody waiting",
+                    slots.len()
+                );
+            }
             view.devices = devices(&slots);
             view.within_guarantee = Some(within_guarantee);
             view.borrowed = Some(borrowed);

@@ -28,6 +28,7 @@ use crate::access::team_job;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
+use crate::placements::{job_history, PlacementRecord};
 use crate::progress::{live_progress, LiveProgress};
 use crate::queue::{self, EstimatedStart, Reader, Standing};
 use crate::resources::{job_resources, JobResources};
@@ -102,6 +103,9 @@ pub struct JobView {
     /// On `GET /v1/jobs/{id}` only, once placed: the device-seconds it used, and what its ranks reported of
     /// their memory and CPU.
     pub resources: Option<JobResources>,
+    /// On `GET /v1/jobs/{id}` only, once placed: every placement so far (devices, wall time, device-seconds,
+    /// how it ended, where it resumed): an elastic job's device count over time.
+    pub placements: Option<Vec<PlacementRecord>>,
     /// What the team wrote about the run (`PATCH /v1/jobs/{id}`): tags to filter by, and a note.
     pub tags: Vec<String>,
     pub note: String,
@@ -157,6 +161,7 @@ impl From<&Job> for JobView {
             last_log_lines: None,
             progress: None,
             resources: None,
+            placements: None,
             tags: job.tags.clone(),
             note: job.note.clone(),
             links: JobLinks {
@@ -419,6 +424,7 @@ pub async fn get_job(
     let mut view = JobView::from(&job);
     if job.attempt > 0 {
         view.resources = Some(job_resources(state.store.as_ref(), &job).await?);
+        view.placements = Some(job_history(state.store.as_ref(), job.id, None).await?.placements);
     }
     if job.state == JobState::Failed {
         view.last_log_lines = Some(state.store.last_stderr_lines(job.id, job.attempt, FAILURE_LINES).await?);
