@@ -345,8 +345,18 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     let cluster = Cluster::up("up", 2).await;
     let api = &cluster.api;
     let id = api.submit(&fashion_mnist("e2e-up", 2, 2000, 2)).await;
+    // the rank's folder on the agent, while it trains
+    api.wait_first_iteration(&id, LONG).await;
+    let job_folder = cluster.dir.join(format!("data/agent/jobs/{id}"));
+    let rank_folder = std::fs::metadata(job_folder.join("attempt-1/rank-0"));
     let job = api.wait_state(&id, "succeeded", LONG).await;
     assert!(job["result"]["final_test_error"].as_f64().unwrap() < 0.5, "{job}");
+    // and gone once the job ended and its checkpoints reached the server: the agent's disk holds no history
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while job_folder.exists() {
+        assert!(Instant::now() < deadline, "{} was not removed after the job", job_folder.display());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let total = job["effective"]["total_iterations"].as_i64().unwrap();
     assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
     assert!(cluster.dir.join("data/ringtrain.db").exists());
@@ -380,9 +390,8 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     if ringtrain_sandbox::probe().root {
         use std::os::unix::fs::MetadataExt;
         let rank_user = ringtrain_sandbox::RankUser::lookup(ringtrain_sandbox::user::DEFAULT_RANK_USER).unwrap();
-        let folder = cluster.dir.join(format!("data/agent/jobs/{id}/attempt-1/rank-0"));
-        let meta = std::fs::metadata(&folder).unwrap();
-        assert_eq!((meta.uid(), meta.mode() & 0o777), (rank_user.uid, 0o700), "{}", folder.display());
+        let meta = rank_folder.expect("rank 0's folder while it trained");
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (rank_user.uid, 0o700), "{}", job_folder.display());
     }
     let unknown = logs("00000000-0000-0000-0000-000000000000", &[]);
     assert!(!unknown.status.success());

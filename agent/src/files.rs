@@ -1,6 +1,6 @@
 //! The files a rank needs before it starts: the uploaded dataset it trains on and the uploaded model it
-//! trains, if any (each downloaded once per node, checked against the sha256 the server sent, the cached
-//! copy too) and, for rank 0 of a resumed placement,
+//! trains, if any (each downloaded once per node into the [`crate::cache`], checked against the sha256 the
+//! server sent, the cached copy too) and, for rank 0 of a resumed placement,
 //! the checkpoint it resumes from, unpacked strictly: only the trainer's own folder and file names, regular
 //! files and folders, nothing that could write outside the placement's folder.
 
@@ -13,11 +13,12 @@ use ringtrain_protocol::rank::{checkpoint_files, CheckpointName};
 use ringtrain_protocol::{Checkpoint, Work};
 use sha2::{Digest, Sha256};
 
+use crate::cache::{CachedFile, FileCache};
 use crate::rank::AgentContext;
 
 /// The file of an uploaded dataset, downloaded once per node. A cached copy whose sha256 is not the one the
 /// server sent is downloaded again.
-pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work, dataset: &DatasetRef) -> Result<Option<PathBuf>> {
+pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work, dataset: &DatasetRef) -> Result<Option<CachedFile>> {
     let DatasetRef::Uploaded(id) = dataset else { return Ok(None) };
     let route = format!("/v1/agent/datasets/{id}");
     let expected = work.dataset_sha256.as_deref();
@@ -26,23 +27,25 @@ pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work, dataset: &Data
 }
 
 /// The TorchScript file of the uploaded model the job trains, downloaded once per node like a dataset.
-pub(crate) async fn model_file(ctx: &AgentContext, work: &Work) -> Result<Option<PathBuf>> {
+pub(crate) async fn model_file(ctx: &AgentContext, work: &Work) -> Result<Option<CachedFile>> {
     let Some(model) = &work.model else { return Ok(None) };
     let route = format!("/v1/agent/jobs/{}/model", work.assignment.job_id);
     Ok(Some(cached_download(ctx, &route, "models", &format!("{}.pt", model.id), Some(&model.sha256)).await?))
 }
 
-/// `route` kept as `work_dir/kind/file`: a cached copy whose sha256 is not `expected` is downloaded again.
+/// `route` kept as `work_dir/kind/file`, held for the rank: a cached copy whose sha256 is not `expected` is
+/// downloaded again. Then the cache is brought back under its limit.
 async fn cached_download(
     ctx: &AgentContext,
     route: &str,
     kind: &str,
     file: &str,
     expected: Option<&str>,
-) -> Result<PathBuf> {
-    let dir = ctx.work_dir.join(kind);
+) -> Result<CachedFile> {
+    let dir = ctx.cache.dir(kind);
     tokio::fs::create_dir_all(&dir).await?;
-    let path = dir.join(file);
+    let held = ctx.cache.pin(dir.join(file));
+    let path = held.path().to_path_buf();
     let cached_ok = match (path.exists(), expected) {
         (false, _) => false,
         (true, None) => true,
@@ -59,7 +62,20 @@ async fn cached_download(
     if !cached_ok {
         ctx.client.download(route, &path, expected).await?;
     }
-    Ok(path)
+    FileCache::touch(&held).with_context(|| format!("cannot mark {} used", path.display()))?;
+    let cache = ctx.cache.clone();
+    match tokio::task::spawn_blocking(move || cache.evict()).await? {
+        Ok(evicted) => {
+            for (file, bytes) in &evicted.removed {
+                tracing::info!(file = %file.display(), bytes, "evicted from the cache (least recently used)");
+            }
+            if evicted.over {
+                tracing::warn!(bytes = evicted.bytes, "the cache is over --cache-max-gib with files ranks use");
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot bring the cache under --cache-max-gib"),
+    }
+    Ok(held)
 }
 
 fn sha256_of(path: &Path) -> Result<String> {

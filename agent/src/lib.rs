@@ -8,11 +8,13 @@
 //! It talks to the server only over HTTP with its agent token, in the wire types of [`ringtrain_protocol`];
 //! it never links libtorch (the rank processes do).
 
+pub mod cache;
 mod capabilities;
 pub mod client;
 mod confine;
 pub mod devices;
 mod files;
+mod folders;
 mod lines;
 pub mod rank;
 mod relay;
@@ -56,9 +58,14 @@ pub struct Args {
     /// CPU slots to offer, one rank each (default: the number of cores when no GPU is offered, else 0).
     #[arg(long)]
     pub cpus: Option<u32>,
-    /// Where ranks' files (specs, checkpoints, downloaded datasets) are kept.
+    /// Where ranks' files (specs, checkpoints, downloaded datasets) are kept. A rank's folder is removed once
+    /// it has ended and its checkpoint reached the server; the agent clears them all when it starts.
     #[arg(long, default_value = "ringtrain-agent")]
     pub work_dir: PathBuf,
+    /// The most the cache of downloaded datasets and models may hold, in GiB (0: no limit): the least
+    /// recently used files are removed past it, never one a running rank uses.
+    #[arg(long, env = "RINGTRAIN_CACHE_MAX_GIB", default_value_t = cache::DEFAULT_MAX_GIB)]
+    pub cache_max_gib: f64,
     /// libtorch threads per rank process (default: 1 on CPU slots).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -184,12 +191,15 @@ impl Agent {
                 .with_context(|| format!("cannot make {} private", args.work_dir.display()))?;
         }
         let work_dir = std::fs::canonicalize(&args.work_dir)?;
+        let (cache, folders) = tidy_work_dir(&work_dir, args.cache_max_gib)?;
         let ctx = AgentContext {
             client,
             node_id: node.id,
             node_name: name,
             address,
             work_dir,
+            cache,
+            folders,
             exe,
             threads: args.threads,
             idx_roots: args.idx_roots.clone(),
@@ -340,6 +350,30 @@ impl Agent {
             let _ = rank.stop.send(Some(StopRequest { why: why.to_string(), checkpoint_first: false }));
         }
     }
+}
+
+/// The work folder's cache and rank folders, tidied as the agent starts: no rank runs here yet (its
+/// predecessor's died with it), so every rank folder goes, with half-done downloads; the cache is brought
+/// under its limit (which may have been lowered).
+fn tidy_work_dir(work_dir: &std::path::Path, cache_max_gib: f64) -> Result<(cache::FileCache, folders::RankFolders)> {
+    anyhow::ensure!(
+        cache_max_gib.is_finite() && cache_max_gib >= 0.0,
+        "--cache-max-gib must be a size in GiB (0: no limit), not {cache_max_gib}"
+    );
+    let cache = cache::FileCache::new(work_dir, Some(cache_max_gib));
+    let folders = folders::RankFolders::new(work_dir);
+    let freed = folders.clear()?;
+    cache.remove_partials().context("cannot remove half-done downloads")?;
+    let evicted = cache.evict().context("cannot bring the cache under --cache-max-gib")?;
+    let evicted_bytes: u64 = evicted.removed.iter().map(|(_, bytes)| bytes).sum();
+    tracing::info!(
+        rank_folders_freed = freed,
+        cache_bytes = evicted.bytes,
+        evicted = evicted.removed.len(),
+        evicted_bytes,
+        "work folder tidied"
+    );
+    Ok((cache, folders))
 }
 
 /// What the heartbeats heard last.

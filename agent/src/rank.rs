@@ -18,9 +18,11 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::cache::{CachedFile, FileCache};
 use crate::client::Client;
 use crate::confine::{self, RankSandbox};
 use crate::files::{dataset_file, fetch_checkpoint, fetch_init, model_file};
+use crate::folders::RankFolders;
 use crate::lines::CappedLines;
 use crate::relay::Relay;
 use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
@@ -35,6 +37,10 @@ pub struct AgentContext {
     /// Where this node's ranks listen (rank 0's rendezvous host).
     pub address: std::net::IpAddr,
     pub work_dir: PathBuf,
+    /// The downloaded datasets and models, kept under --cache-max-gib.
+    pub(crate) cache: FileCache,
+    /// The ranks' folders, removed as they end.
+    pub(crate) folders: RankFolders,
     /// The `ringtrain` executable the ranks run.
     pub exe: PathBuf,
     /// libtorch threads per rank.
@@ -73,8 +79,16 @@ pub async fn run(ctx: Arc<AgentContext>, work: Work, stop: watch::Receiver<Optio
     let a = &work.assignment;
     let span = tracing::info_span!("rank", job = %a.job_id, attempt = a.attempt, rank = a.rank, node = %ctx.node_name);
     async {
-        match run_inner(&ctx, &work, stop).await {
-            Ok(ended) => ended,
+        let rank_dir = ctx.folders.of(a);
+        match run_inner(&ctx, &work, &rank_dir, stop).await {
+            Ok((ended, delivered)) => {
+                if delivered {
+                    remove_folder(&ctx, &rank_dir);
+                } else {
+                    tracing::warn!(folder = %rank_dir.display(), "kept: its checkpoint did not reach the server");
+                }
+                ended
+            }
             Err(err) => {
                 // Preparing or starting the rank failed (a download, a file): the placement cannot go on here.
                 // A job this node refuses to run (NotRunnable) would be refused again: not retried.
@@ -83,12 +97,22 @@ pub async fn run(ctx: Arc<AgentContext>, work: Work, stop: watch::Receiver<Optio
                 let retryable = err.downcast_ref::<NotRunnable>().is_none();
                 report_failure(&ctx, &work, &error, retryable).await;
                 end_assignment(&ctx, a.id, AssignmentState::Failed).await;
+                // it never trained: nothing in its folder is worth keeping
+                remove_folder(&ctx, &rank_dir);
                 AssignmentState::Failed
             }
         }
     }
     .instrument(span)
     .await
+}
+
+/// Removes an ended rank's folder (its placement's and job's too once empty), logging what it freed.
+fn remove_folder(ctx: &AgentContext, rank_dir: &Path) {
+    match ctx.folders.remove(rank_dir) {
+        Ok(bytes) => tracing::debug!(folder = %rank_dir.display(), bytes, "removed the ended rank's folder"),
+        Err(err) => tracing::warn!(error = format!("{err:#}"), "cannot remove the ended rank's folder"),
+    }
 }
 
 /// The rank's files, ready before its process starts.
@@ -99,8 +123,9 @@ struct Prepared {
     /// reaches it, and its data and model, only through the files passed to it open.
     rank_dir: PathBuf,
     spec: ringtrain_core::JobSpec,
-    dataset: Option<PathBuf>,
-    model: Option<PathBuf>,
+    /// The cached files it trains on, held (never evicted) until the rank has ended.
+    dataset: Option<CachedFile>,
+    model: Option<CachedFile>,
     /// The unpacked checkpoint rank 0 resumes from.
     resume: Option<PathBuf>,
     /// The unpacked checkpoint whose weights rank 0 of a fork starts from.
@@ -118,11 +143,11 @@ impl Prepared {
 }
 
 /// Writes the rank's spec and fetches what it trains on (dataset, model, rank 0's resume checkpoint).
-async fn prepare(ctx: &Arc<AgentContext>, work: &Work) -> Result<Prepared> {
+async fn prepare(ctx: &Arc<AgentContext>, work: &Work, rank_dir: &Path) -> Result<Prepared> {
     let a = &work.assignment;
-    let placement_dir = ctx.work_dir.join("jobs").join(a.job_id.to_string()).join(format!("attempt-{}", a.attempt));
-    let rank_dir = placement_dir.join(format!("rank-{}", a.rank));
-    ctx.sandbox.private_folder(&rank_dir)?;
+    let rank_dir = rank_dir.to_path_buf();
+    let placement_dir = rank_dir.parent().context("a rank folder has its placement's around it")?.to_path_buf();
+    ctx.folders.make(&rank_dir, &ctx.sandbox)?;
     let spec = work.job_spec().context("the job's spec does not parse")?;
     check_idx_dataset(&spec.dataset, &ctx.idx_roots)?;
     tokio::fs::write(rank_dir.join("spec.json"), serde_json::to_vec_pretty(&work.spec)?).await?;
@@ -163,15 +188,15 @@ async fn rank_process(ctx: &Arc<AgentContext>, work: &Work, prepared: &Prepared)
         ..Default::default()
     };
     if let Some(file) = &prepared.dataset {
-        rank.dataset_file = Some(confine::pass(&mut launch, file)?);
+        rank.dataset_file = Some(confine::pass(&mut launch, file.path())?);
     }
     if let Some(file) = &prepared.model {
-        rank.model_file = Some(confine::pass(&mut launch, file)?);
+        rank.model_file = Some(confine::pass(&mut launch, file.path())?);
         // a plain data set's one input is `x`: the rank reads it without names
         let inputs = work.model.as_ref().map(|m| m.inputs.clone()).unwrap_or_default();
         rank.model_inputs = (inputs != ["x"]).then_some(inputs);
         // its checkpoints hold the module itself beside the weights and momentum: room for both, and more
-        let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        let size = std::fs::metadata(file.path()).map(|m| m.len()).unwrap_or(0);
         rank.max_file_mib = Some(max_file_mib(size));
     }
     let mut command = Command::new(&ctx.exe);
@@ -202,18 +227,21 @@ async fn rank_process(ctx: &Arc<AgentContext>, work: &Work, prepared: &Prepared)
     Ok((command, cgroup))
 }
 
+/// Runs the rank; returns how its assignment ended, and whether everything it left for the server got there
+/// (its folder may go).
 async fn run_inner(
     ctx: &Arc<AgentContext>,
     work: &Work,
+    rank_dir: &Path,
     mut stop: watch::Receiver<Option<StopRequest>>,
-) -> Result<AssignmentState> {
+) -> Result<(AssignmentState, bool)> {
     let a = &work.assignment;
-    let prepared = prepare(ctx, work).await?;
+    let prepared = prepare(ctx, work, rank_dir).await?;
     let (mut command, cgroup) = rank_process(ctx, work, &prepared).await?;
     if stop.borrow().is_some() {
         // Stopped before it started.
         ctx.client.set_assignment_state(a.id, AssignmentState::Delivered, AssignmentState::Cancelled).await?;
-        return Ok(AssignmentState::Cancelled);
+        return Ok((AssignmentState::Cancelled, true));
     }
     let mut child = command.spawn().with_context(|| format!("cannot start {}", ctx.exe.display()))?;
     tracing::info!(pid = child.id().unwrap_or(0), "started");
@@ -239,13 +267,14 @@ async fn run_inner(
     }
     let ending = ending?;
     relay.finish().await;
-    let ended = conclude(ctx, work, ending, &mut relay, cgroup.as_ref(), &prepared.out()).await;
+    let (ended, delivered) = conclude(ctx, work, ending, &mut relay, cgroup.as_ref(), &prepared.out()).await;
     end_assignment(ctx, a.id, ended).await;
-    Ok(ended)
+    Ok((ended, delivered))
 }
 
 /// What the rank's ending means, and what it leaves to upload and report: a preempted rank 0's checkpoint,
-/// a finished rank 0's checkpoints and result, a failed rank's last checkpoint and its stderr.
+/// a finished rank 0's checkpoints and result, a failed rank's last checkpoint and its stderr. Returns the
+/// assignment's end state and whether its checkpoints were all delivered (or refused for good).
 async fn conclude(
     ctx: &Arc<AgentContext>,
     work: &Work,
@@ -253,29 +282,28 @@ async fn conclude(
     relay: &mut Relay,
     cgroup: Option<&Cgroup>,
     out: &Path,
-) -> AssignmentState {
+) -> (AssignmentState, bool) {
     let a = &work.assignment;
     match ending {
         Ending::Stopped(why) => {
             tracing::info!(%why, "stopped");
-            AssignmentState::Cancelled
+            (AssignmentState::Cancelled, true)
         }
         Ending::Exited(status) if status.code() == Some(i32::from(EXIT_STOPPED)) => {
             // Preempted: every rank stopped at the same iteration and rank 0 wrote a checkpoint of it, which
             // the job's next placement resumes from.
-            if a.rank == 0 {
-                // The next placement resumes from this checkpoint: worth riding out a server restart.
-                relay.upload_retrying(false, OUTCOME_TRIES).await;
-            }
+            // The next placement resumes from this checkpoint: worth riding out a server restart.
+            let delivered = a.rank != 0 || relay.upload_retrying(false, OUTCOME_TRIES).await;
             tracing::info!("stopped after a checkpoint (preempted)");
-            AssignmentState::Cancelled
+            (AssignmentState::Cancelled, delivered)
         }
         Ending::Exited(status) if status.success() => {
+            let mut delivered = true;
             if a.rank == 0 {
                 // The whole run was for these: retried through a server outage (a result lost here would
                 // make the server run the job again).
-                relay.upload_retrying(false, OUTCOME_TRIES).await;
-                relay.upload_retrying(true, OUTCOME_TRIES).await;
+                delivered = relay.upload_retrying(false, OUTCOME_TRIES).await;
+                delivered &= relay.upload_retrying(true, OUTCOME_TRIES).await;
                 let result: Value = match tokio::fs::read(out.join("result.json")).await {
                     Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or(Value::Null),
                     Err(_) => Value::Null,
@@ -286,7 +314,7 @@ async fn conclude(
                     Err(err) => tracing::warn!(error = %err, "the result was not taken"),
                 }
             }
-            AssignmentState::Done
+            (AssignmentState::Done, delivered)
         }
         Ending::Exited(status) => {
             // A rank the kernel killed for exceeding its cgroup's memory did so by its own doing (its model
@@ -309,9 +337,9 @@ async fn conclude(
                 tail.join("\n")
             );
             tracing::warn!(ending = describe(status), "failed");
-            relay.upload_new_checkpoint(false).await;
+            let delivered = relay.upload_new_checkpoint(false).await;
             report_failure(ctx, work, &error, retryable).await;
-            AssignmentState::Failed
+            (AssignmentState::Failed, delivered)
         }
     }
 }

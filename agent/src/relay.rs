@@ -173,30 +173,31 @@ impl Relay {
         self.shared.try_upload(is_final).await
     }
 
-    /// [`Relay::try_upload`], logging a failure.
-    pub async fn upload_new_checkpoint(&self, is_final: bool) {
-        if let Err(err) = self.try_upload(is_final).await {
-            tracing::warn!(error = format!("{err:#}"), "checkpoint upload failed");
-        }
+    /// [`Relay::try_upload`], logging a failure. True when nothing is left to send: the checkpoint got
+    /// there (or there was none), or the server refused it for good.
+    pub async fn upload_new_checkpoint(&self, is_final: bool) -> bool {
+        self.upload_retrying(is_final, 1).await
     }
 
     /// [`Relay::try_upload`] through a server outage: up to `tries` times, 2 s apart, unless the server
     /// refuses it (a 4xx, e.g. the team's storage quota). For what must not be lost: the checkpoint the
-    /// next placement resumes from, and the job's final weights.
-    pub async fn upload_retrying(&self, is_final: bool, tries: u32) {
+    /// next placement resumes from, and the job's final weights. True when nothing is left to send (as
+    /// [`Relay::upload_new_checkpoint`]); false when the server could not be reached.
+    pub async fn upload_retrying(&self, is_final: bool, tries: u32) -> bool {
         for attempt in 1..=tries.max(1) {
             match self.try_upload(is_final).await {
-                Ok(()) => return,
+                Ok(()) => return true,
                 Err(err) => {
                     let refused = err.downcast_ref::<CallError>().is_some_and(CallError::is_final);
                     if refused || attempt >= tries {
                         tracing::warn!(error = format!("{err:#}"), attempt, "checkpoint upload failed");
-                        return;
+                        return refused;
                     }
                 }
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
+        false
     }
 }
 

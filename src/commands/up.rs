@@ -101,6 +101,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         gpus: args.gpus.clone(),
         cpus: args.cpus,
         work_dir: args.data_dir.join("agent"),
+        cache_max_gib: ringtrain_agent::cache::DEFAULT_MAX_GIB,
         threads: args.threads,
         heartbeat_s: timing::HEARTBEAT.as_secs(),
         lease_s: timing::LEASE.as_secs(),
