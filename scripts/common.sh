@@ -21,3 +21,19 @@ apt_install() {
 default_cache() {
   if [ "$(id -u)" -eq 0 ]; then echo /var/cache/ringtrain; else echo "${XDG_CACHE_HOME:-$HOME/.cache}/ringtrain"; fi
 }
+
+# A virtual environment in the cache with pinned PyPI packages, made once: `tool_venv NAME PACKAGE...`.
+# Prints its folder.
+tool_venv() {
+  local venv="${RINGTRAIN_CACHE:-$(default_cache)}/$1"
+  shift
+  if [ ! -f "$venv/.complete" ]; then
+    apt_install python3-venv
+    say "installing $* into $venv (once)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "$@" >&2
+    touch "$venv/.complete"
+  fi
+  echo "$venv"
+}

@@ -79,6 +79,9 @@ fi
 apt_install dataset-fashion-mnist
 # The web page's tests drive a real headless Chromium over WebDriver.
 apt_install chromium chromium-driver
+# tests/deploy.rs checks the systemd units with systemd-analyze (kubectl, for the Kubernetes manifests, is not
+# in Debian: the test says so where it is missing).
+apt_install systemd
 
 # --- the account tenant code runs as -------------------------------------------------------------------
 # Where the agent or the server runs as root, ranks and model checks run as this unprivileged account

@@ -6,13 +6,4 @@ set -euo pipefail
 # shellcheck source=../common.sh
 source "$(dirname "$0")/../common.sh"
 GENERATOR_VERSION=0.29.1
-venv="${RINGTRAIN_CACHE:-$(default_cache)}/openapi-python-client-$GENERATOR_VERSION"
-if [ ! -f "$venv/.complete" ]; then
-  apt_install python3-venv
-  say "installing openapi-python-client $GENERATOR_VERSION into $venv (once)"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q "openapi-python-client==$GENERATOR_VERSION" "python-dateutil>=2.8,<3" >&2
-  touch "$venv/.complete"
-fi
-echo "$venv"
+tool_venv "openapi-python-client-$GENERATOR_VERSION" "openapi-python-client==$GENERATOR_VERSION" "python-dateutil>=2.8,<3"

@@ -9,14 +9,7 @@
 source "$(dirname "$0")/../lib.sh"
 SCHEMATHESIS_VERSION=4.32.5
 here="$ROOT/scripts/schemathesis"
-venv="$RINGTRAIN_CACHE/schemathesis-$SCHEMATHESIS_VERSION"
-if [ ! -x "$venv/bin/st" ]; then
-  apt_install python3-venv
-  say "installing schemathesis $SCHEMATHESIS_VERSION into $venv (once)"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION"
-fi
+venv=$(tool_venv "schemathesis-$SCHEMATHESIS_VERSION" "schemathesis==$SCHEMATHESIS_VERSION")
 
 binary="${1:-}"
 if [ -z "$binary" ]; then
