@@ -7,10 +7,12 @@
 //!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh).
 //! - `scheduler`, `api`: the placement policy's pass time and the REST API under load.
 //! - `submit`: submit -> first iteration through the platform, next to the ranks alone.
+//! - `elastic`: a borrower reclaimed by the owner of half the pool, elastic next to stop-and-requeue.
 //! - `soak`: the platform under injected faults (kill -9 of ranks, agents and the server; the database
 //!   taken away), checked for lost or doubled work, with its restarts, lost iterations and API latency.
 
 mod allreduce;
+mod elastic;
 mod scheduler_pass;
 mod services;
 mod soak;
@@ -25,6 +27,7 @@ use anyhow::{Context, Result};
 use ringtrain_worker::{Collective, RendezvousConfig, RingCollective};
 
 pub use allreduce::AllreduceArgs;
+pub use elastic::ElasticArgs;
 pub use services::{ApiArgs, SchedulerArgs};
 pub use soak::SoakArgs;
 pub use train::TrainArgs;
@@ -43,6 +46,9 @@ pub enum Bench {
     /// REST API load: job submissions per second with p50/p99 latency, and `GET /v1/jobs` page latency with a
     /// large run history, against a running `ringtrain serve` (use Postgres for the figures that matter).
     Api(ApiArgs),
+    /// Elastic against stop-and-requeue: a borrower's job over the whole pool reclaimed by the owner of half of it,
+    /// elastic (shrunk and grown back) and fixed (stopped and requeued), side by side.
+    Elastic(ElasticArgs),
     /// Fault-injection soak: a server and agents on this machine, jobs of several teams, random kill -9 of
     /// ranks, agents and the server, and the database taken away; checks nothing was lost or done twice.
     Soak(SoakArgs),
@@ -56,6 +62,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Api(args) => services::api(&args),
         Bench::Submit(args) => submit::run(&args),
         Bench::Soak(args) => soak::run(&args),
+        Bench::Elastic(args) => elastic::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

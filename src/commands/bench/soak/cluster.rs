@@ -50,6 +50,8 @@ pub struct SoakCluster {
     agents: Vec<AgentProcess>,
     pub slots: u32,
     pub admin: ApiClient,
+    /// More environment for the server (its limits, as `ringtrain serve` reads them).
+    server_env: Vec<(String, String)>,
 }
 
 /// A rank process an agent of the soak started, from its command line.
@@ -66,6 +68,17 @@ impl SoakCluster {
     /// The server on `database_url` (None: SQLite in its data folder) and `agents` agents of `slots` CPU
     /// slots each, all registered.
     pub async fn start(dir: &Path, database_url: Option<String>, agents: usize, slots: u32) -> Result<SoakCluster> {
+        Self::start_with(dir, database_url, agents, slots, Vec::new()).await
+    }
+
+    /// [`SoakCluster::start`], the server with `server_env` besides.
+    pub async fn start_with(
+        dir: &Path,
+        database_url: Option<String>,
+        agents: usize,
+        slots: u32,
+        server_env: Vec<(String, String)>,
+    ) -> Result<SoakCluster> {
         let exe = std::env::current_exe().context("cannot find the ringtrain executable")?;
         let mut cluster = SoakCluster {
             exe,
@@ -76,6 +89,7 @@ impl SoakCluster {
             agents: Vec::new(),
             slots,
             admin: ApiClient::new("http://127.0.0.1:1", ADMIN_TOKEN)?,
+            server_env,
         };
         let (server, url) = cluster.spawn_server("127.0.0.1:0")?;
         cluster.server = Some(server);
@@ -117,6 +131,7 @@ impl SoakCluster {
             // every checkpoint is kept: the lost-work figure needs the resume point each fault fell back to
             .env("RINGTRAIN_KEEP_CHECKPOINTS", "1000")
             .env("RUST_LOG", "warn,ringtrain_api::scheduling=info")
+            .envs(self.server_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(self.log("server")?);

@@ -12,7 +12,7 @@
 //! faults, the wait, the checks, the report); its parts live beside it: the processes in `cluster`, the
 //! faults in `faults`, what is watched while it runs in `watch`, the checks in `verdict`.
 
-mod cluster;
+pub(super) mod cluster;
 mod faults;
 mod verdict;
 mod watch;
