@@ -82,6 +82,8 @@ apt_install chromium chromium-driver
 # tests/deploy.rs checks the systemd units with systemd-analyze (kubectl, for the Kubernetes manifests, is not
 # in Debian: the test says so where it is missing).
 apt_install systemd
+# tests/image.rs builds the OCI image with podman (scripts/image.sh) and runs its root filesystem.
+apt_install podman
 
 # --- the account tenant code runs as -------------------------------------------------------------------
 # Where the agent or the server runs as root, ranks and model checks run as this unprivileged account
