@@ -7,35 +7,13 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{fashion_mnist, fresh_postgres_database, kill_9, rank_pids, Cluster};
+use support::{assert_complete_series, fashion_mnist, fresh_postgres_database, kill_9, rank_pids, Cluster};
 
 const LONG: Duration = Duration::from_secs(300);
-
-/// Per rank: the iterations reported and the attempts that reported them.
-fn iterations_by_rank(points: &[Value]) -> BTreeMap<i64, Vec<(i64, i64)>> {
-    let mut by_rank: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
-    for p in points {
-        by_rank
-            .entry(p["rank"].as_i64().unwrap())
-            .or_default()
-            .push((p["iteration"].as_i64().unwrap(), p["attempt"].as_i64().unwrap()));
-    }
-    by_rank
-}
-
-/// Every iteration 0..total exactly once per rank, for `ranks` ranks.
-fn assert_complete_series(points: &[Value], ranks: i64, total: i64) {
-    let by_rank = iterations_by_rank(points);
-    assert_eq!(by_rank.keys().copied().collect::<Vec<_>>(), (0..ranks).collect::<Vec<_>>(), "ranks reporting");
-    for (rank, series) in &by_rank {
-        let iterations: Vec<i64> = series.iter().map(|(i, _)| *i).collect();
-        assert_eq!(iterations, (0..total).collect::<Vec<_>>(), "rank {rank}: gaps or duplicates");
-    }
-}
 
 /// The main path, over TLS: the server with a certificate of a private CA, the agents (`--ca-cert`) and the
 /// client trusting it. Plain HTTP to the TLS port gets nothing, and neither does a client that does not

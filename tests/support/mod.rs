@@ -8,6 +8,7 @@
 
 pub mod webdriver;
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -247,6 +248,13 @@ impl Cluster {
         self.server = server;
     }
 
+    /// Another `serve` replica on the same database and data folder, on a new port: the process and its
+    /// address.
+    pub fn start_replica(&self) -> (Process, String) {
+        let (_, database_url) = self.server_command.clone().expect("a `serve` cluster");
+        start_until(serve_command("127.0.0.1:0", &database_url, &self.dir, self.tls.as_ref()), "listening on ")
+    }
+
     pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
         let token_file = self.dir.join(format!("{name}.token"));
         std::fs::write(&token_file, token).expect("write the agent token file");
@@ -266,7 +274,7 @@ impl Cluster {
         self.agents.push(Process(agent));
     }
 
-    async fn wait_for_nodes(&self, count: usize) {
+    pub async fn wait_for_nodes(&self, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let nodes = self.api.get("/v1/nodes").await;
@@ -439,6 +447,28 @@ impl Api {
                 None => return points,
             }
         }
+    }
+}
+
+/// Per rank: the iterations reported and the attempts that reported them.
+pub fn iterations_by_rank(points: &[Value]) -> BTreeMap<i64, Vec<(i64, i64)>> {
+    let mut by_rank: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for p in points {
+        by_rank
+            .entry(p["rank"].as_i64().unwrap())
+            .or_default()
+            .push((p["iteration"].as_i64().unwrap(), p["attempt"].as_i64().unwrap()));
+    }
+    by_rank
+}
+
+/// Every iteration 0..total exactly once per rank, for `ranks` ranks.
+pub fn assert_complete_series(points: &[Value], ranks: i64, total: i64) {
+    let by_rank = iterations_by_rank(points);
+    assert_eq!(by_rank.keys().copied().collect::<Vec<_>>(), (0..ranks).collect::<Vec<_>>(), "ranks reporting");
+    for (rank, series) in &by_rank {
+        let iterations: Vec<i64> = series.iter().map(|(i, _)| *i).collect();
+        assert_eq!(iterations, (0..total).collect::<Vec<_>>(), "rank {rank}: gaps or duplicates");
     }
 }
 
