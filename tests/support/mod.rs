@@ -248,6 +248,11 @@ impl Cluster {
         self.server = server;
     }
 
+    /// The test CA's certificate, when the server speaks TLS.
+    pub fn ca_cert(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|t| t.ca_cert.as_path())
+    }
+
     /// Another `serve` replica on the same database and data folder, on a new port: the process and its
     /// address.
     pub fn start_replica(&self) -> (Process, String) {
