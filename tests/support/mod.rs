@@ -107,6 +107,11 @@ pub struct TestCa {
 
 impl TestCa {
     pub fn make(dir: &Path) -> TestCa {
+        Self::make_for(dir, &["127.0.0.1", "localhost"])
+    }
+
+    /// A CA and a server certificate for `names` (addresses or host names).
+    pub fn make_for(dir: &Path, names: &[&str]) -> TestCa {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -114,7 +119,7 @@ impl TestCa {
         ca_params.distinguished_name.push(DnType::CommonName, "ringtrain test CA");
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let server_key = KeyPair::generate().unwrap();
-        let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
         let server = params.signed_by(&server_key, &ca, &ca_key).unwrap();
         let files = TestCa {
             ca_cert: dir.join("ca.pem"),
@@ -144,6 +149,12 @@ fn start_up(dir: &Path, cpus: u32) -> (Process, String) {
     let (server, rest) = start_until(command, "ringtrain is up at ");
     let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();
     (server, address)
+}
+
+/// `ringtrain serve` on `listen` (HOST:PORT) and `database_url`, its data in `dir/server`: the process and
+/// its URL.
+pub fn start_server(listen: &str, database_url: &str, dir: &Path, tls: Option<&TestCa>) -> (Process, String) {
+    start_until(serve_command(listen, database_url, dir, tls), "listening on ")
 }
 
 fn serve_command(listen: &str, database_url: &str, dir: &Path, tls: Option<&TestCa>) -> Command {
