@@ -84,6 +84,8 @@ apt_install chromium chromium-driver
 apt_install systemd
 # tests/image.rs builds the OCI image with podman (scripts/image.sh) and runs its root filesystem.
 apt_install podman
+# tests/multihost.rs partitions a host (a network namespace) with nft.
+apt_install nftables
 
 # --- the account tenant code runs as -------------------------------------------------------------------
 # Where the agent or the server runs as root, ranks and model checks run as this unprivileged account
