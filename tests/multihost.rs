@@ -1,8 +1,10 @@
-//! Hosts of their own (issue 30, item 1, first part): three agents, each in a Linux network namespace with
-//! its own address on a bridge, and the server on the bridge's address over TLS. A job's three ranks run one
-//! per host, so its ring and rank 0's rendezvous cross the bridge between real addresses (rank 0 is never on
-//! the server's host); then the same job with one host's link limited to 4 Mbit/s (`tc tbf` on its end of
-//! the bridge) slows down and still succeeds. Needs root (namespaces, links, qdiscs), as CI here has.
+//! Hosts of their own (issue 30, item 1): agents each in a Linux network namespace with its own address on
+//! a bridge, and the server on the bridge's address over TLS. A job's three ranks run one per host, so its
+//! ring and rank 0's rendezvous cross the bridge between real addresses (rank 0 is never on the server's
+//! host); the same job with one host's link limited to 4 Mbit/s (`tc tbf` on its end of the bridge) slows
+//! down and still succeeds. A host cut off by `nft` for longer than the lease is written off, its job
+//! resumes elsewhere from its checkpoint, and once healed the host is used again. Needs root (namespaces,
+//! links, qdiscs, nftables), as CI here has.
 
 mod support;
 
@@ -111,6 +113,39 @@ fn start_agent(hosts: &Hosts, i: u32, server: &str, token: &str, ca: &TestCa, di
     Process(agent)
 }
 
+/// The server on the bridge's address over TLS (its certificate for that address, from a test CA) and an
+/// agent of one slot on each of `count` hosts, all up. Fields drop in order: agents, then the server, then
+/// the hosts.
+struct Pool {
+    _agents: Vec<Process>,
+    _server: Process,
+    api: Api,
+    hosts: Hosts,
+}
+
+impl Pool {
+    async fn start(name: &str, count: u32) -> Pool {
+        assert!(ringtrain_sandbox::probe().root, "network namespaces need root (ip netns)");
+        let hosts = Hosts::create(count);
+        let dir = scratch(name);
+        let ca = TestCa::make_for(&dir, &[&hosts.gateway()]);
+        let db = fresh_postgres_database(name).await;
+        let (server, url) = start_server(&format!("{}:0", hosts.gateway()), &db, &dir, Some(&ca));
+        assert!(url.starts_with(&format!("https://{}:", hosts.gateway())), "{url}");
+        let api = Api::with_ca(&url, ADMIN_TOKEN, Some(&ca.ca_cert));
+        let mut agents = Vec::new();
+        for i in 1..=count {
+            let token = api.post("/v1/agent-tokens", json!({"label": format!("host{i}")})).await;
+            agents.push(start_agent(&hosts, i, &url, token["token"].as_str().unwrap(), &ca, &dir));
+        }
+        api.wait_for("/v1/nodes", LONG, "every host up", |nodes| {
+            nodes["nodes"].as_array().is_some_and(|n| n.iter().filter(|n| n["state"] == "up").count() == count as usize)
+        })
+        .await;
+        Pool { _agents: agents, _server: server, api, hosts }
+    }
+}
+
 /// Submits `spec` and waits for it to succeed: the job and the seconds it took.
 async fn run_job(api: &Api, spec: &Value) -> (Value, f64) {
     let started = Instant::now();
@@ -121,30 +156,15 @@ async fn run_job(api: &Api, spec: &Value) -> (Value, f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_on_three_hosts_train_across_a_bridge_and_a_slow_link() {
-    assert!(ringtrain_sandbox::probe().root, "network namespaces need root (ip netns)");
-    let hosts = Hosts::create(3);
-    let dir = scratch("multihost");
-    let ca = TestCa::make_for(&dir, &[&hosts.gateway()]);
-    let db = fresh_postgres_database("multihost").await;
-    let (_server, url) = start_server(&format!("{}:0", hosts.gateway()), &db, &dir, Some(&ca));
-    assert!(url.starts_with(&format!("https://{}:", hosts.gateway())), "{url}");
-    let api = Api::with_ca(&url, ADMIN_TOKEN, Some(&ca.ca_cert));
-    let mut agents = Vec::new();
-    for i in 1..=3 {
-        let token = api.post("/v1/agent-tokens", json!({"label": format!("host{i}")})).await;
-        agents.push(start_agent(&hosts, i, &url, token["token"].as_str().unwrap(), &ca, &dir));
-    }
-    api.wait_for("/v1/nodes", LONG, "three hosts up", |nodes| {
-        nodes["nodes"].as_array().is_some_and(|n| n.iter().filter(|n| n["state"] == "up").count() == 3)
-    })
-    .await;
+    let pool = Pool::start("multihost", 3).await;
+    let (hosts, api) = (&pool.hosts, &pool.api);
     let nodes = api.get("/v1/nodes").await;
     for node in nodes["nodes"].as_array().unwrap() {
         let i: u32 = node["name"].as_str().unwrap().trim_start_matches("host").parse().unwrap();
         assert_eq!(node["address"], hosts.address(i).as_str(), "{node}");
     }
 
-    let (job, free_s) = run_job(&api, &fashion_mnist("multihost-free", 3, 3000, 1)).await;
+    let (job, free_s) = run_job(api, &fashion_mnist("multihost-free", 3, 3000, 1)).await;
     let id = job["id"].as_str().unwrap();
     let events = api.get(&format!("/v1/jobs/{id}/events")).await;
     let placed = events["events"][1]["reason"].as_str().unwrap();
@@ -159,13 +179,12 @@ async fn ranks_on_three_hosts_train_across_a_bridge_and_a_slow_link() {
         .output()
         .unwrap();
     assert!(tc.status.success(), "tc tbf: {}", String::from_utf8_lossy(&tc.stderr));
-    let (job, slow_s) = run_job(&api, &fashion_mnist("multihost-slow", 3, 3000, 1)).await;
+    let (job, slow_s) = run_job(api, &fashion_mnist("multihost-slow", 3, 3000, 1)).await;
     eprintln!("3 ranks on 3 hosts: {free_s:.1} s; with one host's link at 4 Mbit/s: {slow_s:.1} s");
     assert!(slow_s > free_s, "the limited link did not slow the job ({slow_s:.1} s against {free_s:.1} s)");
     let id = job["id"].as_str().unwrap();
     assert_eq!(job["attempt"], 1, "{job}");
     assert_complete_series(&api.metrics(id, "iteration").await, 3, total);
-    drop(agents);
 }
 
 /// Runs `nft` in host `i`'s namespace with `rules` on its standard input.
@@ -222,30 +241,16 @@ async fn wait_node(api: &Api, name: &str, state: &str, within: Duration) -> f64 
 /// placement, and the node is used again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_host_is_written_off_its_job_resumes_elsewhere_and_the_healed_host_is_used_again() {
-    assert!(ringtrain_sandbox::probe().root, "network namespaces need root (ip netns)");
-    let hosts = Hosts::create(4);
-    let dir = scratch("partition");
-    let ca = TestCa::make_for(&dir, &[&hosts.gateway()]);
-    let db = fresh_postgres_database("partition").await;
-    let (_server, url) = start_server(&format!("{}:0", hosts.gateway()), &db, &dir, Some(&ca));
-    let api = Api::with_ca(&url, ADMIN_TOKEN, Some(&ca.ca_cert));
-    let mut agents = Vec::new();
-    for i in 1..=4 {
-        let token = api.post("/v1/agent-tokens", json!({"label": format!("host{i}")})).await;
-        agents.push(start_agent(&hosts, i, &url, token["token"].as_str().unwrap(), &ca, &dir));
-    }
-    api.wait_for("/v1/nodes", LONG, "four hosts up", |nodes| {
-        nodes["nodes"].as_array().is_some_and(|n| n.iter().filter(|n| n["state"] == "up").count() == 4)
-    })
-    .await;
+    let pool = Pool::start("partition", 4).await;
+    let (hosts, api) = (&pool.hosts, &pool.api);
 
     let id = api.submit(&fashion_mnist("partition", 2, 6000, 4)).await;
     api.wait_first_checkpoint(&id, LONG).await;
     let cut = host_of_rank(&id, 1);
-    nft(&hosts, cut, &["-f", "-"], Some(PARTITION));
+    nft(hosts, cut, &["-f", "-"], Some(PARTITION));
     let cut_at = Instant::now();
     eprintln!("host{cut} (rank 1) cut off");
-    let lost_after = wait_node(&api, &format!("host{cut}"), "lost", Duration::from_secs(60)).await;
+    let lost_after = wait_node(api, &format!("host{cut}"), "lost", Duration::from_secs(60)).await;
     let job = api.wait_state(&id, "succeeded", LONG).await;
     eprintln!("host{cut} lost after {lost_after:.1} s; the job resumed on the others and succeeded");
     assert_eq!(job["attempt"], 2, "one placement failed with the host: {job}");
@@ -254,8 +259,8 @@ async fn a_partitioned_host_is_written_off_its_job_resumes_elsewhere_and_the_hea
     // held past the lease (30 s): the server has placed the job elsewhere whatever the host's agent does
     let lease = Duration::from_secs(31);
     tokio::time::sleep(lease.saturating_sub(cut_at.elapsed())).await;
-    nft(&hosts, cut, &["delete", "table", "inet", "partition"], None);
-    let back_after = wait_node(&api, &format!("host{cut}"), "up", Duration::from_secs(60)).await;
+    nft(hosts, cut, &["delete", "table", "inet", "partition"], None);
+    let back_after = wait_node(api, &format!("host{cut}"), "up", Duration::from_secs(60)).await;
     eprintln!("host{cut} healed: up again after {back_after:.1} s");
     // what the cut-off rank reported just before the cut waited in its agent, which sends it now (the
     // agent keeps a stopped rank's lines for 2 minutes): then every iteration is there once
@@ -275,10 +280,9 @@ async fn a_partitioned_host_is_written_off_its_job_resumes_elsewhere_and_the_hea
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // all four hosts, the healed one among them
-    let (job, _) = run_job(&api, &fashion_mnist("partition-healed", 4, 2000, 1)).await;
+    let (job, _) = run_job(api, &fashion_mnist("partition-healed", 4, 2000, 1)).await;
     let healed = job["id"].as_str().unwrap();
     let events = api.get(&format!("/v1/jobs/{healed}/events")).await;
     let placed = events["events"][1]["reason"].as_str().unwrap();
     assert!(placed.contains("4 device(s) of 4 node(s)"), "{placed}");
-    drop(agents);
 }
