@@ -59,13 +59,20 @@ async fn cached_download(
             ok
         }
     };
-    if !cached_ok {
+    if cached_ok {
+        FileCache::touch(&held).with_context(|| format!("cannot mark {} used", path.display()))?;
+    } else {
+        // just written, so the most recently used; and the cache grows only here
         ctx.client.download(route, &path, expected).await?;
+        make_room(ctx.cache.clone()).await;
     }
-    FileCache::touch(&held).with_context(|| format!("cannot mark {} used", path.display()))?;
-    let cache = ctx.cache.clone();
-    match tokio::task::spawn_blocking(move || cache.evict()).await? {
-        Ok(evicted) => {
+    Ok(held)
+}
+
+/// Brings the cache back under its limit, logging what it removed.
+async fn make_room(cache: FileCache) {
+    match tokio::task::spawn_blocking(move || cache.evict()).await {
+        Ok(Ok(evicted)) => {
             for (file, bytes) in &evicted.removed {
                 tracing::info!(file = %file.display(), bytes, "evicted from the cache (least recently used)");
             }
@@ -73,9 +80,9 @@ async fn cached_download(
                 tracing::warn!(bytes = evicted.bytes, "the cache is over --cache-max-gib with files ranks use");
             }
         }
-        Err(err) => tracing::warn!(error = %err, "cannot bring the cache under --cache-max-gib"),
+        Ok(Err(err)) => tracing::warn!(error = %err, "cannot bring the cache under --cache-max-gib"),
+        Err(err) => tracing::warn!(error = %err, "the cache's eviction task failed"),
     }
-    Ok(held)
 }
 
 fn sha256_of(path: &Path) -> Result<String> {
