@@ -1,150 +1,21 @@
 //! Hosts of their own (issue 30, item 1): agents each in a Linux network namespace with its own address on
-//! a bridge, and the server on the bridge's address over TLS. A job's three ranks run one per host, so its
-//! ring and rank 0's rendezvous cross the bridge between real addresses (rank 0 is never on the server's
-//! host); the same job with one host's link limited to 4 Mbit/s (`tc tbf` on its end of the bridge) slows
-//! down and still succeeds. A host cut off by `nft` for longer than the lease is written off, its job
-//! resumes elsewhere from its checkpoint, and once healed the host is used again. Needs root (namespaces,
-//! links, qdiscs, nftables), as CI here has.
+//! a bridge, and Postgres and two server replicas on hosts of their own, over TLS (`support::hosts::Pool`).
+//! A job's three ranks run one per host, so its ring and rank 0's rendezvous cross the bridge between real
+//! addresses (rank 0 is never on a server's host); the same job with one host's link limited to 4 Mbit/s
+//! (`tc tbf` on its end of the bridge) slows down and still succeeds. A host cut off by `nft` for longer
+//! than the lease is written off, its job resumes elsewhere from its checkpoint, and once healed the host
+//! is used again. Needs root (namespaces, links, qdiscs, nftables), as CI here has.
 
 mod support;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-use support::{
-    assert_complete_series, fashion_mnist, fresh_postgres_database, scratch, start_server, Api, Process, TestCa,
-    ADMIN_TOKEN,
-};
+use serde_json::Value;
+use support::hosts::{Hosts, Pool};
+use support::{assert_complete_series, fashion_mnist, Api};
 
 const LONG: Duration = Duration::from_secs(300);
-
-/// `ip ARGS`, which must succeed.
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("ip (iproute2) runs");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
-
-/// A bridge on this machine (10.77.S.1) and `count` hosts, each a network namespace at 10.77.S.(10 + i)
-/// joined to it by a veth pair; all removed when dropped.
-struct Hosts {
-    tag: u32,
-    subnet: u32,
-    count: u32,
-}
-
-impl Hosts {
-    fn create(count: u32) -> Hosts {
-        let pid = std::process::id();
-        let hosts = Hosts { tag: pid % 10_000, subnet: 20 + pid % 200, count };
-        hosts.remove();
-        let bridge = hosts.bridge();
-        ip(&["link", "add", &bridge, "type", "bridge"]);
-        ip(&["addr", "add", &format!("{}/24", hosts.gateway()), "dev", &bridge]);
-        ip(&["link", "set", &bridge, "up"]);
-        for i in 1..=count {
-            let (namespace, inside, outside) = (hosts.namespace(i), format!("rt{}v{i}", hosts.tag), hosts.link(i));
-            ip(&["netns", "add", &namespace]);
-            ip(&["link", "add", &inside, "type", "veth", "peer", "name", &outside]);
-            ip(&["link", "set", &outside, "master", &bridge]);
-            ip(&["link", "set", &outside, "up"]);
-            ip(&["link", "set", &inside, "netns", &namespace]);
-            ip(&["-n", &namespace, "addr", "add", &format!("{}/24", hosts.address(i)), "dev", &inside]);
-            ip(&["-n", &namespace, "link", "set", &inside, "up"]);
-            ip(&["-n", &namespace, "link", "set", "lo", "up"]);
-        }
-        hosts
-    }
-
-    fn bridge(&self) -> String {
-        format!("rtb{}", self.tag)
-    }
-
-    fn namespace(&self, i: u32) -> String {
-        format!("rt{}h{i}", self.tag)
-    }
-
-    /// Host `i`'s end of its link, on the bridge: a qdisc here shapes what reaches the host.
-    fn link(&self, i: u32) -> String {
-        format!("rt{}p{i}", self.tag)
-    }
-
-    fn gateway(&self) -> String {
-        format!("10.77.{}.1", self.subnet)
-    }
-
-    fn address(&self, i: u32) -> String {
-        format!("10.77.{}.{}", self.subnet, 10 + i)
-    }
-
-    fn remove(&self) {
-        for i in 1..=self.count {
-            let _ = Command::new("ip").args(["netns", "del", &self.namespace(i)]).stderr(Stdio::null()).status();
-        }
-        let _ = Command::new("ip").args(["link", "del", &self.bridge()]).stderr(Stdio::null()).status();
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
-
-/// An agent of one CPU slot on host `i`, in its namespace, at its own address.
-fn start_agent(hosts: &Hosts, i: u32, server: &str, token: &str, ca: &TestCa, dir: &Path) -> Process {
-    let token_file = dir.join(format!("host{i}.token"));
-    std::fs::write(&token_file, token).unwrap();
-    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let agent = Command::new("ip")
-        .args(["netns", "exec", &hosts.namespace(i), env!("CARGO_BIN_EXE_ringtrain"), "agent", "--server", server])
-        .arg("--ca-cert")
-        .arg(&ca.ca_cert)
-        .arg("--token-file")
-        .arg(&token_file)
-        .args(["--name", &format!("host{i}"), "--address", &hosts.address(i), "--gpus", "none", "--cpus", "1"])
-        .args(["--heartbeat-s", "1", "--work-dir"])
-        .arg(dir.join(format!("host{i}")))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start an agent in its namespace");
-    Process(agent)
-}
-
-/// The server on the bridge's address over TLS (its certificate for that address, from a test CA) and an
-/// agent of one slot on each of `count` hosts, all up. Fields drop in order: agents, then the server, then
-/// the hosts.
-struct Pool {
-    _agents: Vec<Process>,
-    _server: Process,
-    api: Api,
-    hosts: Hosts,
-}
-
-impl Pool {
-    async fn start(name: &str, count: u32) -> Pool {
-        assert!(ringtrain_sandbox::probe().root, "network namespaces need root (ip netns)");
-        let hosts = Hosts::create(count);
-        let dir = scratch(name);
-        let ca = TestCa::make_for(&dir, &[&hosts.gateway()]);
-        let db = fresh_postgres_database(name).await;
-        let (server, url) = start_server(&format!("{}:0", hosts.gateway()), &db, &dir, Some(&ca));
-        assert!(url.starts_with(&format!("https://{}:", hosts.gateway())), "{url}");
-        let api = Api::with_ca(&url, ADMIN_TOKEN, Some(&ca.ca_cert));
-        let mut agents = Vec::new();
-        for i in 1..=count {
-            let token = api.post("/v1/agent-tokens", json!({"label": format!("host{i}")})).await;
-            agents.push(start_agent(&hosts, i, &url, token["token"].as_str().unwrap(), &ca, &dir));
-        }
-        api.wait_for("/v1/nodes", LONG, "every host up", |nodes| {
-            nodes["nodes"].as_array().is_some_and(|n| n.iter().filter(|n| n["state"] == "up").count() == count as usize)
-        })
-        .await;
-        Pool { _agents: agents, _server: server, api, hosts }
-    }
-}
 
 /// Submits `spec` and waits for it to succeed: the job and the seconds it took.
 async fn run_job(api: &Api, spec: &Value) -> (Value, f64) {
@@ -190,8 +61,8 @@ async fn ranks_on_three_hosts_train_across_a_bridge_and_a_slow_link() {
 /// Runs `nft` in host `i`'s namespace with `rules` on its standard input.
 fn nft(hosts: &Hosts, i: u32, args: &[&str], rules: Option<&str>) {
     use std::io::Write;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &hosts.namespace(i), "nft"])
+    let mut child = hosts
+        .command(i, "nft")
         .args(args)
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())

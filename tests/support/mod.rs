@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod hosts;
 pub mod webdriver;
 
 use std::collections::BTreeMap;
@@ -151,14 +152,8 @@ fn start_up(dir: &Path, cpus: u32) -> (Process, String) {
     (server, address)
 }
 
-/// `ringtrain serve` on `listen` (HOST:PORT) and `database_url`, its data in `dir/server`: the process and
-/// its URL.
-pub fn start_server(listen: &str, database_url: &str, dir: &Path, tls: Option<&TestCa>) -> (Process, String) {
-    start_until(serve_command(listen, database_url, dir, tls), "listening on ")
-}
-
-fn serve_command(listen: &str, database_url: &str, dir: &Path, tls: Option<&TestCa>) -> Command {
-    let mut command = ringtrain();
+/// `command` (`ringtrain`, or a wrapper that runs it) with the arguments and environment of `serve`.
+fn serve_command(mut command: Command, listen: &str, database_url: &str, dir: &Path, tls: Option<&TestCa>) -> Command {
     command
         .args(["serve", "--listen", listen, "--database-url", database_url, "--data-dir"])
         .arg(dir.join("server"))
@@ -191,7 +186,7 @@ impl Cluster {
         let dir = scratch(name);
         let tls = tls.then(|| TestCa::make(&dir));
         let (server, address) =
-            start_until(serve_command("127.0.0.1:0", database_url, &dir, tls.as_ref()), "listening on ");
+            start_until(serve_command(ringtrain(), "127.0.0.1:0", database_url, &dir, tls.as_ref()), "listening on ");
         let api = Api::with_ca(&address, ADMIN_TOKEN, tls.as_ref().map(|t| t.ca_cert.as_path()));
         let listen = address.trim_start_matches("http://").trim_start_matches("https://").to_string();
         let server_command = Some((listen, database_url.to_string()));
@@ -254,21 +249,11 @@ impl Cluster {
     /// Starts a killed `serve` again on the same address and database.
     pub fn start_server_again(&mut self) {
         let (listen, database_url) = self.server_command.clone().expect("a `serve` cluster");
-        let (server, _) =
-            start_until(serve_command(&listen, &database_url, &self.dir, self.tls.as_ref()), "listening on ");
+        let (server, _) = start_until(
+            serve_command(ringtrain(), &listen, &database_url, &self.dir, self.tls.as_ref()),
+            "listening on ",
+        );
         self.server = server;
-    }
-
-    /// The test CA's certificate, when the server speaks TLS.
-    pub fn ca_cert(&self) -> Option<&Path> {
-        self.tls.as_ref().map(|t| t.ca_cert.as_path())
-    }
-
-    /// Another `serve` replica on the same database and data folder, on a new port: the process and its
-    /// address.
-    pub fn start_replica(&self) -> (Process, String) {
-        let (_, database_url) = self.server_command.clone().expect("a `serve` cluster");
-        start_until(serve_command("127.0.0.1:0", &database_url, &self.dir, self.tls.as_ref()), "listening on ")
     }
 
     pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
