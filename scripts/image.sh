@@ -6,21 +6,30 @@
 # accounts ringtrain (10001: the server) and ringtrain-rank (10002: tenant code, under the agent). Prints the
 # image's name.
 #
-#   scripts/image.sh [--tag ringtrain:0.1.0] [--binary PATH]   (default: a release build of the workspace)
+#   scripts/image.sh [--tag ringtrain:0.1.0] [--binary PATH] [--libtorch DIR]
 #
-# The entrypoint is `ringtrain`: `podman run IMAGE serve`, `IMAGE agent ...`, `IMAGE doctor`. The GPU variant
-# (the CUDA libraries of the torch wheels instead of the CPU libtorch) is not built yet.
+# --binary: default, a release build of the workspace. --libtorch: default, the minimal CPU libtorch of the
+# cache. The GPU variant: --libtorch the `torch` folder of the full CUDA torch wheel (the one the binary was
+# built against, see scripts/device/) and --binary that GPU build; the CUDA libraries libtorch links, which
+# the wheels keep beside it in site-packages/nvidia/*/lib, are copied into the image's libtorch folder. The
+# GPU driver (libcuda) is not in the image: the container runtime mounts the host's (NVIDIA's toolkit, or
+# the device plugin on Kubernetes). The GPU variant has not been built here: this machine has only the
+# minimal CPU libtorch.
+#
+# The entrypoint is `ringtrain`: `podman run IMAGE serve`, `IMAGE agent ...`, `IMAGE doctor`.
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 tag="ringtrain:$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)"
 binary=""
+libtorch=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tag) tag="$2"; shift 2 ;;
     --binary) binary="$2"; shift 2 ;;
-    *) say "unknown argument $1 (give --tag NAME:VERSION, --binary PATH)"; exit 2 ;;
+    --libtorch) libtorch="$2"; shift 2 ;;
+    *) say "unknown argument $1 (give --tag NAME:VERSION, --binary PATH, --libtorch DIR)"; exit 2 ;;
   esac
 done
 apt_install podman binutils
@@ -32,6 +41,12 @@ if [ -z "$binary" ]; then
   binary="$CARGO_TARGET_DIR/release/ringtrain"
 fi
 [ -x "$binary" ] || { say "no ringtrain binary at $binary"; exit 1; }
+libtorch="${libtorch:-$LIBTORCH}"
+[ -e "$libtorch/lib/libtorch_cpu.so" ] || { say "no libtorch at $libtorch (no lib/libtorch_cpu.so)"; exit 1; }
+variant="CPU"
+[ -e "$libtorch/lib/libtorch_cuda.so" ] && variant="GPU (CUDA)"
+# the full wheels' CUDA libraries, where libtorch_cuda's RUNPATH finds them (none for the CPU layout)
+nvidia_libs=$(find "$libtorch/../nvidia" -mindepth 2 -maxdepth 2 -type d -name lib 2>/dev/null | tr '\n' ':' || true)
 datasets=/usr/share/datasets/fashion-mnist
 
 work=$(mktemp -d)
@@ -43,7 +58,7 @@ mkdir -p "$rootfs/usr/local/bin" "$lib" "$rootfs/etc/ssl/certs" "$rootfs/tmp" "$
 chmod 1777 "$rootfs/tmp"
 say "assembling the root filesystem in $rootfs"
 strip -o "$rootfs/usr/local/bin/ringtrain" "$binary"
-cp -a "$LIBTORCH/lib/." "$lib/"
+cp -a "$libtorch/lib/." "$lib/"
 cp "$datasets"/*.gz "$rootfs$datasets/"
 cp -L /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/"
 
@@ -55,11 +70,19 @@ copy_lib() {
   mkdir -p "$rootfs$(dirname "$path")"
   cp -L "$path" "$rootfs$path"
 }
-export LD_LIBRARY_PATH="$lib"
-for object in "$rootfs/usr/local/bin/ringtrain" "$lib"/*.so*; do
-  while read -r path; do
-    case "$path" in "$lib"/*) ;; /*) copy_lib "$path" ;; esac
-  done < <(ldd "$object" | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p')
+# CUDA libraries go into the libtorch folder (the image's library path) rather than a copy of site-packages;
+# twice round, so the libraries those bring are resolved too.
+export LD_LIBRARY_PATH="$lib:$nvidia_libs"
+for _ in 1 2; do
+  for object in "$rootfs/usr/local/bin/ringtrain" "$lib"/*.so*; do
+    while read -r path; do
+      case "$path" in
+        "$lib"/*) ;;
+        */nvidia/*/lib/*) [ -e "$lib/$(basename "$path")" ] || cp -L "$path" "$lib/" ;;
+        /*) copy_lib "$path" ;;
+      esac
+    done < <(ldd "$object" | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p')
+  done
 done
 loader=$(ldd "$rootfs/usr/local/bin/ringtrain" | sed -n 's/^[[:space:]]*\(\/[^ ]*ld-linux[^ ]*\) .*/\1/p' | head -1)
 copy_lib "$loader"
@@ -86,11 +109,11 @@ ENV LD_LIBRARY_PATH=/usr/local/lib/ringtrain/libtorch/lib \\
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \\
     RINGTRAIN_RANK_USER=ringtrain-rank
 LABEL org.opencontainers.image.title="ringtrain" \\
-      org.opencontainers.image.description="Training as a service: server, node agent and ranks (CPU libtorch)"
+      org.opencontainers.image.description="Training as a service: server, node agent and ranks ($variant libtorch)"
 ENTRYPOINT ["/usr/local/bin/ringtrain"]
 CMD ["--help"]
 EOF
 say "building $tag with podman"
 podman build -q --tag "$tag" --file "$work/Containerfile" "$work" >/dev/null
-say "$tag: $(podman image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1 / 1e6}')"
+say "$tag ($variant): $(podman image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1 / 1e6}')"
 echo "$tag"
