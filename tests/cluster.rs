@@ -546,6 +546,56 @@ async fn a_study_runs_its_points_and_stops_the_one_that_falls_off_its_reference(
     assert!(text.contains("TEST ERR %") && text.contains("fell off its reference"), "{text}");
 }
 
+/// The scale search (issue 31) on `ringtrain up`: a small-batch reference and four lr multipliers for 8×
+/// its workers, judged by test error at rungs after 1 and 2 epochs. The points not among the best end
+/// `stopped` at a rung with their figures kept, at least one candidate trains to the end, and the study
+/// names the best multiplier, the spec to submit and what the search saved against the full grid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_search_stops_the_losers_at_rungs_and_names_the_best_multiplier() {
+    let cluster = Cluster::up("scale-search", 2).await;
+    let api = &cluster.api;
+    let mut base = fashion_mnist("e2e-scale", 1, 4096, 4);
+    base["lr"] = json!({"base": 0.05, "reference_batch": 32, "warmup": {"kind": "gradual", "epochs": 1},
+                        "decay": {"kind": "none"}});
+    base["log_every_iterations"] = json!(8);
+    let request = json!({"template": "scale_search", "name": "e2e-scale", "base": base, "target_workers": 8,
+                         "devices": 2, "candidates": 4});
+    let created = api.post("/v1/studies", request).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    let study =
+        api.wait_for(&format!("/v1/studies/{id}"), LONG, "the search done", |s| s["search"]["done"] == true).await;
+    let points = study["points"].as_array().unwrap();
+    let states: Vec<&str> = points.iter().map(|p| p["state"].as_str().unwrap()).collect();
+    assert_eq!(points.len(), 5, "{study}");
+    assert_eq!((states[0], points[0]["is_reference"].as_bool()), ("succeeded", Some(true)), "{study}");
+    let finished = states[1..].iter().filter(|s| **s == "succeeded").count();
+    let stopped: Vec<&Value> = points[1..].iter().filter(|p| p["state"] == "stopped").collect();
+    assert!(finished >= 1 && stopped.len() >= 2, "{states:?}: {study}");
+    for point in &stopped {
+        let standing = point["search"].as_str().unwrap();
+        assert!(standing.starts_with("stopped at rung"), "{point}");
+        // its figures up to the rung it stopped at are kept
+        assert!(!point["test_error"].as_array().unwrap().is_empty(), "{point}");
+        let events = api.get(&format!("/v1/jobs/{}/events", point["job_id"].as_str().unwrap())).await;
+        let said = events["events"].as_array().unwrap().iter().any(|e| {
+            e["to_state"] == "stopped" && e["reason"].as_str().is_some_and(|r| r.contains("search: not among the best"))
+        });
+        assert!(said, "{events}");
+    }
+    let search = &study["search"];
+    let best = search["best_point"].as_i64().unwrap() as usize;
+    assert_eq!(states[best], "succeeded", "{search}");
+    let multiplier = search["best_multiplier"].as_f64().unwrap();
+    assert_eq!(points[best]["overrides"]["lr.multiplier"].as_f64(), Some(multiplier));
+    assert_eq!(search["best_spec"]["lr"]["multiplier"].as_f64(), Some(multiplier), "{search}");
+    assert_eq!(search["best_spec"]["workers"], 8, "{search}");
+    let (spent, grid) = (search["device_hours"].as_f64().unwrap(), search["grid_device_hours"].as_f64().unwrap());
+    assert!(spent < grid && search["saved_device_hours"].as_f64().unwrap() > 0.0, "{search}");
+    eprintln!(
+        "scale search: best multiplier {multiplier}, {spent:.5} of the grid's {grid:.5} device-hours; {states:?}"
+    );
+}
+
 /// `ringtrain admin reset-token` on the host of a running `ringtrain up`: the lost admin token is
 /// revoked, the new one works at once and is what `up` keeps; a mistyped data directory is an error, not
 /// a fresh empty database.

@@ -20,6 +20,7 @@ pub mod reference_guard;
 pub mod resources;
 pub mod resume;
 pub mod routes;
+pub mod search;
 pub mod state;
 pub mod storage;
 pub mod submission;

@@ -448,7 +448,11 @@ async fn ended_jobs_resume(app: TestApp) {
     let resume = format!("/v1/jobs/{id}/resume");
     let refused = app.post(&resume, &team.member, &json!({})).await;
     refused.problem(409);
-    assert!(refused.body["detail"].as_str().unwrap().contains("only a failed or cancelled job"), "{}", refused.text);
+    assert!(
+        refused.body["detail"].as_str().unwrap().contains("only a failed, cancelled or stopped job"),
+        "{}",
+        refused.text
+    );
     assert_eq!(app.post(&format!("/v1/jobs/{id}/cancel"), &team.member, &json!({})).await.status, 200);
     app.post(&resume, &team.viewer, &json!({})).await.problem(403);
     let other = app.team("beta").await;

@@ -17,16 +17,20 @@ pub enum JobState {
     Succeeded,
     Failed,
     Cancelled,
+    /// Ended at a checkpoint by a study's search (successive halving: not among the best at a rung), its
+    /// figures and checkpoints kept; the search resumes it if a later result puts it among the best.
+    Stopped,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 6] = [
+    pub const ALL: [JobState; 7] = [
         JobState::Queued,
         JobState::Scheduled,
         JobState::Running,
         JobState::Succeeded,
         JobState::Failed,
         JobState::Cancelled,
+        JobState::Stopped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -37,23 +41,24 @@ impl JobState {
             JobState::Succeeded => "succeeded",
             JobState::Failed => "failed",
             JobState::Cancelled => "cancelled",
+            JobState::Stopped => "stopped",
         }
     }
 
     /// A job in a terminal state never changes again.
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Stopped)
     }
 
     /// Whether the life cycle allows going from `self` to `next`.
     pub fn can_become(self, next: JobState) -> bool {
         use JobState::*;
         match (self, next) {
-            (Queued, Scheduled | Cancelled | Failed) => true,
+            (Queued, Scheduled | Cancelled | Failed | Stopped) => true,
             // back to the queue: preempted, or the agent lost its lease before the ranks started
-            (Scheduled, Running | Queued | Failed | Cancelled) => true,
+            (Scheduled, Running | Queued | Failed | Cancelled | Stopped) => true,
             // back to the queue: preempted or retrying from the last checkpoint
-            (Running, Succeeded | Failed | Cancelled | Queued) => true,
+            (Running, Succeeded | Failed | Cancelled | Queued | Stopped) => true,
             _ => false,
         }
     }
@@ -70,7 +75,7 @@ impl std::str::FromStr for JobState {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         JobState::ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| {
-            format!("unknown state {text:?}; expected one of queued, scheduled, running, succeeded, failed, cancelled")
+            format!("unknown state {text:?}; expected one of queued, scheduled, running, succeeded, failed, cancelled, stopped")
         })
     }
 }

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::FieldError;
-use crate::spec::{DecayKind, JobSpec, MomentumForm, Precision, Scaling, WarmupKind};
+use crate::spec::{DecayKind, JobSpec, LrSpec, MomentumForm, Precision, Scaling, WarmupKind};
 
 /// The hyperparameters a job actually runs with, once defaults, scaling and the dataset size are applied.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +53,18 @@ pub struct Effective {
     pub precision: Precision,
 }
 
+/// What the base lr is multiplied by for a global batch of `global_batch`: `lr.multiplier` when given,
+/// otherwise the scaling rule's factor.
+pub fn scaling_factor(lr: &LrSpec, global_batch: u64) -> f64 {
+    let ratio = global_batch as f64 / f64::from(lr.reference_batch);
+    match (lr.multiplier, lr.scaling) {
+        (Some(multiplier), _) => multiplier,
+        (None, Scaling::Linear) => ratio,
+        (None, Scaling::Sqrt) => ratio.sqrt(),
+        (None, Scaling::None) => 1.0,
+    }
+}
+
 impl Effective {
     /// Derives the effective hyperparameters. `dataset_size` is the number of training samples of the
     /// dataset (before `train_samples` caps it).
@@ -62,12 +74,7 @@ impl Effective {
         let global_batch = spec.global_batch();
         let iterations_per_epoch = train_size / global_batch;
         let lr = &spec.lr;
-        let ratio = global_batch as f64 / f64::from(lr.reference_batch);
-        let scaling_factor = match lr.scaling {
-            Scaling::Linear => ratio,
-            Scaling::Sqrt => ratio.sqrt(),
-            Scaling::None => 1.0,
-        };
+        let scaling_factor = scaling_factor(lr, global_batch);
         let scaled = lr.base * scaling_factor;
         let scaled_lr = lr.max.map_or(scaled, |max| scaled.min(max));
         let asked_epochs = lr.warmup.resolved_epochs();

@@ -291,6 +291,10 @@ pub struct LrSpec {
     pub reference_batch: u32,
     #[serde(default)]
     pub scaling: Scaling,
+    /// In place of the scaling rule: lr = base × multiplier, whatever the batch (what a scaling search hands
+    /// back; warmup still rises from `base`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiplier: Option<f64>,
     /// Upper bound on every lr of the schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<f64>,
@@ -306,6 +310,7 @@ impl Default for LrSpec {
             base: defaults::base_lr(),
             reference_batch: defaults::reference_batch(),
             scaling: Scaling::default(),
+            multiplier: None,
             max: None,
             warmup: WarmupSpec::default(),
             decay: DecaySpec::default(),

@@ -3,13 +3,16 @@
 //! set of overrides). This module turns a request into its points' specs, names the points, and picks the
 //! reference (the small-batch baseline the others are judged against). The built-in templates are here too.
 
+pub mod halving;
 pub mod plot;
+pub mod scale_search;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::FieldError;
 use crate::spec::JobSpec;
+use halving::SearchSpec;
 
 /// Most points one study may have.
 pub const MAX_POINTS: usize = 64;
@@ -42,6 +45,26 @@ pub struct StudyRequest {
     /// (with the base's tolerance), so a point that falls off the reference's training-error curve stops.
     #[serde(default)]
     pub guard_points: bool,
+    /// Successive halving over the points (`{"kind": "asha", "rungs": [1, 2, 4], "reduction": 3}`): points
+    /// not among the best at a rung end `stopped`. The reference point is never stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchSpec>,
+    /// The `scale_search` template: the worker count k the base (the small-batch reference) is to be
+    /// scaled to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_workers: Option<u32>,
+    /// The `scale_search` template: the devices each candidate holds (its k workers played as virtual
+    /// ranks); default: as many as fit the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<u32>,
+    /// The `scale_search` template: how many lr multipliers to try, on a log grid from sqrt(k/k0) to k/k0
+    /// (default 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<u32>,
+    /// The `scale_search` template: warmup lengths (epochs) to try with every multiplier, a second axis;
+    /// default: the base's warmup only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_epochs: Option<Vec<f64>>,
 }
 
 /// One point of a study before it is submitted.
@@ -57,7 +80,24 @@ pub struct PlannedPoint {
 impl StudyRequest {
     /// The request a template stands for (with this request's name, if any), or the request itself.
     pub fn resolved(&self) -> Result<StudyRequest, FieldError> {
+        let scale_fields = [
+            ("target_workers", self.target_workers.is_some()),
+            ("devices", self.devices.is_some()),
+            ("candidates", self.candidates.is_some()),
+            ("warmup_epochs", self.warmup_epochs.is_some()),
+        ];
+        if self.template.as_deref() != Some("scale_search") {
+            if let Some((field, _)) = scale_fields.iter().find(|(_, given)| *given) {
+                return Err(FieldError::new(
+                    *field,
+                    "belongs to the scale_search template (\"template\": \"scale_search\")",
+                ));
+            }
+        }
         let Some(template) = &self.template else { return Ok(self.clone()) };
+        if template == "scale_search" {
+            return scale_search::resolve(self);
+        }
         if self.base.is_some() || self.axes.is_some() || self.points.is_some() || self.reference.is_some() {
             return Err(FieldError::new(
                 "template",
@@ -66,12 +106,18 @@ impl StudyRequest {
         }
         let mut resolved = match template.as_str() {
             "goyal" => goyal_template(),
-            other => return Err(FieldError::new("template", format!("no template {other:?}; there is: goyal"))),
+            other => {
+                return Err(FieldError::new(
+                    "template",
+                    format!("no template {other:?}; there are: goyal, scale_search"),
+                ))
+            }
         };
         if self.name.is_some() {
             resolved.name = self.name.clone();
         }
         resolved.guard_points |= self.guard_points;
+        resolved.search = self.search.clone();
         Ok(resolved)
     }
 
@@ -100,6 +146,12 @@ impl StudyRequest {
                     FieldError::new(at, format!("{} (point {})", e.reason, label(&point)))
                 })),
             }
+        }
+        if let (Some(search), true) = (&self.search, errors.is_empty()) {
+            let reference = reference_point(self, &planned);
+            let epochs: Vec<u32> =
+                planned.iter().enumerate().filter(|(i, _)| *i != reference).map(|(_, p)| p.spec.epochs).collect();
+            errors.extend(search.problems(&epochs));
         }
         if let Some(reference) = self.reference {
             if errors.is_empty() && reference >= planned.len() {
@@ -274,6 +326,11 @@ pub fn goyal_template() -> StudyRequest {
         points: Some(points),
         reference: Some(0),
         guard_points: false,
+        search: None,
+        target_workers: None,
+        devices: None,
+        candidates: None,
+        warmup_epochs: None,
     }
 }
 

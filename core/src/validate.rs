@@ -9,6 +9,8 @@ pub mod limits {
     pub const MAX_PER_WORKER_BATCH: u32 = 65_536;
     pub const MAX_EPOCHS: u32 = 10_000;
     pub const MAX_LR: f64 = 100.0;
+    /// Most an lr multiplier may scale the base by (a 100,000-fold batch).
+    pub const MAX_LR_MULTIPLIER: f64 = 100_000.0;
     pub const MAX_RESTARTS: u32 = 100;
     pub const MAX_PRIORITY: i32 = 1000;
     pub const MAX_NAME_CHARS: usize = 200;
@@ -185,6 +187,10 @@ impl JobSpec {
         p.int_range("lr.reference_batch", lr.reference_batch, 1, u32::MAX);
         if let Some(max) = lr.max {
             p.float("lr.max", max, in_lr_range, &format!("> 0 and <= {MAX_LR}"));
+        }
+        if let Some(multiplier) = lr.multiplier {
+            let in_range = |m: f64| m > 0.0 && m <= limits::MAX_LR_MULTIPLIER;
+            p.float("lr.multiplier", multiplier, in_range, &format!("> 0 and <= {}", limits::MAX_LR_MULTIPLIER));
         }
 
         let epochs = f64::from(self.epochs);

@@ -154,10 +154,16 @@ pub trait LifecycleStore: Send + Sync {
     /// marked `preempted` (their agents checkpoint, then stop them). None when `attempt` is no longer the
     /// job's active placement.
     async fn preempt_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>>;
+    /// Ends a scheduled or running placement `stopped` (a study's search found it not among the best): as a
+    /// preemption, its ranks checkpoint and stop, but the job is not queued again; [`resume_job`] queues it
+    /// when the search promotes it. None when `attempt` is no longer the job's active placement.
+    ///
+    /// [`resume_job`]: LifecycleStore::resume_job
+    async fn stop_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>>;
     /// Cancels a job that has not ended, whatever its state, and its pending ranks. None when there is no
     /// such job; Conflict when it kept changing state through every round.
     async fn cancel_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Cancellation>>;
-    /// failed/cancelled → queued: the job is placed again and resumes from its newest checkpoint (the only
+    /// failed/cancelled/stopped → queued: the job is placed again and resumes from its newest checkpoint (the only
     /// way out of an ended state, so `JobState::can_become` does not list it). Its restart budget starts
     /// again: the spec's `max_restarts` more failures from here. None when there is no such job; Conflict
     /// when it has not ended, has succeeded, or changed meanwhile.
@@ -188,6 +194,64 @@ macro_rules! impl_lifecycle_store {
             type Tx<'a> = sqlx::Transaction<'a, <$store as SqlBackend>::Db>;
 
             impl $store {
+                /// Placement `attempt` halted with its ranks checkpointing: back to the queue (`to` queued: a
+                /// preemption, counted) or ended `stopped` (by a study's search). Its pending assignments are
+                /// cancelled and its delivered or running ones marked `preempted` (their agents checkpoint,
+                /// then stop them). None when `attempt` is no longer the job's active placement.
+                async fn halt_placement(
+                    &self,
+                    id: JobId,
+                    attempt: i32,
+                    to: JobState,
+                    reason: &str,
+                ) -> StoreResult<Option<Job>> {
+                    let (set, word) = match to {
+                        JobState::Queued => ("state = 'queued', preemptions = preemptions + 1", "preempted"),
+                        JobState::Stopped => ("state = 'stopped', finished_at = $3", "stopped"),
+                        other => return Err(StoreError::InvalidTransition(format!("halting a placement to {other}"))),
+                    };
+                    let now = now();
+                    let mut tx = self.pool().begin().await?;
+                    let Some(current) = Self::active_placement(&mut tx, id, attempt).await? else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    let from = current.state.as_str();
+                    // Guarded on the state just read: a concurrent finish or cancel wins and this changes nothing.
+                    let sql = format!(
+                        "UPDATE jobs SET {set}, lease_owner = NULL, lease_expires = NULL, updated_at = $3 \
+                         WHERE id = $1 AND attempt = $2 AND state = $4 RETURNING {JOB_COLUMNS}"
+                    );
+                    let row: Option<JobRow> = sqlx::query_as(&sql)
+                        .bind(id.0)
+                        .bind(attempt)
+                        .bind(now)
+                        .bind(from)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    let Some(row) = row else {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    };
+                    let job: Job = row.try_into()?;
+                    // named as it ran (the preemption count has just moved on)
+                    let reason = format!("{} {word}: {reason}", current.placement_name());
+                    let numbers = (attempt, current.user_attempt());
+                    Self::insert_state_event(&mut tx, id, now, (from, to.as_str()), numbers, &reason).await?;
+                    Self::cancel_pending_in(&mut tx, id, Some(attempt)).await?;
+                    sqlx::query(
+                        "UPDATE assignments SET preempted = TRUE, updated_at = $3 \
+                         WHERE job_id = $1 AND attempt = $2 AND state IN ('delivered', 'running')",
+                    )
+                    .bind(id.0)
+                    .bind(attempt)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    Ok(Some(job))
+                }
+
                 /// The compare-and-set of [`LifecycleStore::transition`] and its event, inside the caller's
                 /// transaction.
                 async fn transition_in(tx: &mut Tx<'_>, t: &Transition) -> StoreResult<Option<Job>> {
@@ -204,7 +268,7 @@ macro_rules! impl_lifecycle_store {
                     let sql = format!(
                         "UPDATE jobs SET state = $4, updated_at = $5, \
                          started_at = CASE WHEN $4 = 'running' AND started_at IS NULL THEN $5 ELSE started_at END, \
-                         finished_at = CASE WHEN $4 IN ('succeeded', 'failed', 'cancelled') THEN $5 \
+                         finished_at = CASE WHEN $4 IN ('succeeded', 'failed', 'cancelled', 'stopped') THEN $5 \
                              ELSE finished_at END, \
                          lease_owner = CASE WHEN $6 = 'keep' THEN lease_owner WHEN $6 = 'set' THEN $7 ELSE NULL END, \
                          lease_expires = CASE WHEN $6 = 'keep' THEN lease_expires WHEN $6 = 'set' THEN $8 \
@@ -419,47 +483,11 @@ macro_rules! impl_lifecycle_store {
                 }
 
                 async fn preempt_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>> {
-                    let now = now();
-                    let mut tx = self.pool().begin().await?;
-                    let Some(current) = Self::active_placement(&mut tx, id, attempt).await? else {
-                        tx.rollback().await?;
-                        return Ok(None);
-                    };
-                    let from = current.state.as_str();
-                    // Guarded on the state just read: a concurrent finish or cancel wins and this changes nothing.
-                    let sql = format!(
-                        "UPDATE jobs SET state = 'queued', preemptions = preemptions + 1, lease_owner = NULL, \
-                         lease_expires = NULL, updated_at = $3 \
-                         WHERE id = $1 AND attempt = $2 AND state = $4 RETURNING {JOB_COLUMNS}"
-                    );
-                    let row: Option<JobRow> = sqlx::query_as(&sql)
-                        .bind(id.0)
-                        .bind(attempt)
-                        .bind(now)
-                        .bind(from)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                    let Some(row) = row else {
-                        tx.rollback().await?;
-                        return Ok(None);
-                    };
-                    let job: Job = row.try_into()?;
-                    // named as it ran (the preemption count has just moved on)
-                    let reason = format!("{} preempted: {reason}", current.placement_name());
-                    let numbers = (attempt, current.user_attempt());
-                    Self::insert_state_event(&mut tx, id, now, (from, "queued"), numbers, &reason).await?;
-                    Self::cancel_pending_in(&mut tx, id, Some(attempt)).await?;
-                    sqlx::query(
-                        "UPDATE assignments SET preempted = TRUE, updated_at = $3 \
-                         WHERE job_id = $1 AND attempt = $2 AND state IN ('delivered', 'running')",
-                    )
-                    .bind(id.0)
-                    .bind(attempt)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                    tx.commit().await?;
-                    Ok(Some(job))
+                    self.halt_placement(id, attempt, JobState::Queued, reason).await
+                }
+
+                async fn stop_job(&self, id: JobId, attempt: i32, reason: &str) -> StoreResult<Option<Job>> {
+                    self.halt_placement(id, attempt, JobState::Stopped, reason).await
                 }
 
                 async fn cancel_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Cancellation>> {
@@ -483,9 +511,9 @@ macro_rules! impl_lifecycle_store {
 
                 async fn resume_job(&self, id: JobId, reason: &str) -> StoreResult<Option<Job>> {
                     let Some(job) = crate::jobs::JobStore::get_job(self, id).await? else { return Ok(None) };
-                    if !matches!(job.state, JobState::Failed | JobState::Cancelled) {
+                    if !matches!(job.state, JobState::Failed | JobState::Cancelled | JobState::Stopped) {
                         return Err(StoreError::Conflict(format!(
-                            "job {id} is {}: only a failed or cancelled job can be resumed",
+                            "job {id} is {}: only a failed, cancelled or stopped job can be resumed",
                             job.state
                         )));
                     }

@@ -118,7 +118,8 @@ impl TryFrom<JobRow> for Job {
     }
 }
 
-pub(crate) const STUDY_COLUMNS: &str = "seq, id, team_id, created_by, name, definition, reference_point, created_at";
+pub(crate) const STUDY_COLUMNS: &str =
+    "seq, id, team_id, created_by, name, definition, reference_point, created_at, search_state, search_version";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct StudyRow {
@@ -130,6 +131,8 @@ pub(crate) struct StudyRow {
     definition: Json<Value>,
     reference_point: i32,
     created_at: DateTime<Utc>,
+    search_state: Option<Json<Value>>,
+    search_version: i64,
 }
 
 impl From<StudyRow> for Study {
@@ -143,6 +146,8 @@ impl From<StudyRow> for Study {
             definition: row.definition.0,
             reference_point: row.reference_point,
             created_at: row.created_at,
+            search_state: row.search_state.map(|s| s.0),
+            search_version: row.search_version,
         }
     }
 }

@@ -46,8 +46,30 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(StoreError::Database)?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&pool).await?;
         Ok(SqliteStore { pool, gate: Arc::default() })
+    }
+}
+
+/// Applies the migrations on one connection with foreign keys off, as SQLite's recipe for changing a table
+/// (rebuild, copy, drop, rename) needs: with them on, dropping the old `jobs` would cascade into every table
+/// that references it (https://www.sqlite.org/lang_altertable.html#otheralter). sqlx runs each migration in
+/// a transaction, where the pragma cannot change, hence before. Any dangling reference afterwards is an
+/// error, and the connection goes back to the pool with foreign keys on.
+async fn migrate(pool: &SqlitePool) -> StoreResult<()> {
+    let mut connection = pool.acquire().await?;
+    sqlx::query("PRAGMA foreign_keys = OFF").execute(&mut *connection).await?;
+    let migrated = MIGRATOR.run(&mut *connection).await;
+    let dangling: Vec<(String,)> =
+        sqlx::query_as("SELECT \"table\" FROM pragma_foreign_key_check").fetch_all(&mut *connection).await?;
+    sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *connection).await?;
+    migrated?;
+    match dangling.first() {
+        None => Ok(()),
+        Some((table,)) => Err(StoreError::Corrupt(format!(
+            "after the migrations, {} row(s) of table {table} and others refer to rows that do not exist",
+            dangling.len()
+        ))),
     }
 }
 

@@ -25,6 +25,11 @@ pub struct Study {
     /// The point the others are compared with (the small-batch baseline).
     pub reference_point: i32,
     pub created_at: DateTime<Utc>,
+    /// The memory of the study's search (`core::study::halving::HalvingState`), when it has one and has
+    /// decided anything.
+    pub search_state: Option<Value>,
+    /// Bumped by every change of `search_state`: the guard of [`StudyStore::set_search_state`].
+    pub search_version: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -47,6 +52,9 @@ pub trait StudyStore: Send + Sync {
     async fn list_studies(&self, team_id: TeamId, before_seq: Option<i64>, limit: i64) -> StoreResult<Vec<Study>>;
     /// The study's jobs in point order.
     async fn study_jobs(&self, id: StudyId) -> StoreResult<Vec<Job>>;
+    /// Replaces the search's memory if it is still at `version` (compare-and-set: two servers judging
+    /// reports at once cannot both act on one memory); false when another change came first.
+    async fn set_search_state(&self, id: StudyId, version: i64, state: &Value) -> StoreResult<bool>;
 }
 
 macro_rules! impl_study_store {
@@ -118,6 +126,24 @@ macro_rules! impl_study_store {
                     let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE study_id = $1 ORDER BY study_point");
                     let rows: Vec<JobRow> = sqlx::query_as(&sql).bind(id.0).fetch_all(self.pool()).await?;
                     rows::jobs(rows)
+                }
+
+                async fn set_search_state(
+                    &self,
+                    id: StudyId,
+                    version: i64,
+                    state: &serde_json::Value,
+                ) -> StoreResult<bool> {
+                    let done = sqlx::query(
+                        "UPDATE studies SET search_state = $3, search_version = search_version + 1 \
+                         WHERE id = $1 AND search_version = $2",
+                    )
+                    .bind(id.0)
+                    .bind(version)
+                    .bind(Json(state))
+                    .execute(self.pool())
+                    .await?;
+                    Ok(done.rows_affected() == 1)
                 }
             }
         };

@@ -9,6 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
+use ringtrain_core::study::halving::{self, SearchSpec};
 use ringtrain_core::study::{self, StudyRequest};
 use ringtrain_core::{JobId, JobState, StudyId, TeamId};
 use ringtrain_store::{Job, MetricsQuery, Study};
@@ -64,6 +65,38 @@ pub struct StudyPointView {
     /// Training samples per second over the whole run (finished runs).
     pub samples_per_s: Option<f64>,
     pub error: Option<String>,
+    /// Device-seconds its placements held (every placement counted).
+    pub device_seconds: f64,
+    /// Its place in the study's search, in words (`promoted past rung 2 of 3`, `stopped at rung 1 (1
+    /// epochs)`); absent without a search.
+    pub search: Option<String>,
+    /// Rungs it was promoted past; absent without a search.
+    pub rungs_passed: Option<usize>,
+}
+
+/// What a study's search found and what it cost.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SearchSummary {
+    /// The search as run (`kind`, `metric`, `rungs`, `reduction`).
+    #[schema(value_type = Object)]
+    pub spec: Value,
+    /// No point is queued or running any more.
+    pub done: bool,
+    /// The best point so far (not the reference): the finished one with the lowest final test error, else
+    /// the one furthest on with the best figure at its last rung.
+    pub best_point: Option<i32>,
+    /// Its `lr.multiplier` (a scale search's answer).
+    pub best_multiplier: Option<f64>,
+    /// The spec to submit: the best point's, as it ran.
+    #[schema(value_type = Option<Object>)]
+    pub best_spec: Option<Value>,
+    /// Device-hours every point held, the reference's included.
+    pub device_hours: f64,
+    /// What every point trained to the end would have held: each point's device-hours per epoch so far
+    /// times its epochs (an estimate until they all ran).
+    pub grid_device_hours: Option<f64>,
+    /// grid_device_hours minus device_hours.
+    pub saved_device_hours: Option<f64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -81,6 +114,8 @@ pub struct StudyView {
     /// The request as stored (a template written out).
     #[schema(value_type = Object)]
     pub definition: Value,
+    /// What the search found (studies with `search`).
+    pub search: Option<SearchSummary>,
     pub links: StudyLinks,
 }
 
@@ -333,6 +368,7 @@ async fn view(state: &AppState, study: &Study, jobs: Vec<Job>) -> ApiResult<Stud
     for point in &mut points {
         point.vs_reference = point.final_test_error.zip(reference).map(|(mine, theirs)| mine - theirs);
     }
+    let search = crate::search::search_of(study).map(|search| search_summary(study, &search, &mut points, &jobs));
     let base = format!("/v1/studies/{}", study.id);
     Ok(StudyView {
         id: study.id,
@@ -343,6 +379,7 @@ async fn view(state: &AppState, study: &Study, jobs: Vec<Job>) -> ApiResult<Stud
         states: count_states(&jobs),
         points,
         definition: study.definition.clone(),
+        search,
         links: StudyLinks { plot: format!("{base}/plot.svg"), cancel: format!("{base}/cancel"), this: base },
     })
 }
@@ -402,5 +439,67 @@ async fn point_view(
         wall_seconds,
         samples_per_s: result.and_then(|r| r["samples_per_s"].as_f64()),
         error: job.error.clone(),
+        device_seconds: crate::resources::job_resources(state.store.as_ref(), job).await?.device_seconds,
+        search: None,
+        rungs_passed: None,
     })
+}
+
+/// Each point's standing in the search (written into `points`), and what the search found and cost.
+fn search_summary(study: &Study, search: &SearchSpec, points: &mut [StudyPointView], jobs: &[Job]) -> SearchSummary {
+    let memory = crate::search::memory_of(study);
+    let rungs = search.rungs.len();
+    for point in points.iter_mut() {
+        if point.is_reference {
+            point.search = Some("the reference: trains to the end".into());
+            continue;
+        }
+        let (passed, stopped_at) = halving::standing(&memory, point.point as usize);
+        point.rungs_passed = Some(passed);
+        point.search = Some(match (stopped_at, point.state) {
+            (Some(rung), _) => format!("stopped at rung {} ({} epochs)", rung + 1, search.rungs[rung]),
+            (None, _) if passed == rungs => format!("promoted past every rung ({rungs})"),
+            (None, _) if passed > 0 => format!("promoted past rung {passed} of {rungs}"),
+            (None, JobState::Queued) => "not started".into(),
+            (None, _) => format!("training to rung 1 ({} epochs)", search.rungs[0]),
+        });
+    }
+    let candidates = || points.iter().filter(|p| !p.is_reference);
+    let finished_best = candidates()
+        .filter_map(|p| Some((p.final_test_error?, p.point)))
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let furthest_best = || {
+        candidates()
+            .filter_map(|p| Some(((p.rungs_passed?, -p.test_error.last().copied()?), p.point)))
+            .max_by(|a, b| a.0 .0.cmp(&b.0 .0).then(a.0 .1.total_cmp(&b.0 .1)).then(b.1.cmp(&a.1)))
+            .map(|(_, point)| point)
+    };
+    let best_point = finished_best.map(|(_, point)| point).or_else(furthest_best);
+    let best = best_point.and_then(|b| points.iter().find(|p| p.point == b));
+    let best_job = best_point.and_then(|b| jobs.iter().find(|j| j.study.is_some_and(|s| s.point == b)));
+    let device_seconds: f64 = points.iter().map(|p| p.device_seconds).sum();
+    // each point's pace so far, over its whole schedule; unknown while a point has trained no epoch
+    let grid_seconds: Option<f64> = points
+        .iter()
+        .map(|p| {
+            let epochs = jobs.iter().find(|j| j.id == p.job_id).map_or(0, |j| j.spec.epochs);
+            let trained = p.test_error.len().max(p.train_error.len());
+            (trained > 0).then(|| p.device_seconds / trained as f64 * f64::from(epochs))
+        })
+        .sum();
+    SearchSummary {
+        spec: serde_json::to_value(search).unwrap_or_default(),
+        done: !jobs.iter().any(|j| matches!(j.state, JobState::Queued | JobState::Scheduled | JobState::Running)),
+        best_point,
+        best_multiplier: best.and_then(|p| p.overrides.get("lr.multiplier")?.as_f64()),
+        best_spec: best_job.and_then(|j| serde_json::to_value(&j.spec).ok()).map(|mut spec| {
+            if let Some(spec) = spec.as_object_mut() {
+                spec.remove("name");
+            }
+            spec
+        }),
+        device_hours: device_seconds / 3600.0,
+        grid_device_hours: grid_seconds.map(|s| s / 3600.0),
+        saved_device_hours: grid_seconds.map(|s| (s - device_seconds) / 3600.0),
+    }
 }

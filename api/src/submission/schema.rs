@@ -160,6 +160,9 @@ fn job_spec() -> Value {
                              "description": "The lr at reference_batch."},
                     "reference_batch": integer(1, U32, Some(256), "The batch `base` is for."),
                     "scaling": one_of(&["linear", "sqrt", "none"], "linear", "How the lr grows with k·n."),
+                    "multiplier": {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": MAX_LR_MULTIPLIER},
+                                             {"type": "null"}],
+                                   "description": "In place of the scaling rule: lr = base × multiplier (a scaling search's answer)."},
                     "max": {"anyOf": [lr_value, {"type": "null"}], "description": "A cap on the scaled lr."},
                     "warmup": {
                         "type": "object", "additionalProperties": false,

@@ -16,7 +16,7 @@ let app = null;
 
 export const live = true;
 
-const ENDED = ["succeeded", "failed", "cancelled"];
+const ENDED = ["succeeded", "failed", "cancelled", "stopped"];
 
 /** Shows job `id`: its log filters reset, no error left from the job shown before. */
 export function open(id) {
@@ -46,7 +46,7 @@ export async function refresh() {
   spec = job.spec;
   $("job-spec").textContent = JSON.stringify(job.spec, null, 2);
   $("cancel").hidden = ENDED.includes(job.state);
-  $("resume").hidden = !["failed", "cancelled"].includes(job.state);
+  $("resume").hidden = !["failed", "cancelled", "stopped"].includes(job.state);
   const eventList = $("job-events");
   eventList.replaceChildren();
   for (const event of events.events) {

@@ -76,7 +76,7 @@ async function renderStudy() {
     if (p.error) state.title = p.error;
     rows.appendChild(row);
   }
-  const ended = ["succeeded", "failed", "cancelled"];
+  const ended = ["succeeded", "failed", "cancelled", "stopped"];
   $("cancel-study").hidden = study.points.every((p) => ended.includes(p.state));
   shownStudy = study;
   const epochs = study.points.map((p) => `${p.train_error.length}/${p.test_error.length}`).join(",");

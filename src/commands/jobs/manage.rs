@@ -31,7 +31,7 @@ pub struct SubmitArgs {
 pub struct ListArgs {
     #[command(flatten)]
     connection: Connection,
-    /// Only jobs in this state: queued, scheduled, running, succeeded, failed, cancelled.
+    /// Only jobs in this state: queued, scheduled, running, succeeded, failed, cancelled, stopped.
     #[arg(long)]
     state: Option<String>,
     /// Only jobs whose name starts with this.

@@ -141,6 +141,7 @@ pub async fn report_metrics(
     let thinned = state.metric_budgets.thin(job.id, points, std::time::Instant::now());
     state.store.record_metrics(job.id, &thinned.kept).await?;
     crate::reference_guard::after_report(&state, &job, &thinned.kept).await?;
+    crate::search::after_report(&state, &job, &thinned.kept).await?;
     Ok(Json(MetricsAck { accepted: thinned.kept.len(), downsampled: thinned.dropped, stride: thinned.stride }))
 }
 

@@ -29,7 +29,7 @@ fn token_name(user: &User) -> String {
     user.token.label.clone().unwrap_or_else(|| user.token.id.to_string())
 }
 
-/// Resume a failed or cancelled job: it is queued again, placed like any job, and resumes from its newest
+/// Resume a failed, cancelled or stopped job: it is queued again, placed like any job, and resumes from its newest
 /// checkpoint (from the start when it has none, or its artifacts were deleted), with its restart budget
 /// anew.
 #[utoipa::path(post, path = "/v1/jobs/{id}/resume", tag = "jobs", params(("id" = Uuid, Path)),
@@ -45,9 +45,9 @@ pub async fn resume_job(
 ) -> ApiResult<Json<JobView>> {
     let job = team_job(&state, &user, id).await?;
     user.require_write()?;
-    if !matches!(job.state, JobState::Failed | JobState::Cancelled) {
+    if !matches!(job.state, JobState::Failed | JobState::Cancelled | JobState::Stopped) {
         return Err(ApiError::conflict(format!(
-            "job {id} is {}: only a failed or cancelled job can be resumed",
+            "job {id} is {}: only a failed, cancelled or stopped job can be resumed",
             job.state
         )));
     }

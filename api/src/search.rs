@@ -1,0 +1,131 @@
+//! A study's search at work (issue 31): after a point of a study with `search` reports an epoch, the points'
+//! figures at the rungs are read, successive halving (`core::study::halving`) decides, and its decisions are
+//! applied: a point not among the best at a rung is stopped at a checkpoint (its job ends `stopped`), a
+//! stopped point that a later result puts among the best is resumed from its checkpoint. It runs on the
+//! server that took the report, like the reference guard; the search's memory is stored with the study and
+//! changed by compare-and-set, so two servers judging at once do not both act on it.
+
+use ringtrain_core::study::halving::{self, Decision, HalvingState, SearchSpec, Trial, TrialStatus};
+use ringtrain_core::{JobState, StudyId};
+use ringtrain_store::{Job, MetricPoint, MetricsQuery, Study, Transition};
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+
+/// How often a judgement is tried again when another server changed the memory in between.
+const ROUNDS: usize = 3;
+
+/// Judges the study of `job` after it stored `points`, if they hold an epoch's figures.
+pub async fn after_report(state: &AppState, job: &Job, points: &[MetricPoint]) -> ApiResult<()> {
+    if !points.iter().any(|p| p.kind == "epoch" && p.rank == 0) {
+        return Ok(());
+    }
+    match job.study {
+        Some(membership) => judge(state, membership.study_id).await,
+        None => Ok(()),
+    }
+}
+
+/// The study's search, if it has one.
+pub fn search_of(study: &Study) -> Option<SearchSpec> {
+    serde_json::from_value(study.definition.get("search")?.clone()).ok()
+}
+
+/// The search's memory as stored (empty before its first decision).
+pub fn memory_of(study: &Study) -> HalvingState {
+    study.search_state.clone().and_then(|s| serde_json::from_value(s).ok()).unwrap_or_default()
+}
+
+/// Reads every point's figures at the rungs, decides, stores the new memory and applies the decisions.
+pub async fn judge(state: &AppState, id: StudyId) -> ApiResult<()> {
+    for _ in 0..ROUNDS {
+        let Some(study) = state.store.get_study(id).await? else { return Ok(()) };
+        let Some(search) = search_of(&study) else { return Ok(()) };
+        let jobs = state.store.study_jobs(id).await?;
+        let mut trials = Vec::with_capacity(jobs.len());
+        for job in jobs.iter().filter(|j| j.study.is_some_and(|s| s.point != study.reference_point)) {
+            trials.push(trial(state, &search, job).await?);
+        }
+        let memory = memory_of(&study);
+        let (decisions, next) = halving::decide(&search, &trials, &memory);
+        if next == memory {
+            return Ok(());
+        }
+        let stored = serde_json::to_value(&next).map_err(ApiError::internal)?;
+        if !state.store.set_search_state(id, study.search_version, &stored).await? {
+            continue;
+        }
+        for decision in decisions {
+            apply(state, &search, &trials, &jobs, decision).await?;
+        }
+        state.changed().await;
+        return Ok(());
+    }
+    tracing::warn!(study = %id, "the search's memory kept changing under this server; the next report judges again");
+    Ok(())
+}
+
+/// A point's job as the search sees it: its figures at the rungs it has passed.
+async fn trial(state: &AppState, search: &SearchSpec, job: &Job) -> ApiResult<Trial> {
+    let curve = state.store.query_metrics(job.id, &MetricsQuery::epoch_curve()).await?;
+    let field = search.metric.field();
+    let mut at_rungs = Vec::new();
+    for rung in 0..search.rungs.len() {
+        let epoch = i64::from(search.rung_epoch(rung));
+        let figure = curve.iter().find(|p| p.epoch == epoch).and_then(|p| p.fields.get(field)?.as_f64());
+        match figure {
+            Some(figure) => at_rungs.push(figure),
+            None => break,
+        }
+    }
+    let status = match job.state {
+        JobState::Queued | JobState::Scheduled | JobState::Running => TrialStatus::Active,
+        JobState::Stopped => TrialStatus::Stopped,
+        JobState::Succeeded | JobState::Failed | JobState::Cancelled => TrialStatus::Ended,
+    };
+    let point = job.study.map_or(0, |s| s.point as usize);
+    Ok(Trial { point, at_rungs, status })
+}
+
+async fn apply(
+    state: &AppState,
+    search: &SearchSpec,
+    trials: &[Trial],
+    jobs: &[Job],
+    decision: Decision,
+) -> ApiResult<()> {
+    let (Decision::Stop { point, rung } | Decision::Resume { point, rung }) = decision;
+    let Some(job) = jobs.iter().find(|j| j.study.is_some_and(|s| s.point as usize == point)) else { return Ok(()) };
+    let figure = trials.iter().find(|t| t.point == point).and_then(|t| t.at_rungs.get(rung)).copied();
+    let at = format!(
+        "rung {} ({} epochs): {} {}",
+        rung + 1,
+        search.rungs[rung],
+        search.metric.field(),
+        figure.map_or("?".into(), |f| format!("{f:.4}"))
+    );
+    match decision {
+        Decision::Stop { .. } => {
+            let why = format!("search: not among the best 1/{} at {at}; its checkpoints are kept", search.reduction);
+            let stopped = match job.state {
+                JobState::Scheduled | JobState::Running => state.store.stop_job(job.id, job.attempt, &why).await?,
+                // placed again after a failure or a preemption: it stops before it starts
+                JobState::Queued => {
+                    state.store.transition(&Transition::new(job.id, job.state, JobState::Stopped, &why)).await?
+                }
+                _ => None,
+            };
+            if stopped.is_some() {
+                tracing::info!(job = %job.id, point, "{why}");
+            }
+        }
+        Decision::Resume { .. } => {
+            if job.state == JobState::Stopped {
+                let why = format!("search: promoted, now among the best 1/{} at {at}", search.reduction);
+                state.store.resume_job(job.id, &why).await?;
+                tracing::info!(job = %job.id, point, "{why}");
+            }
+        }
+    }
+    Ok(())
+}
