@@ -108,6 +108,16 @@ async fn bad_study_requests_name_the_field(app: TestApp) {
         (json!({"template": "goyal", "points": [{}]}), vec!["template"]),
         (json!({"base": spec("b"), "points": [{}], "extra": 1}), vec!["extra"]),
         (json!({"base": spec("b"), "points": "all"}), vec!["points"]),
+        // a rung must fall before every searched point's end; the reference (workers 1) is not searched
+        (
+            json!({"base": spec("b"), "points": [{"workers": 1}, {"workers": 2}],
+                   "search": {"kind": "asha", "rungs": [1, 4]}}),
+            vec!["search.rungs[1]"],
+        ),
+        (json!({"base": spec("b"), "points": [{}], "search": {"kind": "grid", "rungs": [1]}}), vec!["search.kind"]),
+        (json!({"base": spec("b"), "points": [{}], "target_workers": 4}), vec!["target_workers"]),
+        (json!({"template": "scale_search", "base": spec("b"), "target_workers": 2}), vec!["target_workers"]),
+        (json!({"template": "scale_search", "base": spec("b"), "target_workers": 8, "devices": 3}), vec!["devices"]),
     ];
     for (request, mut expected) in cases {
         let reply = app.post("/v1/studies", &team.member, &request).await;
@@ -240,6 +250,71 @@ async fn a_run_that_falls_off_its_reference_stops_whichever_reports_first(app: T
     assert_eq!(app.get(&format!("/v1/jobs/{reference}"), &team.viewer).await.body["state"], "running");
 }
 
+/// Successive halving through the real router: points judged as their epochs are reported, a point stopped
+/// for want of rivals, then resumed when a later result proves it best; the study's view says where each
+/// stands.
+async fn a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let (node_id, devices) = node(&app, &agent, 4).await;
+    let mut base = spec("b");
+    base["workers"] = json!(1);
+    base["per_worker_batch"] = json!(32);
+    let request = json!({"name": "halving", "base": base, "reference": 0,
+        "points": [{}, {"lr.base": 0.05}, {"lr.base": 0.2}, {"lr.base": 0.4}],
+        "search": {"kind": "asha", "rungs": [1], "reduction": 3}});
+    let created = app.post("/v1/studies", &team.member, &request).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.body["id"].as_str().unwrap().to_string();
+    let jobs: Vec<String> =
+        created.body["points"].as_array().unwrap().iter().map(|p| p["job_id"].as_str().unwrap().into()).collect();
+    let mut attempts = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        attempts.push(run(&app, &agent, job, node_id, &devices[i..i + 1]).await);
+    }
+    let state = |i: usize| {
+        let (app, job, viewer) = (&app, jobs[i].clone(), team.viewer.clone());
+        async move { app.get(&format!("/v1/jobs/{job}"), &viewer).await.body["state"].as_str().unwrap().to_string() }
+    };
+    // the reference is not searched: its figures stop nothing
+    report_epoch(&app, &agent, &jobs[0], attempts[0], 0, 0.9).await;
+    assert_eq!(state(0).await, "running");
+    // point 1 alone at the rung: ⌊1/3⌋ = 0 go on, and the others may still come
+    report_epoch(&app, &agent, &jobs[1], attempts[1], 0, 0.2).await;
+    assert_eq!(state(1).await, "stopped");
+    report_epoch(&app, &agent, &jobs[2], attempts[2], 0, 0.5).await;
+    assert_eq!(state(2).await, "stopped");
+    // the third makes ⌊3/3⌋ = 1 place: point 1's, which resumes; point 3 is stopped
+    report_epoch(&app, &agent, &jobs[3], attempts[3], 0, 0.6).await;
+    assert_eq!([state(1).await, state(2).await, state(3).await], ["queued", "stopped", "stopped"]);
+    let events = app.get(&format!("/v1/jobs/{}/events", jobs[1]), &team.viewer).await;
+    let reasons: Vec<&str> =
+        events.body["events"].as_array().unwrap().iter().filter_map(|e| e["reason"].as_str()).collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("stopped: search: not among the best 1/3 at rung 1 (1 epochs): test_error 0.2000")),
+        "{reasons:?}"
+    );
+    assert!(reasons.iter().any(|r| r.starts_with("search: promoted")), "{reasons:?}");
+
+    let view = app.get(&format!("/v1/studies/{id}"), &team.viewer).await;
+    let points = view.body["points"].as_array().unwrap();
+    let standing: Vec<&str> = points.iter().map(|p| p["search"].as_str().unwrap()).collect();
+    assert_eq!(
+        standing,
+        [
+            "the reference: trains to the end",
+            "promoted past every rung (1)",
+            "stopped at rung 1 (1 epochs)",
+            "stopped at rung 1 (1 epochs)"
+        ]
+    );
+    let search = &view.body["search"];
+    assert_eq!((search["done"].as_bool(), search["best_point"].as_i64()), (Some(false), Some(1)), "{search}");
+    assert_eq!(search["best_spec"]["lr"]["base"], 0.05, "{search}");
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     a_study_makes_one_job_per_point_and_a_table,
@@ -248,4 +323,5 @@ ringtrain_store::on_both_backends!(
     other_teams_studies_are_not_found,
     points_get_the_devices_that_fit_the_pool,
     a_run_that_falls_off_its_reference_stops_whichever_reports_first,
+    a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes,
 );

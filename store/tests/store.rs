@@ -181,6 +181,25 @@ async fn named_operations_end_placements_in_one_step(store: Arc<dyn Store>) {
     assert_eq!((done.state, done.result), (JobState::Succeeded, Some(json!({"test_error": 0.1}))));
     assert!(store.live_assignments().await.unwrap().is_empty());
     assert!(store.fail_placement(c.id, 1, "late", true).await.unwrap().is_none(), "an ended job stays ended");
+
+    // Stop (a study's search): the running placement ends `stopped` (its delivered ranks marked preempted,
+    // to checkpoint and stop, as a preemption's; its pending ones cancelled), not queued again; a stale attempt changes nothing; resumed, it is queued as a stopped job's
+    // second life, and a stopped job that is queued again is not "active" for a second stop.
+    let d = submit(&store, new_job(&team, "d", 0)).await;
+    store.start_job(d.id, "s", lease, &[rank(0)]).await.unwrap().unwrap();
+    let started = Transition::new(d.id, JobState::Scheduled, JobState::Running, "ranks started").at_attempt(1);
+    store.transition(&started).await.unwrap().unwrap();
+    assert!(store.stop_job(d.id, 2, "stale").await.unwrap().is_none());
+    let stopped = store.stop_job(d.id, 1, "not among the best").await.unwrap().unwrap();
+    assert_eq!(stopped.state, JobState::Stopped);
+    assert!(stopped.finished_at.is_some() && stopped.lease_owner.is_none(), "{stopped:?}");
+    assert!(store.live_assignments().await.unwrap().is_empty(), "its pending rank was cancelled with it");
+    let events = store.list_events(d.id, 0, 10).await.unwrap();
+    assert!(events.last().unwrap().reason.as_deref().unwrap().ends_with("stopped: not among the best"));
+    assert!(store.stop_job(d.id, 1, "again").await.unwrap().is_none(), "an ended job stays ended");
+    let resumed = store.resume_job(d.id, "promoted").await.unwrap().unwrap();
+    assert_eq!((resumed.state, resumed.finished_at), (JobState::Queued, None));
+    assert!(store.stop_job(d.id, 1, "queued").await.unwrap().is_none(), "a queued job has no placement to stop");
 }
 
 fn point(kind: &str, rank: i32, iteration: i64, attempt: i32, loss: f64) -> MetricPoint {
