@@ -1,6 +1,7 @@
 //! `ringtrain study ...`: studies from the terminal. `study goyal` runs Goyal et al.'s Table 1 in miniature
 //! through the API (the `goyal` template), follows it, and prints the measured table beside the paper's
-//! figures, writing the error-vs-epoch plot (SVG) and the study's JSON next to it.
+//! figures, writing the error-vs-epoch plot (SVG) and the study's JSON next to it. `study scale-search`
+//! finds the lr multiplier for a larger batch (the `scale_search` template) and prints the spec to submit.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,6 +20,10 @@ pub enum Study {
     /// Goyal et al. 2017's Table 1 in miniature (Fashion-MNIST, a small ResNet with BatchNorm, ~1 hour on
     /// 2 cores): submit, follow, print the table beside the paper's and write the plot.
     Goyal(GoyalArgs),
+    /// Find the lr for a larger batch: the base spec (the small-batch reference) and lr multipliers from
+    /// the square-root to the linear rule at --target-workers, the losers stopped early by successive
+    /// halving; prints the best multiplier and the spec to submit.
+    ScaleSearch(ScaleSearchArgs),
     /// Submit a study file ({name, base, axes | points, reference, guard_points}) and follow it.
     Submit(SubmitArgs),
     /// The team's studies, newest first: points and how many are in each state.
@@ -53,6 +58,30 @@ pub struct GoyalArgs {
     /// Guard every point against the reference (a point that falls off its curve stops early).
     #[arg(long)]
     guard: bool,
+    #[command(flatten)]
+    follow: FollowArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ScaleSearchArgs {
+    /// The small-batch reference: a job spec, a JSON file.
+    #[arg(long)]
+    base: PathBuf,
+    /// The worker count k to scale it to.
+    #[arg(long)]
+    target_workers: u32,
+    /// The devices each candidate holds (its k workers played as virtual ranks); default: what fits.
+    #[arg(long)]
+    devices: Option<u32>,
+    /// How many multipliers to try (default 6).
+    #[arg(long)]
+    candidates: Option<u32>,
+    /// Warmup lengths (epochs) to try with every multiplier, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    warmup_epochs: Vec<f64>,
+    /// The study's name.
+    #[arg(long)]
+    name: Option<String>,
     #[command(flatten)]
     follow: FollowArgs,
 }
@@ -94,6 +123,24 @@ pub fn run(study: Study) -> std::process::ExitCode {
             let request = json!({"template": "goyal", "name": args.name, "guard_points": args.guard});
             block_on("study goyal", submit_and_follow(request, &args.follow))
         }
+        Study::ScaleSearch(args) => block_on("study scale-search", async {
+            let text =
+                std::fs::read_to_string(&args.base).with_context(|| format!("cannot read {}", args.base.display()))?;
+            let base: Value =
+                serde_json::from_str(&text).with_context(|| format!("{} is not JSON", args.base.display()))?;
+            let mut request = json!({"template": "scale_search", "base": base, "target_workers": args.target_workers});
+            for (field, value) in [
+                ("name", args.name.clone().map(Value::from)),
+                ("devices", args.devices.map(Value::from)),
+                ("candidates", args.candidates.map(Value::from)),
+                ("warmup_epochs", (!args.warmup_epochs.is_empty()).then(|| json!(args.warmup_epochs))),
+            ] {
+                if let Some(value) = value {
+                    request[field] = value;
+                }
+            }
+            submit_and_follow(request, &args.follow).await
+        }),
         Study::Submit(args) => block_on("study submit", async {
             let text =
                 std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
@@ -224,14 +271,16 @@ async fn list(args: &ListArgs) -> Result<()> {
 
 fn ended(view: &Value) -> bool {
     let states = view["states"].as_object();
-    states.is_some_and(|s| s.keys().all(|k| matches!(k.as_str(), "succeeded" | "failed" | "cancelled")))
+    states.is_some_and(|s| s.keys().all(|k| matches!(k.as_str(), "succeeded" | "failed" | "cancelled" | "stopped")))
 }
 
 /// "3/10 ended; running: #3 workers=16 ... epoch 2/8".
 fn progress_line(view: &Value) -> String {
     let points = view["points"].as_array().cloned().unwrap_or_default();
-    let done =
-        points.iter().filter(|p| matches!(p["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))).count();
+    let done = points
+        .iter()
+        .filter(|p| matches!(p["state"].as_str(), Some("succeeded" | "failed" | "cancelled" | "stopped")))
+        .count();
     let running: Vec<String> = points
         .iter()
         .filter(|p| p["state"] == "running")
@@ -255,6 +304,7 @@ fn percent(value: &Value) -> String {
 pub fn render(view: &Value) -> String {
     let points = view["points"].as_array().cloned().unwrap_or_default();
     let goyal = is_goyal(view);
+    let searched = view["search"].is_object();
     let reference_paper = GOYAL_REPORTED[0].1.unwrap_or_default();
     let rows: Vec<Vec<String>> = points
         .iter()
@@ -274,6 +324,9 @@ pub fn render(view: &Value) -> String {
                 p["samples_per_s"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.0}")),
                 p["state"].as_str().unwrap_or("?").to_string(),
             ];
+            if searched {
+                row.push(p["search"].as_str().unwrap_or("-").to_string());
+            }
             if goyal {
                 match GOYAL_REPORTED.get(i) {
                     Some((what, Some(error))) => row.extend([
@@ -302,6 +355,9 @@ pub fn render(view: &Value) -> String {
         "SAMPLES/S",
         "STATE",
     ];
+    if searched {
+        headers.push("SEARCH");
+    }
     if goyal {
         headers.extend(["GOYAL (RESNET-50, IMAGENET)", "ERR %", "VS REF"]);
     }
@@ -310,6 +366,35 @@ pub fn render(view: &Value) -> String {
     out += "* the reference point; errors are the last epoch's (test: the finished run's); VS REF in points\n";
     for p in points.iter().filter(|p| p["error"].is_string()) {
         out += &format!("point {}: {}\n", p["point"], p["error"].as_str().unwrap_or(""));
+    }
+    if searched {
+        out += &search_summary(&view["search"], &points);
+    }
+    out
+}
+
+/// What the search found: the best point, its multiplier, what was spent and saved, and the spec to submit.
+fn search_summary(search: &Value, points: &[Value]) -> String {
+    let hours = |v: &Value| v.as_f64().map_or_else(|| "?".into(), |h| format!("{h:.3}"));
+    let mut out = format!(
+        "search: {}; {} device-hours spent of the full grid's {} (saved {})\n",
+        if search["done"] == true { "done" } else { "running" },
+        hours(&search["device_hours"]),
+        hours(&search["grid_device_hours"]),
+        hours(&search["saved_device_hours"]),
+    );
+    let Some(best) = search["best_point"].as_i64() else { return out + "no point has reached a rung yet\n" };
+    let point = points.iter().find(|p| p["point"].as_i64() == Some(best)).cloned().unwrap_or_default();
+    let figure = point["final_test_error"].as_f64().or_else(|| point["test_error"].as_array()?.last()?.as_f64());
+    out += &format!(
+        "best: point {best} ({}){}, test error {}% ({})\n",
+        point["label"].as_str().unwrap_or(""),
+        search["best_multiplier"].as_f64().map_or_else(String::new, |m| format!(", lr multiplier {m}")),
+        percent(&figure.map_or(Value::Null, Value::from)),
+        if point["final_test_error"].is_f64() { "final" } else { "so far" },
+    );
+    if search["best_spec"].is_object() {
+        out += &format!("its spec, to submit: {}\n", search["best_spec"]);
     }
     out
 }
@@ -335,6 +420,29 @@ mod tests {
         let text = render(&view);
         assert!(text.contains("GOYAL (RESNET-50, IMAGENET)"), "{text}");
         assert!(text.contains("9.12") && text.contains("23.60") && text.contains("kn=256 (reference)"), "{text}");
+        assert!(ended(&view));
+    }
+
+    #[test]
+    fn a_search_prints_each_point_s_standing_and_the_spec_to_submit() {
+        let point = |i: i64, state: &str, search: &str, final_error: Option<f64>| {
+            json!({"point": i, "is_reference": i == 0, "label": format!("lr.multiplier={i}"), "state": state,
+                "search": search, "test_error": [0.3, 0.2], "final_test_error": final_error})
+        };
+        let view = json!({"id": "s", "name": "scale", "definition": {}, "states": {"succeeded": 2, "stopped": 1},
+            "points": [point(0, "succeeded", "the reference: trains to the end", Some(0.1)),
+                       point(1, "stopped", "stopped at rung 1 (1 epochs)", None),
+                       point(2, "succeeded", "promoted past every rung (2)", Some(0.12))],
+            "search": {"done": true, "best_point": 2, "best_multiplier": 5.657, "device_hours": 0.5,
+                       "grid_device_hours": 1.25, "saved_device_hours": 0.75, "best_spec": {"workers": 32}}});
+        let text = render(&view);
+        assert!(text.contains("SEARCH") && text.contains("stopped at rung 1 (1 epochs)"), "{text}");
+        assert!(text.contains("0.500 device-hours spent of the full grid's 1.250 (saved 0.750)"), "{text}");
+        assert!(
+            text.contains("best: point 2 (lr.multiplier=2), lr multiplier 5.657, test error 12.00% (final)"),
+            "{text}"
+        );
+        assert!(text.contains(r#"its spec, to submit: {"workers":32}"#), "{text}");
         assert!(ended(&view));
     }
 }
