@@ -405,7 +405,8 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let study = reqwest::Client::new()
         .post(format!("{url}/v1/studies"))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"name": "web-study", "base": base, "axes": {"workers": [1, 2]}}))
+        .json(&json!({"name": "web-study", "base": base, "axes": {"workers": [1, 2, 4]},
+            "search": {"kind": "asha", "rungs": [1]}}))
         .send()
         .await
         .unwrap();
@@ -413,10 +414,15 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.click("#nav button[data-page=studies]").await;
     browser.wait_text("#study-rows", "web-study", SHORT).await;
     browser.click("#study-rows a").await;
-    browser.wait_text("#study-title", "web-study: 2 succeeded", LONG).await;
+    // of the two searched points, the one behind at the rung is stopped; the other trains to the end
+    let said = browser.wait_text("#study-search-text", "Search done", LONG).await;
+    assert!(said.contains("device-hours spent of the full grid's") && said.contains("Best so far: point"), "{said}");
+    let title = browser.wait_text("#study-title", "2 succeeded", SHORT).await;
+    assert!(title.contains("1 stopped"), "{title}");
     let table = browser.wait_text("#study-point-rows", "workers=2", SHORT).await;
     assert!(table.contains("0*") && table.contains("2 / 2"), "the reference and the devices: {table}");
-    let plot = chart(&browser, "study-plot", 4).await;
+    assert!(table.contains("the reference: trains to the end") && table.contains("stopped at rung 1"), "{table}");
+    let plot = chart(&browser, "study-plot", 6).await;
     assert!(
         plot.contains("0* workers=1 test") && plot.contains("1 workers=2 train"),
         "test and training error of both points: {plot}"

@@ -1,6 +1,6 @@
 // Studies: the team's studies, and one study's table and plot (drawn here with the page's charts; the
 // server's SVG of the same plot, which `ringtrain study --out` writes, can be downloaded); a study's points
-// cancelled together.
+// cancelled together; a search's standing per point and what it found.
 
 import { api, refusal, request } from "../api.js";
 import { COLOURS, drawChart } from "../charts.js";
@@ -74,8 +74,10 @@ async function renderStudy() {
     cell(row, orDash(p.samples_per_s, (s) => s.toFixed(0)));
     const state = cell(row, p.state);
     if (p.error) state.title = p.error;
+    cell(row, p.search ?? "-");
     rows.appendChild(row);
   }
+  showSearch(study);
   const ended = ["succeeded", "failed", "cancelled", "stopped"];
   $("cancel-study").hidden = study.points.every((p) => ended.includes(p.state));
   shownStudy = study;
@@ -84,6 +86,25 @@ async function renderStudy() {
     drawPlot(study);
     plotDrawn = epochs;
   }
+}
+
+/** What the study's search found: the best point, its multiplier, device-hours spent and saved, its spec. */
+function showSearch(study) {
+  const search = study.search;
+  $("study-search").hidden = !search;
+  if (!search) return;
+  const hours = (h) => (h === null || h === undefined ? "?" : h.toFixed(3));
+  const best = study.points.find((p) => p.point === search.best_point);
+  const found = best
+    ? ` Best so far: point ${best.point} (${best.label})` +
+      (search.best_multiplier ? `, lr multiplier ${search.best_multiplier}` : "") +
+      `, test error ${percent(best.final_test_error ?? best.test_error[best.test_error.length - 1])}` +
+      ` (${best.final_test_error === null ? "so far" : "final"}).`
+    : " No point has reached a rung yet.";
+  $("study-search-text").textContent =
+    `Search ${search.done ? "done" : "running"}: ${hours(search.device_hours)} device-hours spent of the ` +
+    `full grid's ${hours(search.grid_device_hours)} (saved ${hours(search.saved_device_hours)}).${found}`;
+  $("study-best-spec").textContent = search.best_spec ? JSON.stringify(search.best_spec, null, 2) : "";
 }
 
 /** Every point's error per epoch: test solid, training dashed, one colour a point (the reference starred). */
