@@ -1,9 +1,10 @@
-//! A study's search at work (issue 31): after a point of a study with `search` reports an epoch, the points'
-//! figures at the rungs are read, successive halving (`core::study::halving`) decides, and its decisions are
-//! applied: a point not among the best at a rung is stopped at a checkpoint (its job ends `stopped`), a
-//! stopped point that a later result puts among the best is resumed from its checkpoint. It runs on the
-//! server that took the report, like the reference guard; the search's memory is stored with the study and
-//! changed by compare-and-set, so two servers judging at once do not both act on it.
+//! A study's search and cap at work (issue 31): after a point of a study reports an epoch, the study's
+//! device-hour cap (`max_device_hours`) is checked, and reached, every point not ended is stopped. With a
+//! `search`, the points' figures at the rungs are read, successive halving (`core::study::halving`) decides,
+//! and its decisions are applied: a point not among the best at a rung is stopped at a checkpoint (its job
+//! ends `stopped`), a stopped point that a later result puts among the best is resumed from its checkpoint.
+//! It runs on the server that took the report, like the reference guard; the search's memory is stored with
+//! the study and changed by compare-and-set, so two servers judging at once do not both act on it.
 
 use ringtrain_core::study::halving::{self, Decision, HalvingState, SearchSpec, Trial, TrialStatus};
 use ringtrain_core::{JobState, StudyId};
@@ -20,10 +21,51 @@ pub async fn after_report(state: &AppState, job: &Job, points: &[MetricPoint]) -
     if !points.iter().any(|p| p.kind == "epoch" && p.rank == 0) {
         return Ok(());
     }
-    match job.study {
-        Some(membership) => judge(state, membership.study_id).await,
-        None => Ok(()),
+    let Some(membership) = job.study else { return Ok(()) };
+    if enforce_cap(state, membership.study_id).await? {
+        return Ok(());
     }
+    judge(state, membership.study_id).await
+}
+
+/// The study's device-hour cap, if it has one.
+pub fn cap_of(study: &Study) -> Option<f64> {
+    study.definition.get("max_device_hours")?.as_f64()
+}
+
+/// Stops every point not ended once the study's points together held its cap: true when the cap is
+/// reached (nothing more to judge).
+async fn enforce_cap(state: &AppState, id: StudyId) -> ApiResult<bool> {
+    let Some(study) = state.store.get_study(id).await? else { return Ok(false) };
+    let Some(cap) = cap_of(&study) else { return Ok(false) };
+    let jobs = state.store.study_jobs(id).await?;
+    let mut spent = 0.0;
+    for job in &jobs {
+        spent += crate::resources::job_resources(state.store.as_ref(), job).await?.device_seconds;
+    }
+    if spent < cap * 3600.0 {
+        return Ok(false);
+    }
+    let why = format!(
+        "the study's cap of {cap} device-hours is reached ({:.3} spent); its checkpoints are kept",
+        spent / 3600.0
+    );
+    for job in jobs.iter().filter(|j| !j.state.is_terminal()) {
+        stop(state, job, &why).await?;
+    }
+    state.changed().await;
+    Ok(true)
+}
+
+/// Stops a point's job where it is: a placement checkpoints and stops, a queued job (placed again after a
+/// failure or a preemption) ends before it starts. Whether it was stopped (one that ended meanwhile is left).
+async fn stop(state: &AppState, job: &Job, why: &str) -> ApiResult<bool> {
+    let stopped = match job.state {
+        JobState::Scheduled | JobState::Running => state.store.stop_job(job.id, job.attempt, why).await?,
+        JobState::Queued => state.store.transition(&Transition::new(job.id, job.state, JobState::Stopped, why)).await?,
+        _ => None,
+    };
+    Ok(stopped.is_some())
 }
 
 /// The study's search, if it has one.
@@ -107,15 +149,7 @@ async fn apply(
     match decision {
         Decision::Stop { .. } => {
             let why = format!("search: not among the best 1/{} at {at}; its checkpoints are kept", search.reduction);
-            let stopped = match job.state {
-                JobState::Scheduled | JobState::Running => state.store.stop_job(job.id, job.attempt, &why).await?,
-                // placed again after a failure or a preemption: it stops before it starts
-                JobState::Queued => {
-                    state.store.transition(&Transition::new(job.id, job.state, JobState::Stopped, &why)).await?
-                }
-                _ => None,
-            };
-            if stopped.is_some() {
+            if stop(state, job, &why).await? {
                 tracing::info!(job = %job.id, point, "{why}");
             }
         }

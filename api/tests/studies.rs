@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{spec, TestApp};
+use common::{spec, TestApp, ADMIN};
 use ringtrain_core::{DeviceId, JobId, NodeId};
 use serde_json::{json, Value};
 
@@ -315,6 +315,47 @@ async fn a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promo
     assert_eq!(search["best_spec"]["lr"]["base"], 0.05, "{search}");
 }
 
+/// A study's device-hour cap: more than the team's budget has left is refused, the dry run says both, and
+/// once the points together held the cap, every point not ended is stopped.
+async fn a_study_s_cap_is_held_to_the_budget_and_stops_its_points_when_reached(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let (node_id, devices) = node(&app, &agent, 2).await;
+    let budget = json!({"budget": {"device_hours": 1.0, "period": "month"}});
+    let changed =
+        app.call(axum::http::Method::PATCH, &format!("/v1/teams/{}", team.id), Some(ADMIN), Some(&budget)).await;
+    assert_eq!(changed.status, 200, "{}", changed.text);
+    let request = |cap: f64| json!({"name": "capped", "base": spec("b"), "points": [{"workers": 1}, {"workers": 2}], "max_device_hours": cap});
+    let refused = app.post("/v1/studies", &team.member, &request(2.0)).await;
+    assert_eq!(refused.problem(422), vec!["max_device_hours"]);
+    assert!(refused.text.contains("more than the team's budget has left this period"), "{}", refused.text);
+    assert_eq!(app.post("/v1/studies", &team.member, &request(-1.0)).await.problem(422), vec!["max_device_hours"]);
+    let dry = app.post("/v1/studies?dry_run=true", &team.member, &request(0.5)).await;
+    assert_eq!(dry.body["max_device_hours"], 0.5, "{}", dry.text);
+    assert!((dry.body["budget_left_device_hours"].as_f64().unwrap() - 1.0).abs() < 1e-6, "{}", dry.text);
+
+    // a cap of 3.6 µs: reached at the first epoch report
+    let created = app.post("/v1/studies", &team.member, &request(1e-9)).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let id = created.body["id"].as_str().unwrap().to_string();
+    let jobs: Vec<String> =
+        created.body["points"].as_array().unwrap().iter().map(|p| p["job_id"].as_str().unwrap().into()).collect();
+    let attempt = run(&app, &agent, &jobs[0], node_id, &devices[..1]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    report_epoch(&app, &agent, &jobs[0], attempt, 0, 0.5).await;
+    let view = app.get(&format!("/v1/studies/{id}"), &team.viewer).await.body;
+    let states: Vec<&str> = view["points"].as_array().unwrap().iter().map(|p| p["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["stopped", "stopped"], "{view}");
+    assert!(view["device_hours"].as_f64().unwrap() > 0.0 && view["max_device_hours"] == 1e-9, "{view}");
+    let events = app.get(&format!("/v1/jobs/{}/events", jobs[1]), &team.viewer).await;
+    let reasons: Vec<&str> =
+        events.body["events"].as_array().unwrap().iter().filter_map(|e| e["reason"].as_str()).collect();
+    assert!(
+        reasons.iter().any(|r| r.starts_with("the study's cap of 0.000000001 device-hours is reached")),
+        "{reasons:?}"
+    );
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     a_study_makes_one_job_per_point_and_a_table,
@@ -324,4 +365,5 @@ ringtrain_store::on_both_backends!(
     points_get_the_devices_that_fit_the_pool,
     a_run_that_falls_off_its_reference_stops_whichever_reports_first,
     a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes,
+    a_study_s_cap_is_held_to_the_budget_and_stops_its_points_when_reached,
 );

@@ -16,6 +16,8 @@ use halving::SearchSpec;
 
 /// Most points one study may have.
 pub const MAX_POINTS: usize = 64;
+/// The largest device-hour cap a study may set.
+pub const MAX_DEVICE_HOURS: f64 = 1_000_000.0;
 
 /// What `POST /v1/studies` takes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,6 +51,10 @@ pub struct StudyRequest {
     /// not among the best at a rung end `stopped`. The reference point is never stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search: Option<SearchSpec>,
+    /// A cap on the device-hours all points together may hold: once reached, the points still queued or
+    /// running end `stopped` (checkpoints kept). Refused at submission if the team's budget has less left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_device_hours: Option<f64>,
     /// The `scale_search` template: the worker count k the base (the small-batch reference) is to be
     /// scaled to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,6 +124,7 @@ impl StudyRequest {
         }
         resolved.guard_points |= self.guard_points;
         resolved.search = self.search.clone();
+        resolved.max_device_hours = self.max_device_hours;
         Ok(resolved)
     }
 
@@ -131,6 +138,11 @@ impl StudyRequest {
         };
         let overrides = self.overrides()?;
         let mut errors = Vec::new();
+        if let Some(cap) = self.max_device_hours {
+            if !(cap > 0.0 && cap <= MAX_DEVICE_HOURS) {
+                errors.push(FieldError::new("max_device_hours", format!("must be > 0 and <= {MAX_DEVICE_HOURS}")));
+            }
+        }
         let mut planned = Vec::with_capacity(overrides.len());
         for (i, point) in overrides.into_iter().enumerate() {
             let mut spec_json = base.clone();
@@ -327,6 +339,7 @@ pub fn goyal_template() -> StudyRequest {
         reference: Some(0),
         guard_points: false,
         search: None,
+        max_device_hours: None,
         target_workers: None,
         devices: None,
         candidates: None,

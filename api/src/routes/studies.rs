@@ -114,6 +114,10 @@ pub struct StudyView {
     /// The request as stored (a template written out).
     #[schema(value_type = Object)]
     pub definition: Value,
+    /// Device-hours every point held so far.
+    pub device_hours: f64,
+    /// The study's cap, if it has one: reached, the points not ended are stopped.
+    pub max_device_hours: Option<f64>,
     /// What the search found (studies with `search`).
     pub search: Option<SearchSummary>,
     pub links: StudyLinks,
@@ -167,6 +171,10 @@ pub struct StudyDryRun {
     pub name: Option<String>,
     pub reference_point: usize,
     pub points: Vec<PlannedPointView>,
+    /// The most the study may cost: its cap (`max_device_hours`), if it has one.
+    pub max_device_hours: Option<f64>,
+    /// What the team's budget has left this period, in device-hours; absent without a budget.
+    pub budget_left_device_hours: Option<f64>,
 }
 
 /// Create a study: a base spec and axes (every combination) or points (each a set of overrides), or a
@@ -217,7 +225,14 @@ async fn dry_run(state: &AppState, user: &User, study: &PlannedStudy) -> ApiResu
             schedule,
         });
     }
-    Ok(StudyDryRun { dry_run: true, name: request.name.clone(), reference_point: reference, points: planned })
+    Ok(StudyDryRun {
+        dry_run: true,
+        name: request.name.clone(),
+        reference_point: reference,
+        points: planned,
+        max_device_hours: request.max_device_hours,
+        budget_left_device_hours: study_submission::budget_left(state, user).await?,
+    })
 }
 
 /// The caller's team's study, or 404.
@@ -369,6 +384,7 @@ async fn view(state: &AppState, study: &Study, jobs: Vec<Job>) -> ApiResult<Stud
         point.vs_reference = point.final_test_error.zip(reference).map(|(mine, theirs)| mine - theirs);
     }
     let search = crate::search::search_of(study).map(|search| search_summary(study, &search, &mut points, &jobs));
+    let device_hours = points.iter().map(|p| p.device_seconds).sum::<f64>() / 3600.0;
     let base = format!("/v1/studies/{}", study.id);
     Ok(StudyView {
         id: study.id,
@@ -379,6 +395,8 @@ async fn view(state: &AppState, study: &Study, jobs: Vec<Job>) -> ApiResult<Stud
         states: count_states(&jobs),
         points,
         definition: study.definition.clone(),
+        device_hours,
+        max_device_hours: crate::search::cap_of(study),
         search,
         links: StudyLinks { plot: format!("{base}/plot.svg"), cancel: format!("{base}/cancel"), this: base },
     })

@@ -92,6 +92,7 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
             60,
         ));
     }
+    check_cap_against_budget(state, user, request.max_device_hours).await?;
     let study_id = StudyId::new();
     let ids: Vec<JobId> = points.iter().map(|_| JobId::new()).collect();
     let mut jobs = Vec::with_capacity(points.len());
@@ -136,4 +137,26 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
     }
     state.changed().await;
     Ok((study, jobs))
+}
+
+/// What is left of the team's budget in the current period, in device-hours; None without a budget.
+pub async fn budget_left(state: &AppState, user: &User) -> ApiResult<Option<f64>> {
+    let Some(team) = state.store.get_team(user.team_id).await? else { return Ok(None) };
+    let Some(budget) = team.budget else { return Ok(None) };
+    let now = ringtrain_store::now();
+    let (_, _, used_seconds) = ringtrain_store::period_use(state.store.as_ref(), team.id, budget.period, now).await?;
+    Ok(Some((budget.device_hours - used_seconds / 3600.0).max(0.0)))
+}
+
+/// A study's cap may not promise more device-hours than the team's budget has left this period (422 at
+/// `max_device_hours`): the study would be stopped by the budget, not by its cap.
+async fn check_cap_against_budget(state: &AppState, user: &User, cap: Option<f64>) -> ApiResult<()> {
+    let (Some(cap), Some(left)) = (cap, budget_left(state, user).await?) else { return Ok(()) };
+    if cap > left {
+        return Err(ApiError::validation(vec![FieldError::new(
+            "max_device_hours",
+            format!("{cap} is more than the team's budget has left this period ({left:.3} device-hours)"),
+        )]));
+    }
+    Ok(())
 }

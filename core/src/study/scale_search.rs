@@ -93,6 +93,7 @@ pub fn resolve(request: &StudyRequest) -> Result<StudyRequest, FieldError> {
         reference: Some(0),
         guard_points: request.guard_points,
         search: Some(search),
+        max_device_hours: request.max_device_hours,
         target_workers: None,
         devices: None,
         candidates: None,
