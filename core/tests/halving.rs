@@ -40,9 +40,9 @@ fn simulate(spec: &SearchSpec, curves: &[Vec<f64>], devices: usize) -> Run {
     for _tick in 0..10_000 {
         // free devices take queued points in submission order
         let mut running = phase.iter().filter(|p| **p == Phase::Running).count();
-        for point in 0..curves.len() {
-            if running < devices && phase[point] == Phase::Queued {
-                phase[point] = Phase::Running;
+        for waiting in phase.iter_mut().filter(|p| **p == Phase::Queued) {
+            if running < devices {
+                *waiting = Phase::Running;
                 running += 1;
             }
         }
