@@ -183,7 +183,7 @@ pub struct StudyDryRun {
 /// plays k/devices virtual ranks).
 #[utoipa::path(post, path = "/v1/studies", tag = "studies", params(StudySubmitQuery),
     request_body(content = Object, content_type = "application/json",
-        description = "{name?, template?: \"goyal\", base?: spec, axes?: {path: [values]}, points?: [{path: value}], reference?: index, guard_points?: bool}"),
+        description = "{name?, template?: \"goyal\" | \"scale_search\", base?: spec, axes?: {path: [values]}, points?: [{path: value}], reference?: index, guard_points?: bool, search?: {kind, metric?, rungs, reduction?}, max_device_hours?: number, target_workers?, devices?, candidates?, warmup_epochs? (scale_search)}"),
     responses((status = 201, body = StudyView, description = "Created: every point's job is queued"),
         (status = 200, body = StudyDryRun, description = "dry_run=true: the plan; nothing stored"),
         (status = 403),

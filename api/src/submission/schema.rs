@@ -58,13 +58,14 @@ impl Modify for JobSpecSchema {
 /// with `null` and arrays say what their items are, so client generators (openapi-python-client) can type
 /// every field (tests/python_client.rs).
 pub fn study_request() -> Value {
+    use ringtrain_core::study::MAX_DEVICE_HOURS;
     let max_points = ringtrain_core::study::MAX_POINTS;
     json!({
         "type": "object", "additionalProperties": false,
         "properties": {
             "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME_CHARS},
-            "template": {"anyOf": [{"type": "string", "enum": ["goyal"]}, {"type": "null"}],
-                "description": "A built-in study instead of base and axes or points: goyal (Goyal et al.'s Table 1 in miniature)."},
+            "template": {"anyOf": [{"type": "string", "enum": ["goyal", "scale_search"]}, {"type": "null"}],
+                "description": "A built-in study instead of base and axes or points: goyal (Goyal et al.'s Table 1 in miniature), or scale_search (base: the small-batch reference; candidates at target_workers with lr multipliers from the square-root to the linear rule, under successive halving)."},
             "base": {"anyOf": [{"$ref": format!("#/components/schemas/{JOB_SPEC}")}, {"type": "null"}],
                 "description": "The spec every point starts from."},
             "axes": {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 1, "items": axis_value()}},
@@ -75,7 +76,36 @@ pub fn study_request() -> Value {
             "reference": {"type": ["integer", "null"], "minimum": 0, "maximum": max_points - 1,
                 "description": "The reference point's index (default: the smallest global batch)."},
             "guard_points": {"type": "boolean", "default": false,
-                "description": "Set every other point's guard.reference_job to the reference's job."}
+                "description": "Set every other point's guard.reference_job to the reference's job."},
+            "search": {"anyOf": [search_spec(), {"type": "null"}],
+                "description": "Successive halving over the points: those not among the best 1/reduction at a rung end stopped (the reference never)."},
+            "max_device_hours": {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DEVICE_HOURS}, {"type": "null"}],
+                "description": "A cap on the device-hours of all points together; reached, the points not ended are stopped. At most what the team's budget has left this period."},
+            "target_workers": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_WORKERS,
+                "description": "scale_search: the worker count to scale the base to (above the base's)."},
+            "devices": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_WORKERS,
+                "description": "scale_search: the devices each candidate holds (dividing target_workers)."},
+            "candidates": {"type": ["integer", "null"], "minimum": 2, "maximum": 16,
+                "description": "scale_search: how many lr multipliers to try (default 6)."},
+            "warmup_epochs": {"type": ["array", "null"], "maxItems": 4, "items": {"type": "number", "minimum": 0},
+                "description": "scale_search: warmup lengths to try with every multiplier."}
+        }
+    })
+}
+
+/// `search` of a study: what `ringtrain_core::study::halving::SearchSpec` parses.
+fn search_spec() -> Value {
+    json!({
+        "type": "object", "additionalProperties": false, "required": ["kind", "rungs"],
+        "properties": {
+            "kind": {"type": "string", "enum": ["asha"], "description": "Asynchronous successive halving."},
+            "metric": {"type": "string", "enum": ["test_error", "train_error"], "default": "test_error",
+                "description": "The figure points are compared by (lower is better)."},
+            "rungs": {"type": "array", "minItems": 1, "maxItems": ringtrain_core::study::halving::MAX_RUNGS,
+                "items": {"type": "integer", "minimum": 1},
+                "description": "Epochs after which points are compared, increasing, each below every searched point's epochs."},
+            "reduction": {"type": "integer", "minimum": 2, "maximum": 16, "default": 3,
+                "description": "The best 1/reduction of the points at a rung go on."}
         }
     })
 }
