@@ -478,6 +478,7 @@ fn search_summary(study: &Study, search: &SearchSpec, points: &mut [StudyPointVi
             (Some(rung), _) => format!("stopped at rung {} ({} epochs)", rung + 1, search.rungs[rung]),
             (None, _) if passed == rungs => format!("promoted past every rung ({rungs})"),
             (None, _) if passed > 0 => format!("promoted past rung {passed} of {rungs}"),
+            (None, JobState::Failed | JobState::Cancelled) => format!("{} before rung {}", point.state, passed + 1),
             (None, JobState::Queued) => "not started".into(),
             (None, _) => format!("training to rung 1 ({} epochs)", search.rungs[0]),
         });

@@ -8,11 +8,13 @@
 //! - `scheduler`, `api`: the placement policy's pass time and the REST API under load.
 //! - `submit`: submit -> first iteration through the platform, next to the ranks alone.
 //! - `elastic`: a borrower reclaimed by the owner of half the pool, elastic next to stop-and-requeue.
+//! - `scale-search`: the lr scaling search next to the full grid of multipliers it prunes.
 //! - `soak`: the platform under injected faults (kill -9 of ranks, agents and the server; the database
 //!   taken away), checked for lost or doubled work, with its restarts, lost iterations and API latency.
 
 mod allreduce;
 mod elastic;
+mod scale_search;
 mod scheduler_pass;
 mod services;
 mod soak;
@@ -28,6 +30,7 @@ use ringtrain_worker::{Collective, RendezvousConfig, RingCollective};
 
 pub use allreduce::AllreduceArgs;
 pub use elastic::ElasticArgs;
+pub use scale_search::ScaleSearchArgs;
 pub use services::{ApiArgs, SchedulerArgs};
 pub use soak::SoakArgs;
 pub use train::TrainArgs;
@@ -49,6 +52,9 @@ pub enum Bench {
     /// Elastic against stop-and-requeue: a borrower's job over the whole pool reclaimed by the owner of half of it,
     /// elastic (shrunk and grown back) and fixed (stopped and requeued), side by side.
     Elastic(ElasticArgs),
+    /// The lr scaling search (successive halving over multipliers from the square-root to the linear rule)
+    /// next to the full grid of the same points: the choice against the grid's best, and the device-hours.
+    ScaleSearch(ScaleSearchArgs),
     /// Fault-injection soak: a server and agents on this machine, jobs of several teams, random kill -9 of
     /// ranks, agents and the server, and the database taken away; checks nothing was lost or done twice.
     Soak(SoakArgs),
@@ -63,6 +69,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Submit(args) => submit::run(&args),
         Bench::Soak(args) => soak::run(&args),
         Bench::Elastic(args) => elastic::run(&args),
+        Bench::ScaleSearch(args) => scale_search::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
