@@ -22,10 +22,14 @@ pub async fn after_report(state: &AppState, job: &Job, points: &[MetricPoint]) -
         return Ok(());
     }
     let Some(membership) = job.study else { return Ok(()) };
-    if enforce_cap(state, membership.study_id).await? {
+    let Some(study) = state.store.get_study(membership.study_id).await? else { return Ok(()) };
+    if enforce_cap(state, &study).await? {
         return Ok(());
     }
-    judge(state, membership.study_id).await
+    if search_of(&study).is_none() {
+        return Ok(());
+    }
+    judge(state, study.id).await
 }
 
 /// The study's device-hour cap, if it has one.
@@ -35,10 +39,9 @@ pub fn cap_of(study: &Study) -> Option<f64> {
 
 /// Stops every point not ended once the study's points together held its cap: true when the cap is
 /// reached (nothing more to judge).
-async fn enforce_cap(state: &AppState, id: StudyId) -> ApiResult<bool> {
-    let Some(study) = state.store.get_study(id).await? else { return Ok(false) };
-    let Some(cap) = cap_of(&study) else { return Ok(false) };
-    let jobs = state.store.study_jobs(id).await?;
+async fn enforce_cap(state: &AppState, study: &Study) -> ApiResult<bool> {
+    let Some(cap) = cap_of(study) else { return Ok(false) };
+    let jobs = state.store.study_jobs(study.id).await?;
     let mut spent = 0.0;
     for job in &jobs {
         spent += crate::resources::job_resources(state.store.as_ref(), job).await?.device_seconds;
