@@ -165,14 +165,15 @@ async fn a_team_below_its_guarantee_reclaims_borrowed_devices_and_the_borrower_r
     assert_complete_series(&team_a.metrics(&borrower, "iteration").await, 4, total);
     let events = team_a.get(&format!("/v1/jobs/{borrower}/events")).await;
     assert!(events.to_string().contains("preempted: reclaimed by another team, below its guarantee"), "{events}");
-    // It stopped after a checkpoint of where it was (mid-epoch), so no work was redone: every iteration was
-    // reported by exactly one placement.
+    // It stopped after a checkpoint of where it was (mid-epoch, or an epoch's own when the stop fell on an
+    // epoch's end), so no work was redone: every iteration was reported by exactly one placement.
     let checkpoints = team_a.get(&format!("/v1/jobs/{borrower}/checkpoints")).await;
     let at_preemption = checkpoints["checkpoints"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|c| c["name"].as_str().unwrap().contains("-iter-"))
+        .filter(|c| c["attempt"] == 1)
+        .max_by_key(|c| c["iteration"].as_i64().unwrap_or(-1))
         .unwrap_or_else(|| panic!("no checkpoint taken at the preemption: {checkpoints}"));
     let resumed_at = at_preemption["iteration"].as_i64().unwrap();
     let by_attempt = team_a.metrics(&borrower, "iteration").await;
