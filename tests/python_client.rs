@@ -54,5 +54,5 @@ async fn a_generated_python_client_submits_jobs_and_studies() {
         .expect("python runs");
     let out = format!("{}{}", String::from_utf8_lossy(&used.stdout), String::from_utf8_lossy(&used.stderr));
     assert!(used.status.success(), "{out}");
-    assert!(out.contains("succeeded, study"), "{out}");
+    assert!(out.contains("succeeded, study") && out.contains("reuses the job"), "{out}");
 }

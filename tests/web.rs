@@ -422,6 +422,8 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let table = browser.wait_text("#study-point-rows", "workers=2", SHORT).await;
     assert!(table.contains("0*") && table.contains("2 / 2"), "the reference and the devices: {table}");
     assert!(table.contains("the reference: trains to the end") && table.contains("stopped at rung 1"), "{table}");
+    // the figure each searched point was judged by at rung 1, the promoted one marked
+    assert_eq!(table.matches(" ↑").count(), 1, "one point promoted past rung 1: {table}");
     let plot = chart(&browser, "study-plot", 6).await;
     assert!(
         plot.contains("0* workers=1 test") && plot.contains("1 workers=2 train"),

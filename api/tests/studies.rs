@@ -356,6 +356,89 @@ async fn a_study_s_cap_is_held_to_the_budget_and_stops_its_points_when_reached(a
     );
 }
 
+/// A scale search that reuses a finished run as its reference (`reference_job`): refused while the run is not
+/// finished, not the team's, or given with a base; then its spec is the base, it is point 0 without being
+/// run again, the candidates are guarded against it, and its device-hours are not the study's.
+async fn a_scale_search_reuses_a_finished_reference_instead_of_running_one(app: TestApp) {
+    let team = app.team("alpha").await;
+    let other = app.team("beta").await;
+    let agent = app.agent_token().await;
+    let (node_id, devices) = node(&app, &agent, 2).await;
+    let mut small = spec("small");
+    small["workers"] = json!(1);
+    small["per_worker_batch"] = json!(32);
+    let reference = app.submit(&team.member, &small).await;
+    let theirs = app.submit(&other.member, &small).await;
+    let search = |patch: Value| {
+        let mut request = json!({"template": "scale_search", "reference_job": reference, "target_workers": 4,
+            "devices": 1, "candidates": 2, "guard_points": true});
+        request.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+        request
+    };
+    let attempt = run(&app, &agent, &reference, node_id, &devices[..1]).await;
+    let refused = app.post("/v1/studies", &team.member, &search(json!({}))).await;
+    assert_eq!(refused.problem(422), vec!["reference_job"]);
+    assert!(refused.text.contains("is running"), "{}", refused.text);
+    for (patch, field) in [
+        (json!({"reference_job": theirs}), "reference_job"),
+        (json!({"reference_job": JobId::new().to_string()}), "reference_job"),
+        (json!({"reference_job": "not-an-id"}), "reference_job"),
+        (json!({"base": spec("b")}), "base"),
+    ] {
+        let request = search(patch);
+        assert_eq!(app.post("/v1/studies", &team.member, &request).await.problem(422), vec![field], "{request}");
+    }
+    // only a scale search reuses a job
+    let plain = json!({"base": spec("b"), "points": [{}], "reference_job": reference});
+    assert_eq!(app.post("/v1/studies", &team.member, &plain).await.problem(422), vec!["reference_job"]);
+    for epoch in 0..4 {
+        report_epoch(&app, &agent, &reference, attempt, epoch, 0.5 - 0.1 * epoch as f64).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let done = app
+        .post(
+            &format!("/v1/agent/jobs/{reference}/result"),
+            &agent,
+            &json!({"attempt": attempt, "outcome": "succeeded"}),
+        )
+        .await;
+    assert_eq!(done.status, 200, "{}", done.text);
+
+    let created = app.post("/v1/studies", &team.member, &search(json!({}))).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let view = &created.body;
+    let points = view["points"].as_array().unwrap();
+    assert_eq!(points.len(), 3, "{view}");
+    assert_eq!((points[0]["job_id"].as_str(), points[0]["reused"].as_bool()), (Some(reference.as_str()), Some(true)));
+    assert_eq!((points[0]["is_reference"].as_bool(), points[0]["state"].as_str()), (Some(true), Some("succeeded")));
+    assert_eq!(points[0]["search"], "the reference: a finished job, reused");
+    assert!((points[0]["final_test_error"].as_f64().unwrap() - 0.2).abs() < 1e-9, "{view}");
+    assert!(points[0]["device_seconds"].as_f64().unwrap() > 0.0, "{view}");
+    // the candidates: the reused run's recipe at 4 workers, each lr a multiple of its lr, guarded against it
+    let multipliers: Vec<f64> = points[1..].iter().map(|p| p["overrides"]["lr.multiplier"].as_f64().unwrap()).collect();
+    assert_eq!(multipliers, [2.0, 4.0], "{view}");
+    for point in &points[1..] {
+        assert_eq!((point["reused"].as_bool(), point["workers"].as_i64()), (Some(false), Some(4)));
+        let job = app.get(&format!("/v1/jobs/{}", point["job_id"].as_str().unwrap()), &team.viewer).await.body;
+        assert_eq!(job["spec"]["guard"]["reference_job"], reference.as_str(), "{job}");
+        assert_eq!(job["spec"]["per_worker_batch"], 32, "{job}");
+    }
+    // nothing of the reused run is the study's: no device-hours spent yet, and the grid is the candidates'
+    assert_eq!(view["device_hours"], 0.0, "{view}");
+    assert_eq!(view["search"]["device_hours"], 0.0, "{view}");
+    assert_eq!(view["definition"]["reference_job"], reference.as_str(), "{view}");
+    // one job submitted per candidate, none for the reference
+    assert_eq!(app.get("/v1/jobs", &team.viewer).await.body["jobs"].as_array().unwrap().len(), 3);
+    let listed = app.get("/v1/studies", &team.viewer).await.body;
+    assert_eq!(listed["studies"][0]["points"], 3, "{listed}");
+    // cancelling the study leaves the reused run as it ended
+    let id = view["id"].as_str().unwrap();
+    let cancelled = app.post(&format!("/v1/studies/{id}/cancel"), &team.member, &json!({})).await.body;
+    let states: Vec<&str> =
+        cancelled["points"].as_array().unwrap().iter().map(|p| p["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["succeeded", "cancelled", "cancelled"], "{cancelled}");
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     a_study_makes_one_job_per_point_and_a_table,
@@ -366,4 +449,5 @@ ringtrain_store::on_both_backends!(
     a_run_that_falls_off_its_reference_stops_whichever_reports_first,
     a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes,
     a_study_s_cap_is_held_to_the_budget_and_stops_its_points_when_reached,
+    a_scale_search_reuses_a_finished_reference_instead_of_running_one,
 );

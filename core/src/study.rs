@@ -71,6 +71,10 @@ pub struct StudyRequest {
     /// default: the base's warmup only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup_epochs: Option<Vec<f64>>,
+    /// The `scale_search` template: a finished job of the team to be the reference instead of running one
+    /// (its spec is the base; give no `base`). The written-out study keeps it: its point 0 is that job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_job: Option<crate::JobId>,
 }
 
 /// One point of a study before it is submitted.
@@ -91,6 +95,7 @@ impl StudyRequest {
             ("devices", self.devices.is_some()),
             ("candidates", self.candidates.is_some()),
             ("warmup_epochs", self.warmup_epochs.is_some()),
+            ("reference_job", self.reference_job.is_some()),
         ];
         if self.template.as_deref() != Some("scale_search") {
             if let Some((field, _)) = scale_fields.iter().find(|(_, given)| *given) {
@@ -344,6 +349,7 @@ pub fn goyal_template() -> StudyRequest {
         devices: None,
         candidates: None,
         warmup_epochs: None,
+        reference_job: None,
     }
 }
 

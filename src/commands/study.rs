@@ -3,10 +3,11 @@
 //! figures, writing the error-vs-epoch plot (SVG) and the study's JSON next to it. `study scale-search`
 //! finds the lr multiplier for a larger batch (the `scale_search` template) and prints the spec to submit.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use ringtrain_client::ApiClient;
 use ringtrain_core::study::GOYAL_REPORTED;
 use serde_json::{json, Value};
 
@@ -64,9 +65,13 @@ pub struct GoyalArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ScaleSearchArgs {
-    /// The small-batch reference: a job spec, a JSON file.
+    /// The small-batch reference: a job spec, a JSON file (it runs first, to the end).
+    #[arg(long, required_unless_present = "reference_job", conflicts_with = "reference_job")]
+    base: Option<PathBuf>,
+    /// Or a finished job of your team to be the reference (its id, or the start of it): its spec is the
+    /// base, and it is not run again.
     #[arg(long)]
-    base: PathBuf,
+    reference_job: Option<IdArg>,
     /// The worker count k to scale it to.
     #[arg(long)]
     target_workers: u32,
@@ -124,11 +129,16 @@ pub fn run(study: Study) -> std::process::ExitCode {
             block_on("study goyal", submit_and_follow(request, &args.follow))
         }
         Study::ScaleSearch(args) => block_on("study scale-search", async {
-            let text =
-                std::fs::read_to_string(&args.base).with_context(|| format!("cannot read {}", args.base.display()))?;
-            let base: Value =
-                serde_json::from_str(&text).with_context(|| format!("{} is not JSON", args.base.display()))?;
-            let mut request = json!({"template": "scale_search", "base": base, "target_workers": args.target_workers});
+            let mut request = json!({"template": "scale_search", "target_workers": args.target_workers});
+            if let Some(path) = &args.base {
+                let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+                request["base"] =
+                    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+            }
+            if let Some(job) = &args.reference_job {
+                let api = args.follow.connection.client()?;
+                request["reference_job"] = resolve(&api, job, Kind::Job).await?.to_string().into();
+            }
             for (field, value) in [
                 ("name", args.name.clone().map(Value::from)),
                 ("devices", args.devices.map(Value::from)),
@@ -225,15 +235,22 @@ async fn submit_and_follow(request: Value, args: &FollowArgs) -> Result<()> {
         println!("its plot: GET /v1/studies/{id}/plot.svg, or the web page's Studies view (--out DIR saves it)");
         return Ok(());
     };
-    let name = view["name"].as_str().unwrap_or("study").replace(['/', ' '], "_");
+    let (svg_path, json_path) = save(&api, &view, out).await?;
+    println!("wrote {} and {}", svg_path.display(), json_path.display());
+    Ok(())
+}
+
+/// Writes a study's plot (`<name>.svg`, the server's) and its view (`<name>.json`) into `out`: their paths.
+pub async fn save(api: &ApiClient, view: &Value, out: &Path) -> Result<(PathBuf, PathBuf)> {
+    let id = view["id"].as_str().context("the study has no id")?;
+    let name = view["name"].as_str().unwrap_or("study").replace(['/', ' ', ':'], "_");
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let svg = api.send(api.request(reqwest::Method::GET, &format!("/v1/studies/{id}/plot.svg"))).await?;
     let svg_path = out.join(format!("{name}.svg"));
     std::fs::write(&svg_path, svg.bytes().await?).with_context(|| format!("cannot write {}", svg_path.display()))?;
     let json_path = out.join(format!("{name}.json"));
-    std::fs::write(&json_path, serde_json::to_string_pretty(&view)?)?;
-    println!("wrote {} and {}", svg_path.display(), json_path.display());
-    Ok(())
+    std::fs::write(&json_path, serde_json::to_string_pretty(view)?)?;
+    Ok((svg_path, json_path))
 }
 
 /// The newest studies as a table: id, name, points, states, created.
@@ -326,6 +343,7 @@ pub fn render(view: &Value) -> String {
             ];
             if searched {
                 row.push(p["search"].as_str().unwrap_or("-").to_string());
+                row.push(at_rungs(p));
             }
             if goyal {
                 match GOYAL_REPORTED.get(i) {
@@ -356,7 +374,7 @@ pub fn render(view: &Value) -> String {
         "STATE",
     ];
     if searched {
-        headers.push("SEARCH");
+        headers.extend(["SEARCH", "AT RUNGS %"]);
     }
     if goyal {
         headers.extend(["GOYAL (RESNET-50, IMAGENET)", "ERR %", "VS REF"]);
@@ -364,6 +382,9 @@ pub fn render(view: &Value) -> String {
     let mut out = format!("study {} ({})\n", view["id"].as_str().unwrap_or("?"), view["name"].as_str().unwrap_or(""));
     out += &table(&headers, &rows);
     out += "* the reference point; errors are the last epoch's (test: the finished run's); VS REF in points\n";
+    if searched {
+        out += "AT RUNGS: the search's metric at each rung reached, ^ promoted past it\n";
+    }
     for p in points.iter().filter(|p| p["error"].is_string()) {
         out += &format!("point {}: {}\n", p["point"], p["error"].as_str().unwrap_or(""));
     }
@@ -371,6 +392,18 @@ pub fn render(view: &Value) -> String {
         out += &search_summary(&view["search"], &points);
     }
     out
+}
+
+/// A point's figure at each rung it reached, "^" where it was promoted past it: "21.30^ 18.02".
+fn at_rungs(point: &Value) -> String {
+    let passed = point["rungs_passed"].as_u64().unwrap_or(0) as usize;
+    let figures = point["at_rungs"].as_array().cloned().unwrap_or_default();
+    if figures.is_empty() {
+        return "-".into();
+    }
+    let marked =
+        figures.iter().enumerate().map(|(rung, f)| format!("{}{}", percent(f), if rung < passed { "^" } else { "" }));
+    marked.collect::<Vec<_>>().join(" ")
 }
 
 /// What the search found: the best point, its multiplier, what was spent and saved, and the spec to submit.
@@ -425,18 +458,21 @@ mod tests {
 
     #[test]
     fn a_search_prints_each_point_s_standing_and_the_spec_to_submit() {
-        let point = |i: i64, state: &str, search: &str, final_error: Option<f64>| {
-            json!({"point": i, "is_reference": i == 0, "label": format!("lr.multiplier={i}"), "state": state,
-                "search": search, "test_error": [0.3, 0.2], "final_test_error": final_error})
-        };
         let view = json!({"id": "s", "name": "scale", "definition": {}, "states": {"succeeded": 2, "stopped": 1},
-            "points": [point(0, "succeeded", "the reference: trains to the end", Some(0.1)),
-                       point(1, "stopped", "stopped at rung 1 (1 epochs)", None),
-                       point(2, "succeeded", "promoted past every rung (2)", Some(0.12))],
+            "points": [json!({"point": 0, "is_reference": true, "label": "", "state": "succeeded",
+                              "search": "the reference: trains to the end", "test_error": [0.3, 0.2],
+                              "final_test_error": 0.1}),
+                       json!({"point": 1, "label": "lr.multiplier=1", "state": "stopped", "test_error": [0.3],
+                              "search": "stopped at rung 1 (1 epochs)", "at_rungs": [0.3], "rungs_passed": 0}),
+                       json!({"point": 2, "label": "lr.multiplier=2", "state": "succeeded", "test_error": [0.25, 0.2, 0.12],
+                              "search": "promoted past every rung (2)", "at_rungs": [0.25, 0.2], "rungs_passed": 2,
+                              "final_test_error": 0.12})],
             "search": {"done": true, "best_point": 2, "best_multiplier": 5.657, "device_hours": 0.5,
                        "grid_device_hours": 1.25, "saved_device_hours": 0.75, "best_spec": {"workers": 32}}});
         let text = render(&view);
         assert!(text.contains("SEARCH") && text.contains("stopped at rung 1 (1 epochs)"), "{text}");
+        assert!(text.contains("25.00^ 20.00^"), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("1 ") && l.trim_end().ends_with(" 30.00")), "{text}");
         assert!(text.contains("0.500 device-hours spent of the full grid's 1.250 (saved 0.750)"), "{text}");
         assert!(
             text.contains("best: point 2 (lr.multiplier=2), lr multiplier 5.657, test error 12.00% (final)"),

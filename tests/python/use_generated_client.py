@@ -1,6 +1,6 @@
 """Drives a running ringtrain server through the Python client that openapi-python-client generated from its
 /openapi.json (tests/python_client.rs generates it and runs this): submit a job, find it in the history, read
-it, tag it; create a study and read its table; every answer parsed into the generated models.
+it, tag it; create a study and read its table, and a scale search reusing the job; every answer parsed into the generated models.
 
     python use_generated_client.py SERVER_URL TOKEN    (with the generated `ringtrain_client` importable)
 """
@@ -60,7 +60,20 @@ def main(url, token):
     check(isinstance(study, StudyView) and len(study.points) == 2, f"the study: {study}")
     again = get_study.sync(study.id, client=client)
     check(isinstance(again, StudyView) and again.name == "python-study", f"get_study: {again}")
-    print(f"generated client: job {job.id} succeeded, study {study.id} has {len(again.points)} points")
+
+    # a scale search that reuses the finished job as its reference: candidates only, under halving
+    search_request = StudyRequest.from_dict(
+        {"name": "python-search", "template": "scale_search", "reference_job": str(job.id),
+         "target_workers": 2, "candidates": 2})
+    searched = create_study.sync_detailed(client=client, body=search_request)
+    check(searched.status_code == 201, f"the scale search answered {searched.status_code}: {searched.content!r}")
+    search = searched.parsed
+    check(isinstance(search, StudyView) and len(search.points) == 3, f"the scale search: {search}")
+    reference = search.points[0]
+    check(reference.reused and reference.job_id == job.id, f"the reused reference: {reference}")
+    check(search.search is not None and search.search.spec["rungs"] == [1], f"the search: {search.search}")
+    print(f"generated client: job {job.id} succeeded, study {study.id} has {len(again.points)} points, "
+          f"scale search {search.id} reuses the job")
 
 
 if __name__ == "__main__":

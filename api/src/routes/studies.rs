@@ -9,7 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use ringtrain_core::study::halving::{self, SearchSpec};
+use ringtrain_core::study::halving::{self, SearchMetric, SearchSpec};
 use ringtrain_core::study::{self, StudyRequest};
 use ringtrain_core::{JobId, JobState, StudyId, TeamId};
 use ringtrain_store::{Job, MetricsQuery, Study};
@@ -67,11 +67,17 @@ pub struct StudyPointView {
     pub error: Option<String>,
     /// Device-seconds its placements held (every placement counted).
     pub device_seconds: f64,
+    /// A finished job reused as the reference (a scale search's `reference_job`): its device-seconds are
+    /// not the study's.
+    pub reused: bool,
     /// Its place in the study's search, in words (`promoted past rung 2 of 3`, `stopped at rung 1 (1
     /// epochs)`); absent without a search.
     pub search: Option<String>,
     /// Rungs it was promoted past; absent without a search.
     pub rungs_passed: Option<usize>,
+    /// The search's metric at each rung it reached, in order (what it was judged by); absent without a
+    /// search.
+    pub at_rungs: Option<Vec<f64>>,
 }
 
 /// What a study's search found and what it cost.
@@ -90,7 +96,7 @@ pub struct SearchSummary {
     /// The spec to submit: the best point's, as it ran.
     #[schema(value_type = Option<Object>)]
     pub best_spec: Option<Value>,
-    /// Device-hours every point held, the reference's included.
+    /// Device-hours every point held, the reference's included (unless it was reused: `reference_job`).
     pub device_hours: f64,
     /// What every point trained to the end would have held: each point's device-hours per epoch so far
     /// times its epochs (an estimate until they all ran).
@@ -114,7 +120,7 @@ pub struct StudyView {
     /// The request as stored (a template written out).
     #[schema(value_type = Object)]
     pub definition: Value,
-    /// Device-hours every point held so far.
+    /// Device-hours the study's own points held so far (a reused reference's are not the study's).
     pub device_hours: f64,
     /// The study's cap, if it has one: reached, the points not ended are stopped.
     pub max_device_hours: Option<f64>,
@@ -183,7 +189,7 @@ pub struct StudyDryRun {
 /// plays k/devices virtual ranks).
 #[utoipa::path(post, path = "/v1/studies", tag = "studies", params(StudySubmitQuery),
     request_body(content = Object, content_type = "application/json",
-        description = "{name?, template?: \"goyal\" | \"scale_search\", base?: spec, axes?: {path: [values]}, points?: [{path: value}], reference?: index, guard_points?: bool, search?: {kind, metric?, rungs, reduction?}, max_device_hours?: number, target_workers?, devices?, candidates?, warmup_epochs? (scale_search)}"),
+        description = "{name?, template?: \"goyal\" | \"scale_search\", base?: spec, axes?: {path: [values]}, points?: [{path: value}], reference?: index, guard_points?: bool, search?: {kind, metric?, rungs, reduction?}, max_device_hours?: number, target_workers?, devices?, candidates?, warmup_epochs?, reference_job? (scale_search)}"),
     responses((status = 201, body = StudyView, description = "Created: every point's job is queued"),
         (status = 200, body = StudyDryRun, description = "dry_run=true: the plan; nothing stored"),
         (status = 403),
@@ -197,13 +203,13 @@ pub async fn create_study(
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<Response> {
     user.require_write()?;
-    let mut planned = study_submission::plan(&body)?;
+    let mut planned = study_submission::plan(&state, &user, &body).await?;
     study_submission::fit_devices(&state, &mut planned.points).await?;
     if query.dry_run == Some(true) {
         return Ok(Json(dry_run(&state, &user, &planned).await?).into_response());
     }
     let (study, jobs) = study_submission::submit(&state, &user, planned).await?;
-    let view = view(&state, &study, jobs).await?;
+    let view = view(&state, &study, point_jobs(&state, &study, jobs).await?).await?;
     let location = format!("/v1/studies/{}", study.id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(view)).into_response())
 }
@@ -254,7 +260,7 @@ pub async fn get_study(
     ApiPath(id): ApiPath<StudyId>,
 ) -> ApiResult<Json<StudyView>> {
     let study = team_study(&state, &user, id).await?;
-    let jobs = state.store.study_jobs(study.id).await?;
+    let jobs = study_point_jobs(&state, &study).await?;
     Ok(Json(view(&state, &study, jobs).await?))
 }
 
@@ -268,7 +274,7 @@ pub async fn study_plot(
     ApiPath(id): ApiPath<StudyId>,
 ) -> ApiResult<Response> {
     let study = team_study(&state, &user, id).await?;
-    let jobs = state.store.study_jobs(study.id).await?;
+    let jobs = study_point_jobs(&state, &study).await?;
     let view = view(&state, &study, jobs).await?;
     let curves: Vec<study::plot::Curve> = view
         .points
@@ -284,11 +290,27 @@ pub async fn study_plot(
     Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
 }
 
-/// A point in the plot's legend, short enough to read beside it: "#4 kn=1024, gradual, linear (reference)".
+/// A point in the plot's legend, short enough to read beside it: "#4 kn=1024, lr 0.4 (linear), gradual
+/// (reference)"; a point with an lr multiplier (a scale search's candidate) shows it in place of the rule,
+/// "lr 0.05657 (×5.657)".
 fn plot_label(p: &StudyPointView) -> String {
     let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
     let reference = if p.is_reference { " (reference)" } else { "" };
-    format!("#{} kn={}, {}, {}{reference}", p.point, p.global_batch, or_dash(&p.warmup), or_dash(&p.scaling))
+    // four significant figures, trailing zeros dropped (0.05657, 0.4)
+    let significant = |x: f64| {
+        let scale = 10f64.powi(3 - x.abs().log10().floor() as i32);
+        if x > 0.0 && x.is_finite() {
+            (x * scale).round() / scale
+        } else {
+            x
+        }
+    };
+    let lr = p.scaled_lr.map_or_else(|| "-".into(), |lr| significant(lr).to_string());
+    let rule = match p.overrides.get("lr.multiplier").and_then(Value::as_f64) {
+        Some(m) => format!("×{m}"),
+        None => or_dash(&p.scaling),
+    };
+    format!("#{} kn={}, lr {lr} ({rule}), {}{reference}", p.point, p.global_batch, or_dash(&p.warmup))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -326,7 +348,7 @@ pub async fn list_studies(
     let next_cursor = if more { studies.last().map(|s| s.seq.to_string()) } else { None };
     let mut summaries = Vec::with_capacity(studies.len());
     for study in studies {
-        let jobs = state.store.study_jobs(study.id).await?;
+        let jobs = study_point_jobs(&state, &study).await?;
         summaries.push(StudySummary {
             id: study.id,
             name: study.name,
@@ -358,33 +380,60 @@ pub async fn cancel_study(
         }
     }
     state.changed().await;
-    let jobs = state.store.study_jobs(study.id).await?;
+    let jobs = study_point_jobs(&state, &study).await?;
     Ok(Json(view(&state, &study, jobs).await?))
 }
 
-fn count_states(jobs: &[Job]) -> Map<String, Value> {
+/// A study's job with the point it stands for.
+struct PointJob {
+    point: i32,
+    job: Job,
+    /// A finished job the study reused as its reference (`reference_job`): not the study's own.
+    reused: bool,
+}
+
+/// The study's own jobs, each at its point, and a reused reference (`reference_job`) at the reference point.
+async fn point_jobs(state: &AppState, study: &Study, own: Vec<Job>) -> ApiResult<Vec<PointJob>> {
+    let mut jobs: Vec<PointJob> =
+        own.into_iter().map(|job| PointJob { point: job.study.map_or(0, |s| s.point), job, reused: false }).collect();
+    let reused = study.definition.get("reference_job").and_then(|id| serde_json::from_value::<JobId>(id.clone()).ok());
+    if let Some(id) = reused {
+        if let Some(job) = state.store.get_job(id).await? {
+            jobs.insert(0, PointJob { point: study.reference_point, job, reused: true });
+        }
+    }
+    Ok(jobs)
+}
+
+async fn study_point_jobs(state: &AppState, study: &Study) -> ApiResult<Vec<PointJob>> {
+    let own = state.store.study_jobs(study.id).await?;
+    point_jobs(state, study, own).await
+}
+
+fn count_states(jobs: &[PointJob]) -> Map<String, Value> {
     let mut states = Map::new();
-    for job in jobs {
+    for PointJob { job, .. } in jobs {
         let n = states.get(job.state.as_str()).and_then(Value::as_u64).unwrap_or(0);
         states.insert(job.state.as_str().to_string(), (n + 1).into());
     }
     states
 }
 
-async fn view(state: &AppState, study: &Study, jobs: Vec<Job>) -> ApiResult<StudyView> {
+async fn view(state: &AppState, study: &Study, jobs: Vec<PointJob>) -> ApiResult<StudyView> {
     let overrides: Vec<Map<String, Value>> = stored_points(&study.definition);
     let mut points = Vec::with_capacity(jobs.len());
-    for job in &jobs {
-        let index = job.study.map_or(0, |s| s.point);
-        let point_overrides = overrides.get(index as usize).cloned().unwrap_or_default();
-        points.push(point_view(state, job, index, point_overrides, index == study.reference_point).await?);
+    for PointJob { point, job, reused } in &jobs {
+        let point_overrides = overrides.get(*point as usize).cloned().unwrap_or_default();
+        let mut view = point_view(state, job, *point, point_overrides, *point == study.reference_point).await?;
+        view.reused = *reused;
+        points.push(view);
     }
     let reference = points.iter().find(|p| p.is_reference).and_then(|p| p.final_test_error);
     for point in &mut points {
         point.vs_reference = point.final_test_error.zip(reference).map(|(mine, theirs)| mine - theirs);
     }
     let search = crate::search::search_of(study).map(|search| search_summary(study, &search, &mut points, &jobs));
-    let device_hours = points.iter().map(|p| p.device_seconds).sum::<f64>() / 3600.0;
+    let device_hours = points.iter().filter(|p| !p.reused).map(|p| p.device_seconds).sum::<f64>() / 3600.0;
     let base = format!("/v1/studies/{}", study.id);
     Ok(StudyView {
         id: study.id,
@@ -458,18 +507,34 @@ async fn point_view(
         samples_per_s: result.and_then(|r| r["samples_per_s"].as_f64()),
         error: job.error.clone(),
         device_seconds: crate::resources::job_resources(state.store.as_ref(), job).await?.device_seconds,
+        reused: false,
         search: None,
         rungs_passed: None,
+        at_rungs: None,
     })
 }
 
 /// Each point's standing in the search (written into `points`), and what the search found and cost.
-fn search_summary(study: &Study, search: &SearchSpec, points: &mut [StudyPointView], jobs: &[Job]) -> SearchSummary {
+fn search_summary(
+    study: &Study,
+    search: &SearchSpec,
+    points: &mut [StudyPointView],
+    jobs: &[PointJob],
+) -> SearchSummary {
     let memory = crate::search::memory_of(study);
     let rungs = search.rungs.len();
     for point in points.iter_mut() {
+        let curve = match search.metric {
+            SearchMetric::TrainError => &point.train_error,
+            SearchMetric::TestError => &point.test_error,
+        };
+        // the curves hold one figure per finished epoch, from the first
+        let figures = (0..rungs).map_while(|r| curve.get(search.rung_epoch(r) as usize).copied()).collect();
+        point.at_rungs = Some(figures);
         if point.is_reference {
-            point.search = Some("the reference: trains to the end".into());
+            let what =
+                if point.reused { "the reference: a finished job, reused" } else { "the reference: trains to the end" };
+            point.search = Some(what.into());
             continue;
         }
         let (passed, stopped_at) = halving::standing(&memory, point.point as usize);
@@ -495,20 +560,21 @@ fn search_summary(study: &Study, search: &SearchSpec, points: &mut [StudyPointVi
     };
     let best_point = finished_best.map(|(_, point)| point).or_else(furthest_best);
     let best = best_point.and_then(|b| points.iter().find(|p| p.point == b));
-    let best_job = best_point.and_then(|b| jobs.iter().find(|j| j.study.is_some_and(|s| s.point == b)));
-    let device_seconds: f64 = points.iter().map(|p| p.device_seconds).sum();
+    let best_job = best_point.and_then(|b| jobs.iter().find(|j| j.point == b && !j.reused)).map(|j| &j.job);
+    // a reused reference cost this study nothing, and the grid would not run it again either
+    let own = || points.iter().filter(|p| !p.reused);
+    let device_seconds: f64 = own().map(|p| p.device_seconds).sum();
     // each point's pace so far, over its whole schedule; unknown while a point has trained no epoch
-    let grid_seconds: Option<f64> = points
-        .iter()
+    let grid_seconds: Option<f64> = own()
         .map(|p| {
-            let epochs = jobs.iter().find(|j| j.id == p.job_id).map_or(0, |j| j.spec.epochs);
+            let epochs = jobs.iter().find(|j| j.job.id == p.job_id).map_or(0, |j| j.job.spec.epochs);
             let trained = p.test_error.len().max(p.train_error.len());
             (trained > 0).then(|| p.device_seconds / trained as f64 * f64::from(epochs))
         })
         .sum();
     SearchSummary {
         spec: serde_json::to_value(search).unwrap_or_default(),
-        done: !jobs.iter().any(|j| matches!(j.state, JobState::Queued | JobState::Scheduled | JobState::Running)),
+        done: !jobs.iter().any(|j| matches!(j.job.state, JobState::Queued | JobState::Scheduled | JobState::Running)),
         best_point,
         best_multiplier: best.and_then(|p| p.overrides.get("lr.multiplier")?.as_f64()),
         best_spec: best_job.and_then(|j| serde_json::to_value(&j.spec).ok()).map(|mut spec| {

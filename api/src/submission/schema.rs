@@ -65,7 +65,7 @@ pub fn study_request() -> Value {
         "properties": {
             "name": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_NAME_CHARS},
             "template": {"anyOf": [{"type": "string", "enum": ["goyal", "scale_search"]}, {"type": "null"}],
-                "description": "A built-in study instead of base and axes or points: goyal (Goyal et al.'s Table 1 in miniature), or scale_search (base: the small-batch reference; candidates at target_workers with lr multipliers from the square-root to the linear rule, under successive halving)."},
+                "description": "A built-in study instead of base and axes or points: goyal (Goyal et al.'s Table 1 in miniature), or scale_search (base: the small-batch reference, or reference_job: a finished one; candidates at target_workers with lr multipliers from the square-root to the linear rule, under successive halving)."},
             "base": {"anyOf": [{"$ref": format!("#/components/schemas/{JOB_SPEC}")}, {"type": "null"}],
                 "description": "The spec every point starts from."},
             "axes": {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 1, "items": axis_value()}},
@@ -88,7 +88,9 @@ pub fn study_request() -> Value {
             "candidates": {"type": ["integer", "null"], "minimum": 2, "maximum": 16,
                 "description": "scale_search: how many lr multipliers to try (default 6)."},
             "warmup_epochs": {"type": ["array", "null"], "maxItems": 4, "items": {"type": "number", "minimum": 0},
-                "description": "scale_search: warmup lengths to try with every multiplier."}
+                "description": "scale_search: warmup lengths to try with every multiplier."},
+            "reference_job": {"type": ["string", "null"], "format": "uuid",
+                "description": "scale_search: a finished job of the team to be the reference instead of running one; its spec is the base (give no base)."}
         }
     })
 }

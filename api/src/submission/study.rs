@@ -22,9 +22,14 @@ pub struct PlannedStudy {
     pub reference: usize,
 }
 
-/// Parses, resolves and plans the request: every point's spec, and which is the reference.
-pub fn plan(body: &[u8]) -> ApiResult<PlannedStudy> {
-    let request = parse_request(body)?.resolved().map_err(|e| ApiError::validation(vec![e]))?;
+/// Parses, resolves and plans the request: every point's spec, and which is the reference. A scale search's
+/// `reference_job` is read here: its spec becomes the base.
+pub async fn plan(state: &AppState, user: &User, body: &[u8]) -> ApiResult<PlannedStudy> {
+    let mut request = parse_request(body)?;
+    if let (Some(id), Some("scale_search")) = (request.reference_job, request.template.as_deref()) {
+        request.base = Some(reused_base(state, user, id, request.base.is_some()).await?);
+    }
+    let request = request.resolved().map_err(|e| ApiError::validation(vec![e]))?;
     if let Some(name) = &request.name {
         check_name(name)?;
     }
@@ -42,6 +47,36 @@ fn parse_request(body: &[u8]) -> ApiResult<StudyRequest> {
         let path = if path == "." { String::new() } else { path };
         ApiError::validation(vec![FieldError::new(path, err.inner().to_string())])
     })
+}
+
+/// The spec of a finished job of the team, to be a scale search's base (its name dropped): the study
+/// compares with that run instead of running the reference again.
+async fn reused_base(state: &AppState, user: &User, id: JobId, base_given: bool) -> ApiResult<serde_json::Value> {
+    let refuse = |path: &str, reason: String| ApiError::validation(vec![FieldError::new(path, reason)]);
+    if base_given {
+        return Err(refuse(
+            "base",
+            "give base or reference_job, not both: the reference job's spec is the base".into(),
+        ));
+    }
+    let job = match state.store.get_job(id).await? {
+        Some(job) if user.owns(job.team_id) => job,
+        _ => return Err(refuse("reference_job", format!("no job {id} in your team"))),
+    };
+    if job.state != ringtrain_core::JobState::Succeeded {
+        return Err(refuse(
+            "reference_job",
+            format!(
+                "must be a job that finished (succeeded): its curve is what the candidates are judged by; {id} is {}",
+                job.state.as_str()
+            ),
+        ));
+    }
+    let mut base = serde_json::to_value(&job.spec).map_err(ApiError::internal)?;
+    if let Some(base) = base.as_object_mut() {
+        base.remove("name");
+    }
+    Ok(base)
 }
 
 fn check_name(name: &str) -> ApiResult<()> {
@@ -81,23 +116,31 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
     let PlannedStudy { request, mut points, reference } = planned;
     let queued = state.store.count_queued(user.team_id).await?;
     let limit = state.config.max_queued_per_team;
-    if queued + points.len() as i64 > limit {
+    let new_jobs = (points.len() - usize::from(request.reference_job.is_some())) as i64;
+    if queued + new_jobs > limit {
         return Err(ApiError::too_many(
             "queue-full",
             format!(
-                "the study's {} points would make {} queued jobs; your team may have {limit}",
-                points.len(),
-                queued + points.len() as i64
+                "the study's {new_jobs} new jobs would make {} queued jobs; your team may have {limit}",
+                queued + new_jobs
             ),
             60,
         ));
     }
     check_cap_against_budget(state, user, request.max_device_hours).await?;
     let study_id = StudyId::new();
-    let ids: Vec<JobId> = points.iter().map(|_| JobId::new()).collect();
+    let mut ids: Vec<JobId> = points.iter().map(|_| JobId::new()).collect();
+    // a reused reference is a job already: it is not submitted again
+    let reused = request.reference_job.map(|id| (reference, id));
+    if let Some((point, id)) = reused {
+        ids[point] = id;
+    }
     let mut jobs = Vec::with_capacity(points.len());
     let mut errors = Vec::new();
     for (i, point) in points.iter_mut().enumerate() {
+        if reused.is_some_and(|(point, _)| point == i) {
+            continue;
+        }
         point.spec_json["name"] = study::point_name(request.name.as_deref(), i, &point.overrides).into();
         if request.guard_points && i != reference {
             point.spec_json["guard"]["reference_job"] = ids[reference].to_string().into();

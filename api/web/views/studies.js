@@ -75,6 +75,7 @@ async function renderStudy() {
     const state = cell(row, p.state);
     if (p.error) state.title = p.error;
     cell(row, p.search ?? "-");
+    cell(row, rungsText(p));
     rows.appendChild(row);
   }
   showSearch(study);
@@ -86,6 +87,12 @@ async function renderStudy() {
     drawPlot(study);
     plotDrawn = epochs;
   }
+}
+
+/** A point's figure at each rung it reached, "↑" where it was promoted past the rung: "21.30% ↑ · 18.02%". */
+function rungsText(p) {
+  if (!p.at_rungs || p.at_rungs.length === 0) return "-";
+  return p.at_rungs.map((figure, rung) => `${percent(figure)}${rung < p.rungs_passed ? " ↑" : ""}`).join(" · ");
 }
 
 /** What the study's search found: the best point, its multiplier, device-hours spent and saved, its spec. */

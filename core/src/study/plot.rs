@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-/// One point's curves, per finished epoch (epoch 1 first).
+/// One point's curves, per finished epoch (epoch 1 first). Each ends in a dot (filled: test), so a point
+/// stopped after one epoch (a search's) is still seen.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Curve {
     pub label: String,
@@ -11,7 +12,7 @@ pub struct Curve {
     pub test_error: Vec<f64>,
 }
 
-const WIDTH: f64 = 960.0;
+const WIDTH: f64 = 1040.0;
 const HEIGHT: f64 = 540.0;
 /// The plot area: left, top, right and bottom edges (the legend is right of it).
 const AREA: (f64, f64, f64, f64) = (60.0, 40.0, 640.0, 490.0);
@@ -71,6 +72,15 @@ pub fn svg(title: &str, curves: &[Curve]) -> String {
                 points.join(" "),
                 escape(&curve.label)
             );
+            // a dot where the curve ends: a point stopped early (or with one epoch) is seen to end there
+            let (e, err) = (series.len(), series[series.len() - 1]);
+            let fill = if dash.is_empty() { colour } else { "white" };
+            let _ = write!(
+                out,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{fill}" stroke="{colour}" stroke-width="1.5"/>"#,
+                x(e),
+                y(err)
+            );
         }
         let ly = top + 8.0 + 20.0 * i as f64;
         let final_test = curve.test_error.last().map_or_else(String::new, |e| format!(" — {:.2}%", e * 100.0));
@@ -108,5 +118,7 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 3);
         assert!(svg.contains("goyal &amp; co") && svg.contains("&lt;ref&gt;"));
         assert!(svg.contains("20.00%"), "the final test error is in the legend");
+        // each curve's end is marked, so a one-epoch curve shows
+        assert_eq!(svg.matches("<circle").count(), 3);
     }
 }

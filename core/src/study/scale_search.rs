@@ -4,7 +4,7 @@
 //! (the square-root rule) to k/k0 (the linear rule), optionally times a few warmup lengths; successive
 //! halving (`halving`) stops the candidates that are not among the best at each rung, so the grid is paid
 //! for only where it is promising. The reference trains to the end: its curve is what the candidates are
-//! shown against.
+//! shown against, unless `reference_job` names a finished run to reuse (the server fills the base from it).
 
 use serde_json::{Map, Value};
 
@@ -98,6 +98,7 @@ pub fn resolve(request: &StudyRequest) -> Result<StudyRequest, FieldError> {
         devices: None,
         candidates: None,
         warmup_epochs: None,
+        reference_job: request.reference_job,
     })
 }
 
