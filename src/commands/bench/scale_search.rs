@@ -23,6 +23,9 @@ pub struct ScaleSearchArgs {
     train_samples: u32,
     #[arg(long, default_value_t = 8)]
     epochs: u32,
+    /// The reference's lr (at its batch, kn = base-workers × 32; momentum 0.9).
+    #[arg(long, default_value_t = 0.01)]
+    base_lr: f64,
     /// Workers of the small-batch reference (kn = this × 32).
     #[arg(long, default_value_t = 1)]
     base_workers: u32,
@@ -41,6 +44,9 @@ pub struct ScaleSearchArgs {
     /// The two studies' views as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// A folder to write each study's plot (error vs epoch per point, SVG) and view (JSON) into.
+    #[arg(long, short)]
+    out: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: &ScaleSearchArgs) -> Result<()> {
@@ -72,19 +78,29 @@ async fn both(args: &ScaleSearchArgs, slots: u32, root: &std::path::Path) -> Res
     let base = json!({
         "model": {"name": args.model}, "dataset": "fashion-mnist", "train_samples": args.train_samples,
         "workers": args.base_workers, "per_worker_batch": 32, "epochs": args.epochs, "seed": 1,
-        "lr": {"base": 0.05, "reference_batch": 32, "warmup": {"kind": "gradual", "epochs": 1},
+        "lr": {"base": args.base_lr, "reference_batch": args.base_workers * 32, "warmup": {"kind": "gradual", "epochs": 1},
                "decay": {"kind": "cosine"}},
         "checkpoint_every_epochs": 1, "log_every_iterations": 20
     });
     let request = json!({"template": "scale_search", "name": "bench-scale-search", "base": base,
         "target_workers": args.target_workers, "devices": slots, "candidates": args.candidates});
     let started = Instant::now();
-    let search = run_study(api, &request).await?;
+    let mut search = run_study(api, &request).await?;
+    // the bench's own figure beside the view's: the study's wall time, submission to its last point's end
+    search["wall_seconds"] = started.elapsed().as_secs_f64().into();
     eprintln!("the search ended after {:.0} s; now the full grid", started.elapsed().as_secs_f64());
     // the same points, written out by the search's definition, every one to its end
     let grid_request = json!({"name": "bench-full-grid", "base": search["definition"]["base"],
         "points": search["definition"]["points"], "reference": 0});
-    let grid = run_study(api, &grid_request).await?;
+    let started = Instant::now();
+    let mut grid = run_study(api, &grid_request).await?;
+    grid["wall_seconds"] = started.elapsed().as_secs_f64().into();
+    if let Some(out) = &args.out {
+        for view in [&search, &grid] {
+            let (svg, json) = crate::commands::study::save(api, view, out).await?;
+            eprintln!("wrote {} and {}", svg.display(), json.display());
+        }
+    }
     Ok((search, grid))
 }
 
@@ -160,8 +176,17 @@ fn report(args: &ScaleSearchArgs, slots: u32, search: &Value, grid: &Value) -> S
     let chosen = search["search"]["best_point"].as_i64();
     let chosen_error =
         chosen.and_then(|c| search_points.iter().find(|p| p["point"].as_i64() == Some(c))).and_then(figure);
+    // the chosen multiplier as the grid trained it: the same point, run without stops
+    let chosen_in_grid =
+        chosen.and_then(|c| grid_points.iter().find(|p| p["point"].as_i64() == Some(c))).and_then(figure);
     let (spent, grid_spent) =
         (search["device_hours"].as_f64().unwrap_or(f64::NAN), grid["device_hours"].as_f64().unwrap_or(f64::NAN));
+    let reference_hours = |points: &[Value]| {
+        points.iter().filter(|p| p["is_reference"] == true).filter_map(|p| p["device_seconds"].as_f64()).sum::<f64>()
+            / 3600.0
+    };
+    let (candidates_spent, candidates_grid) =
+        (spent - reference_hours(&search_points), grid_spent - reference_hours(&grid_points));
     out += &format!(
         "the search chose point {} ({} % test error); the grid's best is point {} ({} %): {} points apart \
          (target: within 0.5)\n",
@@ -172,8 +197,23 @@ fn report(args: &ScaleSearchArgs, slots: u32, search: &Value, grid: &Value) -> S
         chosen_error.zip(grid_best).map_or_else(|| "-".into(), |(c, b)| format!("{:+.2}", (c - b.0) * 100.0)),
     );
     out += &format!(
+        "the chosen multiplier in the grid: {} % test error, {} points from the grid's best\n",
+        chosen_in_grid.map_or_else(|| "-".into(), |e| format!("{:.2}", e * 100.0)),
+        chosen_in_grid.zip(grid_best).map_or_else(|| "-".into(), |(c, b)| format!("{:+.2}", (c - b.0) * 100.0)),
+    );
+    out += &format!(
         "device-hours: the search {spent:.4}, the full grid {grid_spent:.4}: {:.0}% of the grid (target: at most 40%)\n",
         spent / grid_spent * 100.0
+    );
+    out += &format!(
+        "  the candidates alone (the reference is run by both, or reused with reference_job): the search \
+         {candidates_spent:.4}, the grid {candidates_grid:.4}: {:.0}%\n",
+        candidates_spent / candidates_grid * 100.0
+    );
+    out += &format!(
+        "wall: the search {:.0} s, the full grid {:.0} s\n",
+        search["wall_seconds"].as_f64().unwrap_or(f64::NAN),
+        grid["wall_seconds"].as_f64().unwrap_or(f64::NAN)
     );
     out
 }
