@@ -214,6 +214,19 @@ mod tests {
         assert_eq!(reduced.extras, [2.5, 7.0]);
     }
 
+    /// A world of one process has nobody to sum with: nothing is copied to the host and back (the staging
+    /// buffer stays empty), so a one-device job's all-reduce share is not host copies for nothing.
+    #[test]
+    fn a_world_of_one_copies_nothing() {
+        let (_vs, ps) = params(&[1000, 24]);
+        (ps[0].tensor.sum(Kind::Float) * 2.0).backward();
+        let mut reducer = GradientReducer::new(&ps, DEFAULT_BUCKET_BYTES);
+        let reduced = reducer.reduce(&ps, &mut SoloCollective, 1.0, &Tensor::from_slice(&[3.0f32])).unwrap();
+        assert!(reducer.staging().is_empty(), "staged {} floats", reducer.staging().len());
+        assert_eq!(Vec::<f32>::try_from(&reduced.grads[0]).unwrap(), vec![2.0; 1000]);
+        assert_eq!(reduced.extras, [3.0]);
+    }
+
     #[test]
     fn without_parameters_the_extras_are_still_summed() {
         let mut reducer = GradientReducer::new(&[], DEFAULT_BUCKET_BYTES);
