@@ -18,6 +18,8 @@ pub mod precision;
 pub mod process_usage;
 pub mod trainer;
 
-pub use collective::{Backend, Collective, NcclCollective, RendezvousConfig, RingCollective, SoloCollective};
+pub use collective::{
+    Backend, Collective, NcclCollective, RendezvousConfig, RingCollective, ShmCollective, ShmSegment, SoloCollective,
+};
 pub use faults::FaultInjection;
 pub use trainer::{JobError, Stopped, TrainOptions, Trainer};

@@ -11,20 +11,27 @@ use ringtrain_worker::{Collective, NcclCollective, RendezvousConfig};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 
-use super::{on_ring, parse_size};
+use super::{on_ring, on_threads, parse_size};
 use crate::commands::launch::run_gpu_ranks;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
+    /// The two host all-reduces side by side: the TCP ring, then shared memory.
+    Host,
     Ring,
+    Shm,
     Nccl,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct AllreduceArgs {
-    /// ring: the TCP ring (ranks are threads); nccl: NCCL on GPUs (one process per rank and GPU).
-    #[arg(long, value_enum, default_value = "ring")]
+    /// host: the TCP ring and shared memory side by side; ring: the TCP ring; shm: shared memory (ranks
+    /// are threads for these three); nccl: NCCL on GPUs (one process per rank and GPU).
+    #[arg(long, value_enum, default_value = "host")]
     backend: Transport,
+    /// shm: floats per slot of the shared segment (a round's size per rank).
+    #[arg(long, default_value_t = ringtrain_worker::collective::DEFAULT_SLOT_ELEMS)]
+    slot_elems: usize,
     #[arg(long, default_value_t = 2)]
     world: usize,
     /// Buffer sizes, e.g. 1MB,16MB,64MB,256MB (KB/MB/GB are powers of 1024).
@@ -50,7 +57,8 @@ pub struct AllreduceArgs {
 pub fn run(args: &AllreduceArgs) -> Result<()> {
     let sizes: Vec<usize> = args.sizes.iter().map(|s| parse_size(s)).collect::<Result<_>>()?;
     match (args.backend, args.rank, args.rendezvous) {
-        (Transport::Ring, _, _) => on_threads(args, &sizes),
+        (Transport::Host, _, _) => host(args, &sizes, &[Transport::Ring, Transport::Shm]),
+        (Transport::Ring | Transport::Shm, _, _) => host(args, &sizes, &[args.backend]),
         (Transport::Nccl, Some(rank), Some(rendezvous)) => nccl_rank(args, &sizes, rank, rendezvous),
         (Transport::Nccl, _, _) => nccl_processes(args),
     }
@@ -163,63 +171,86 @@ fn check_exact(comm: &mut dyn Collective, n: i64, device: Device, staging: &mut 
     Ok(sum_ok && broadcast_ok)
 }
 
-fn on_threads(args: &AllreduceArgs, sizes: &[usize]) -> Result<()> {
+/// Host all-reduces on ranks that are threads of this process, each backend in turn, next to this machine's
+/// memcpy bandwidth.
+fn host(args: &AllreduceArgs, sizes: &[usize], backends: &[Transport]) -> Result<()> {
     let world = args.world.max(1);
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let memcpy = memcpy_gbps(largest.max(1 << 20));
-    let timings = on_ring(world, {
-        let sizes = sizes.to_vec();
-        move |comm| {
-            let mut out = Vec::new();
-            for &bytes in &sizes {
-                let mut buf = vec![1.0f32; bytes / 4];
-                comm.all_reduce_sum(&mut buf)?; // warm-up: connections, page faults
-                let mut iterations = 0u32;
-                comm.barrier()?;
-                let started = Instant::now();
-                // at least 3 iterations and about a second; every rank runs the same count (rank 0 decides)
-                loop {
-                    comm.all_reduce_sum(&mut buf)?;
-                    iterations += 1;
-                    let mut go_on =
-                        [if iterations < 3 || started.elapsed() < Duration::from_secs(1) { 1.0 } else { 0.0 }];
-                    comm.broadcast(&mut go_on, 0)?;
-                    if go_on[0] == 0.0 || iterations >= 50 {
-                        break;
-                    }
-                }
-                out.push(started.elapsed().as_secs_f64() / f64::from(iterations));
-            }
-            Ok(out)
-        }
-    })?;
     let bus_factor = 2.0 * (world as f64 - 1.0) / world as f64;
     if !args.json {
-        println!("all-reduce (sum, f32), TCP ring, world {world}: ranks are threads of one process on 127.0.0.1");
+        println!("all-reduce (sum, f32), world {world}: ranks are threads of one process (ring: TCP on 127.0.0.1; shm: one shared memfd)");
         println!("reference: memcpy {memcpy:.2} GB/s (one thread, {} MiB)", largest.max(1 << 20) >> 20);
-        println!("{:>10} {:>12} {:>12} {:>12} {:>14}", "size", "time (ms)", "algbw GB/s", "busbw GB/s", "memcpy GB/s");
+        println!(
+            "{:>8} {:>10} {:>12} {:>12} {:>12} {:>14} {:>10}",
+            "backend", "size", "time (ms)", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "of memcpy"
+        );
     }
-    for (&bytes, &seconds) in sizes.iter().zip(timings.iter()) {
-        let algbw = bytes as f64 / seconds / 1e9;
-        let busbw = algbw * bus_factor;
-        if args.json {
-            println!(
-                "{}",
-                json!({"bench": "allreduce", "backend": "ring", "size_bytes": bytes, "world": world, "seconds": seconds,
-                       "algbw_gbps": algbw, "busbw_gbps": busbw, "memcpy_gbps": memcpy})
-            );
-        } else {
-            println!(
-                "{:>10} {:>12.3} {:>12.3} {:>12.3} {:>14.2}",
-                format!("{}MB", bytes as f64 / (1 << 20) as f64),
-                seconds * 1e3,
-                algbw,
-                busbw,
-                memcpy
-            );
+    for &backend in backends {
+        let name = if backend == Transport::Shm { "shm" } else { "ring" };
+        let timings = match backend {
+            Transport::Shm => {
+                let segment = ringtrain_worker::ShmSegment::create(world, args.slot_elems)?;
+                let segment = std::sync::Arc::new(std::sync::Mutex::new(segment));
+                let connect = move |config: &RendezvousConfig| -> Result<Box<dyn Collective>> {
+                    let mine = segment.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.share()?;
+                    Ok(Box::new(ringtrain_worker::ShmCollective::connect(config, mine)?))
+                };
+                on_threads(world, connect, measure(sizes))?
+            }
+            _ => on_ring(world, measure(sizes))?,
+        };
+        for (&bytes, &seconds) in sizes.iter().zip(timings.iter()) {
+            let algbw = bytes as f64 / seconds / 1e9;
+            let busbw = algbw * bus_factor;
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"bench": "allreduce", "backend": name, "size_bytes": bytes, "world": world, "seconds": seconds,
+                           "algbw_gbps": algbw, "busbw_gbps": busbw, "memcpy_gbps": memcpy})
+                );
+            } else {
+                println!(
+                    "{:>8} {:>10} {:>12.3} {:>12.3} {:>12.3} {:>14.2} {:>9.0}%",
+                    name,
+                    format!("{}MB", bytes as f64 / (1 << 20) as f64),
+                    seconds * 1e3,
+                    algbw,
+                    busbw,
+                    memcpy,
+                    busbw / memcpy * 100.0
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// The seconds one all-reduce of each size takes on a rank (every rank runs the same iterations).
+fn measure(sizes: &[usize]) -> impl Fn(&mut dyn Collective) -> Result<Vec<f64>> + Send + Sync + Clone + 'static {
+    let sizes = sizes.to_vec();
+    move |comm| {
+        let mut out = Vec::new();
+        for &bytes in &sizes {
+            let mut buf = vec![1.0f32; bytes / 4];
+            comm.all_reduce_sum(&mut buf)?; // warm-up: connections, page faults
+            let mut iterations = 0u32;
+            comm.barrier()?;
+            let started = Instant::now();
+            // at least 3 iterations and about a second; every rank runs the same count (rank 0 decides)
+            loop {
+                comm.all_reduce_sum(&mut buf)?;
+                iterations += 1;
+                let mut go_on = [if iterations < 3 || started.elapsed() < Duration::from_secs(1) { 1.0 } else { 0.0 }];
+                comm.broadcast(&mut go_on, 0)?;
+                if go_on[0] == 0.0 || iterations >= 50 {
+                    break;
+                }
+            }
+            out.push(started.elapsed().as_secs_f64() / f64::from(iterations));
+        }
+        Ok(out)
+    }
 }
 
 /// Single-threaded memcpy bandwidth over a buffer of `bytes` (GB/s, 1e9 bytes).

@@ -103,10 +103,20 @@ pub(crate) fn on_ring<T: Send + 'static>(
     world: usize,
     body: impl Fn(&mut dyn Collective) -> Result<T> + Send + Sync + Clone + 'static,
 ) -> Result<T> {
+    on_threads(world, |config| Ok(Box::new(RingCollective::connect(config)?)), body)
+}
+
+/// Runs `body` on `world` ranks (threads), each joined by `connect` (which runs the rendezvous), returning
+/// rank 0's result.
+pub(crate) fn on_threads<T: Send + 'static>(
+    world: usize,
+    connect: impl Fn(&RendezvousConfig) -> Result<Box<dyn Collective>> + Send + Sync + Clone + 'static,
+    body: impl Fn(&mut dyn Collective) -> Result<T> + Send + Sync + Clone + 'static,
+) -> Result<T> {
     let address = free_address()?;
     let handles: Vec<_> = (0..world)
         .map(|rank| {
-            let body = body.clone();
+            let (body, connect) = (body.clone(), connect.clone());
             std::thread::spawn(move || -> Result<T> {
                 let config = RendezvousConfig {
                     address,
@@ -116,8 +126,8 @@ pub(crate) fn on_ring<T: Send + 'static>(
                     io_timeout: Duration::from_secs(120),
                     secret: None,
                 };
-                let mut ring = RingCollective::connect(&config)?;
-                body(&mut ring)
+                let mut comm = connect(&config)?;
+                body(comm.as_mut())
             })
         })
         .collect();
