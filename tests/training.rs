@@ -411,6 +411,16 @@ fn two_ranks_learn_fashion_mnist() {
     assert_eq!(result["epochs"].as_array().unwrap().len(), 2);
     assert_eq!(result["effective"]["iterations_per_epoch"], 10000 / 64);
     assert_eq!(result["schedule"]["effective"]["scaled_lr"], 0.1);
+    // where the time went: every part measured, and the parts of the run add up to its wall time
+    let timeline = &result["timeline"];
+    let part = |name: &str| timeline[name].as_f64().unwrap_or_else(|| panic!("no {name}: {timeline}"));
+    for name in ["start_up_s", "train_steps_s", "evaluation_s", "checkpoint_s", "reporting_s"] {
+        assert!(part(name) > 0.0, "{name}: {timeline}");
+    }
+    let parts: f64 = ["train_steps_s", "evaluation_s", "checkpoint_s", "reporting_s", "other_s"].map(part).iter().sum();
+    let wall = result["wall_seconds"].as_f64().unwrap();
+    assert!((parts - wall).abs() < 1e-3 * wall.max(1.0), "{parts} vs {wall}: {timeline}");
+    assert!(part("train_steps_s") > part("evaluation_s"), "{timeline}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

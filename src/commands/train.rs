@@ -172,6 +172,7 @@ fn load_spec(path: &PathBuf) -> Result<JobSpec> {
 }
 
 fn run_rank(args: &Args, rank: usize) -> Result<()> {
+    let began = std::time::Instant::now();
     let spec = load_spec(&args.spec)?;
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
@@ -237,6 +238,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         model_inputs: args.model_inputs.clone(),
         stop_file: args.stop_file.clone(),
         operator_check: args.sandbox.operator_check(),
+        started: Some(began),
         ..Default::default()
     };
     let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));

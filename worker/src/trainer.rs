@@ -91,6 +91,9 @@ pub struct TrainOptions {
     /// Whether an uploaded model's operators are checked against the allow-list (always, but in the
     /// sandbox's own tests).
     pub operator_check: OperatorCheck,
+    /// When the rank's work began (its command's entry), for the timeline's start-up; default: when the
+    /// trainer was made.
+    pub started: Option<Instant>,
 }
 
 impl Default for TrainOptions {
@@ -109,6 +112,7 @@ impl Default for TrainOptions {
             stop_file: None,
             sync_phases: false,
             operator_check: OperatorCheck::Enforced,
+            started: None,
         }
     }
 }
@@ -164,6 +168,19 @@ pub struct Trainer<'c> {
     history: Vec<EpochRecord>,
     /// Where training starts: iteration 0, or where the checkpoint it resumed from was taken.
     start: StartPoint,
+    /// Time spent so far outside the steps' phases, for the result's timeline.
+    spent: Spent,
+}
+
+/// Where a run's time went besides its steps' phases (see [`crate::metrics::Timeline`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spent {
+    /// When the rank began: [`TrainOptions::started`], or when the trainer was made.
+    pub began: Instant,
+    pub steps: Duration,
+    pub evaluation: Duration,
+    pub checkpoint: Duration,
+    pub reporting: Duration,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -176,6 +193,7 @@ impl<'c> Trainer<'c> {
     /// Loads the data, builds the model from the spec's seed, makes every rank's weights rank 0's, and
     /// resumes from a checkpoint when asked.
     pub fn new(spec: &JobSpec, comm: &'c mut dyn Collective, options: TrainOptions) -> Result<Trainer<'c>> {
+        let began = options.started.unwrap_or_else(Instant::now);
         let v = options.virtual_ranks.max(1);
         let total_ranks = comm.world_size() * v;
         ensure!(
@@ -249,6 +267,13 @@ impl<'c> Trainer<'c> {
             times: PhaseTimes::default(),
             history,
             start,
+            spent: Spent {
+                began,
+                steps: Duration::ZERO,
+                evaluation: Duration::ZERO,
+                checkpoint: Duration::ZERO,
+                reporting: Duration::ZERO,
+            },
         })
     }
 
@@ -424,6 +449,13 @@ impl<'c> Trainer<'c> {
 
     /// A checkpoint from which training resumes at `next_iteration` (see [`Replica::save`]); every rank calls it.
     fn write_checkpoint(&mut self, next_iteration: u64, partial: Option<PartialEpoch>) -> Result<()> {
+        let started = Instant::now();
+        let saved = self.save_checkpoint(next_iteration, partial);
+        self.spent.checkpoint += started.elapsed();
+        saved
+    }
+
+    fn save_checkpoint(&mut self, next_iteration: u64, partial: Option<PartialEpoch>) -> Result<()> {
         let mut replica = Replica {
             comm: &mut *self.comm,
             opt: &mut self.opt,

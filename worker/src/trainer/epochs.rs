@@ -10,7 +10,7 @@ use super::{guard, JobError, StepOutcome, Stopped, Trainer};
 use crate::checkpoint::{self, PartialEpoch};
 use crate::data::shuffle::epoch_permutation;
 use crate::data::Labels;
-use crate::metrics::{EpochRecord, ErrorMetric, Metric, RunResult};
+use crate::metrics::{EpochRecord, ErrorMetric, Metric, RunResult, Timeline};
 use crate::process_usage::ProcessUsage;
 
 impl Trainer<'_> {
@@ -18,6 +18,7 @@ impl Trainer<'_> {
     /// `result.json`.
     pub fn run(&mut self, sink: &mut dyn FnMut(&Metric)) -> Result<RunResult> {
         let run_started = Instant::now();
+        let start_up = run_started.saturating_duration_since(self.spent.began);
         let (mut training_time, mut trained_steps) = (Duration::ZERO, 0u64);
         for epoch in self.start_epoch()..u64::from(self.effective.epochs) {
             let started = Instant::now();
@@ -26,7 +27,7 @@ impl Trainer<'_> {
             trained_steps += self.effective.iterations_per_epoch - progress.first_step;
             self.end_epoch(epoch, &progress, started, sink)?;
         }
-        let result = self.result(run_started, training_time, trained_steps);
+        let result = self.result(run_started, start_up, training_time, trained_steps);
         if let Some(out) = self.options.out_dir.as_ref().filter(|_| self.is_root()) {
             checkpoint::write_atomically(&out.join("result.json"), &serde_json::to_vec_pretty(&result)?)?;
         }
@@ -55,13 +56,16 @@ impl Trainer<'_> {
         let mut window = LogWindow::new();
         for t in progress.first_step..ipe {
             let iteration = epoch * ipe + t;
+            let step_started = Instant::now();
             let outcome = self.train_step(iteration, t as usize, &permutation)?;
+            self.spent.steps += step_started.elapsed();
             progress.sums.loss_sum += outcome.loss;
             progress.sums.wrong_sum += outcome.wrong;
             window.steps += 1;
             window.allreduce += outcome.allreduce;
             if (iteration + 1) % log_every == 0 || t + 1 == ipe {
-                sink(&self.iteration_line(epoch, iteration, &outcome, &window));
+                let line = self.iteration_line(epoch, iteration, &outcome, &window);
+                self.report(sink, &line);
                 window = LogWindow::new();
             }
             progress.stop = outcome.stop;
@@ -101,7 +105,9 @@ impl Trainer<'_> {
         started: Instant,
         sink: &mut dyn FnMut(&Metric),
     ) -> Result<()> {
+        let evaluation_started = Instant::now();
         let (test_error, test_loss) = self.evaluate()?;
+        self.spent.evaluation += evaluation_started.elapsed();
         let ipe = self.effective.iterations_per_epoch;
         let record = EpochRecord {
             rank: self.comm.rank(),
@@ -113,7 +119,7 @@ impl Trainer<'_> {
             test_loss,
             seconds: progress.sums.seconds + started.elapsed().as_secs_f64(),
         };
-        sink(&Metric::Epoch(record.clone()));
+        self.report(sink, &Metric::Epoch(record.clone()));
         // every rank sees the same all-reduced error, so all stop here together
         if self.spec.guard.collapse {
             if let Some(why) = guard::collapse(&record, &self.effective, self.data.classes(), self.comm.world_size()) {
@@ -139,17 +145,41 @@ impl Trainer<'_> {
         Ok(())
     }
 
-    /// `result.json`: the curves, and the throughput of the `trained_steps` steps taken in `training_time`
-    /// (evaluation excluded).
-    fn result(&self, run_started: Instant, training_time: Duration, trained_steps: u64) -> RunResult {
+    /// Sends a metrics line, counting the time it takes.
+    fn report(&mut self, sink: &mut dyn FnMut(&Metric), metric: &Metric) {
+        let started = Instant::now();
+        sink(metric);
+        self.spent.reporting += started.elapsed();
+    }
+
+    /// `result.json`: the curves, the throughput of the `trained_steps` steps taken in `training_time`
+    /// (evaluation excluded), and where the time went.
+    fn result(
+        &self,
+        run_started: Instant,
+        start_up: Duration,
+        training_time: Duration,
+        trained_steps: u64,
+    ) -> RunResult {
         let eff = &self.effective;
+        let wall = run_started.elapsed().as_secs_f64();
+        let spent = &self.spent;
+        let accounted = spent.steps + spent.evaluation + spent.checkpoint + spent.reporting;
+        let timeline = Timeline {
+            start_up_s: start_up.as_secs_f64(),
+            train_steps_s: spent.steps.as_secs_f64(),
+            evaluation_s: spent.evaluation.as_secs_f64(),
+            checkpoint_s: spent.checkpoint.as_secs_f64(),
+            reporting_s: spent.reporting.as_secs_f64(),
+            other_s: (wall - accounted.as_secs_f64()).max(0.0),
+        };
         RunResult {
             spec: self.spec.clone(),
             effective: eff.clone(),
             schedule: eff.render(false),
             epochs: self.history.clone(),
             final_test_error: self.history.last().map_or(f64::NAN, |r| r.test_error),
-            wall_seconds: run_started.elapsed().as_secs_f64(),
+            wall_seconds: wall,
             samples_per_s: trained_steps as f64 * eff.global_batch as f64 / training_time.as_secs_f64().max(1e-9),
             communication_fraction: self.times.allreduce.as_secs_f64() / self.times.total().as_secs_f64().max(1e-9),
             processes: self.comm.world_size(),
@@ -158,6 +188,7 @@ impl Trainer<'_> {
                 Labels::Classes(_) => ErrorMetric::ErrorRate,
                 Labels::Values { .. } => ErrorMetric::Rmse,
             },
+            timeline,
         }
     }
 }
