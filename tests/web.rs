@@ -165,6 +165,8 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert!(config.contains("Learning rate") && config.contains("2 × 32 = global batch 64"), "{config}");
     let used = browser.wait_text("#job-facts", "Device time", SHORT).await;
     assert!(used.contains("device-seconds") && used.contains("Peak memory of a rank"), "{used}");
+    let timeline = browser.wait_text("#job-facts", "Where the time went", SHORT).await;
+    assert!(timeline.contains("training steps") && timeline.contains("start-up"), "the timeline: {timeline}");
     let events = browser.text("#job-events").await;
     assert!(events.contains("scheduled: placement 1 (attempt 1)") && events.contains("succeeded"), "{events}");
     browser.screenshot(&shots.join("job.png")).await;

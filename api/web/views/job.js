@@ -7,6 +7,15 @@ import { COLOURS, drawChart, plannedLr } from "../charts.js";
 import { $, act, add, button, cell, clock, duration, linkedText, percent, text } from "../dom.js";
 import { bestTestError, progressText } from "./jobs.js";
 
+/** A run's timeline in words: "training steps 44.9 s, evaluation 3.0 s, ...; start-up 0.6 s". */
+function timelineText(t) {
+  const s = (x) => `${(x ?? 0).toFixed(1)} s`;
+  return (
+    `training steps ${s(t.train_steps_s)}, evaluation ${s(t.evaluation_s)}, checkpoints ${s(t.checkpoint_s)}, ` +
+    `metrics lines ${s(t.reporting_s)}, other ${s(t.other_s)}; start-up ${s(t.start_up_s)} (rank 0, its last placement)`
+  );
+}
+
 /** The job shown. */
 let jobId = null;
 /** Its spec as last fetched, for "Submit again". */
@@ -102,6 +111,7 @@ function renderFacts(job) {
     if (best !== null) facts.push(["Best test error", percent(best)]);
     if (r.samples_per_s) facts.push(["Throughput", `${Math.round(r.samples_per_s)} samples/s`]);
     if (r.communication_fraction !== undefined) facts.push(["All-reduce share", percent(r.communication_fraction, 1)]);
+    if (r.timeline) facts.push(["Where the time went", timelineText(r.timeline)]);
   }
   const used = job.resources;
   if (used) {
