@@ -28,8 +28,8 @@ use super::ring::RingCollective;
 use super::{Collective, CommError, CommResult, RendezvousConfig};
 
 /// Floats per slot: 256 Ki (1 MiB), half a core's L2 here. A 64 MB all-reduce is 64 rounds of two
-/// barriers each; measured on the 2-core development machine (`ringtrain bench allreduce --slot-elems`),
-/// 64 KiB to 1 MiB slots gave 5.9–6.6 GB/s at 64 MB and 4 MiB slots 3.6–4.3 GB/s.
+/// barriers each. Measured on the 2-core development machine (`ringtrain bench allreduce --slot-elems`,
+/// busbw at 64 MB): 64 KiB slots 3.7 GB/s, 256 KiB 5.9, 1 MiB 6.4–6.6, 4 MiB 4.2–4.3, 16 MiB 3.6.
 pub const DEFAULT_SLOT_ELEMS: usize = 1 << 18;
 /// One counter per rank, each on its own cache line, at the start of the segment.
 const COUNTER_STRIDE: usize = 64;
