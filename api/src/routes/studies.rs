@@ -297,15 +297,7 @@ fn plot_label(p: &StudyPointView) -> String {
     let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
     let reference = if p.is_reference { " (reference)" } else { "" };
     // four significant figures, trailing zeros dropped (0.05657, 0.4)
-    let significant = |x: f64| {
-        let scale = 10f64.powi(3 - x.abs().log10().floor() as i32);
-        if x > 0.0 && x.is_finite() {
-            (x * scale).round() / scale
-        } else {
-            x
-        }
-    };
-    let lr = p.scaled_lr.map_or_else(|| "-".into(), |lr| significant(lr).to_string());
+    let lr = p.scaled_lr.map_or_else(|| "-".into(), |lr| study::scale_search::round4(lr).to_string());
     let rule = match p.overrides.get("lr.multiplier").and_then(Value::as_f64) {
         Some(m) => format!("×{m}"),
         None => or_dash(&p.scaling),

@@ -115,7 +115,7 @@ pub fn default_search(epochs: u32) -> SearchSpec {
 }
 
 /// Four significant figures: labels and specs that read as numbers a person would write.
-fn round4(x: f64) -> f64 {
+pub fn round4(x: f64) -> f64 {
     if x == 0.0 || !x.is_finite() {
         return x;
     }
