@@ -62,14 +62,19 @@ async fn a_job_submitted_over_https_trains_on_two_agents_and_reports_everything(
     assert_eq!(states, ["queued", "scheduled", "running", "succeeded"], "{events}");
     let placed = events["events"][1]["reason"].as_str().unwrap();
     assert!(placed.contains("2 device(s) of 2 node(s)"), "{placed}");
-    // Each rank's own output reached the job's logs through its agent.
+    // Each rank's own output reached the job's logs through its agent; on two nodes, gradients went over
+    // the TCP ring.
     let logs = api.get(&format!("/v1/jobs/{id}/logs?q=rank")).await;
     for rank in 0..2 {
         let start = format!("rank {rank} of 2: ");
         let lines = logs["lines"].as_array().unwrap();
         let found = lines.iter().any(|l| {
             let text = l["line"].as_str().unwrap();
-            l["rank"] == rank && l["stream"] == "stderr" && text.starts_with(&start) && text.contains("on Cpu")
+            l["rank"] == rank
+                && l["stream"] == "stderr"
+                && text.starts_with(&start)
+                && text.contains("on Cpu")
+                && text.contains("all-reduce: ring")
         });
         assert!(found, "{logs}");
     }
@@ -352,6 +357,14 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.starts_with("[rank 1, placement 1] rank 1 of 2: ") && text.lines().count() == 1, "{text}");
+    // both ranks ran on this one node: the agent gave them one shared memory segment to sum gradients in
+    let shared = logs(&id, &["--grep", "all-reduce: shm"]);
+    assert_eq!(
+        String::from_utf8_lossy(&shared.stdout).lines().count(),
+        2,
+        "{}",
+        String::from_utf8_lossy(&shared.stdout)
+    );
     let followed = logs(&id, &["--follow"]);
     assert!(followed.status.success() && String::from_utf8_lossy(&followed.stdout).lines().count() >= 2);
     // every rank ran confined (its first line says how), in a cgroup of its own where this machine has

@@ -19,6 +19,7 @@ mod lines;
 pub mod rank;
 mod relay;
 mod report;
+mod shared_memory;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -204,6 +205,7 @@ impl Agent {
             threads: args.threads,
             idx_roots: args.idx_roots.clone(),
             sandbox,
+            segments: Default::default(),
         };
         Ok(Agent {
             ctx: Arc::new(ctx),

@@ -2,6 +2,7 @@
 //! resume from), start `ringtrain train --rank ...`, relay its metrics in batches and (rank 0) its
 //! checkpoints, and report how it ended. Stopped through `stop` (a cancel, a preemption, a lost lease).
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::folders::RankFolders;
 use crate::lines::CappedLines;
 use crate::relay::Relay;
 use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
+use crate::shared_memory::PlacementSegments;
 use ringtrain_sandbox::cgroup::Cgroup;
 
 /// What every rank of this agent shares.
@@ -49,6 +51,8 @@ pub struct AgentContext {
     pub idx_roots: Vec<PathBuf>,
     /// How ranks are confined.
     pub sandbox: RankSandbox,
+    /// The shared memory of placements whose ranks are all on this node.
+    pub(crate) segments: PlacementSegments,
 }
 
 /// How often metrics are sent and rank 0's checkpoints looked for: often enough that the API trails the
@@ -167,7 +171,12 @@ async fn prepare(ctx: &Arc<AgentContext>, work: &Work, rank_dir: &Path) -> Resul
 
 /// The rank's process, confined, with its command line, environment and pipes; and its cgroup, when the
 /// sandbox made one. Rank 0 picks its rendezvous port here and reports it.
-async fn rank_process(ctx: &Arc<AgentContext>, work: &Work, prepared: &Prepared) -> Result<(Command, Option<Cgroup>)> {
+async fn rank_process(
+    ctx: &Arc<AgentContext>,
+    work: &Work,
+    prepared: &Prepared,
+    segment: Option<&OwnedFd>,
+) -> Result<(Command, Option<Cgroup>)> {
     let a = &work.assignment;
     let group_name = format!("{}-{}-{}", a.job_id, a.attempt, a.rank);
     let (mut launch, cgroup) = ctx.sandbox.launch(&group_name)?;
@@ -187,6 +196,9 @@ async fn rank_process(ctx: &Arc<AgentContext>, work: &Work, prepared: &Prepared)
         init_from: prepared.init.as_ref().map(|_| private.join("init")),
         ..Default::default()
     };
+    if let Some(segment) = segment {
+        rank.shared_memory = Some(launch.pass(segment.try_clone()?));
+    }
     if let Some(file) = &prepared.dataset {
         rank.dataset_file = Some(confine::pass(&mut launch, file.path())?);
     }
@@ -237,7 +249,12 @@ async fn run_inner(
 ) -> Result<(AssignmentState, bool)> {
     let a = &work.assignment;
     let prepared = prepare(ctx, work, rank_dir).await?;
-    let (mut command, cgroup) = rank_process(ctx, work, &prepared).await?;
+    // held until the rank ends, so the placement's ranks that start after this one get the same segment
+    let segment = match work.ranks_on_one_node && prepared.spec.device == DeviceKind::Cpu {
+        true => Some(ctx.segments.of(a.job_id, a.attempt).context("cannot make the placement's shared memory")?),
+        false => None,
+    };
+    let (mut command, cgroup) = rank_process(ctx, work, &prepared, segment.as_deref()).await?;
     if stop.borrow().is_some() {
         // Stopped before it started.
         ctx.client.set_assignment_state(a.id, AssignmentState::Delivered, AssignmentState::Cancelled).await?;

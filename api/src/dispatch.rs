@@ -82,11 +82,14 @@ struct PlacementInputs {
     dataset_sha256: Option<String>,
     model: Option<ModelFile>,
     rendezvous_secret: Option<String>,
+    /// All its ranks are on one node (and there is more than one).
+    ranks_on_one_node: bool,
 }
 
 impl PlacementInputs {
     async fn read(state: &AppState, job: &Job) -> ApiResult<Self> {
         let ranks = state.store.job_assignments(job.id, job.attempt).await?;
+        let ranks_on_one_node = ranks.len() > 1 && ranks.iter().all(|a| a.node_id == ranks[0].node_id);
         let rendezvous = ranks.into_iter().find(|a| a.rank == 0).and_then(|a| a.endpoint);
         let dataset_sha256 = match job.spec.dataset {
             DatasetRef::Uploaded(id) => state.store.get_dataset(id).await?.map(|d| d.sha256),
@@ -97,7 +100,7 @@ impl PlacementInputs {
             None => None,
         };
         let rendezvous_secret = state.store.rendezvous_secret(job.id, job.attempt).await?;
-        Ok(PlacementInputs { rendezvous, dataset_sha256, model, rendezvous_secret })
+        Ok(PlacementInputs { rendezvous, dataset_sha256, model, rendezvous_secret, ranks_on_one_node })
     }
 }
 
@@ -134,6 +137,7 @@ async fn work_for(
         dataset_sha256: inputs.dataset_sha256.clone(),
         model: inputs.model.clone(),
         device_index,
+        ranks_on_one_node: inputs.ranks_on_one_node,
         assignment,
         spec: job.spec_json.clone(),
         effective: job.effective.clone(),

@@ -101,6 +101,10 @@ pub struct Work {
     pub model: Option<ModelFile>,
     /// The index of the assignment's device on this node (the CUDA ordinal for a GPU).
     pub device_index: i32,
+    /// Every rank of this placement runs on this node: the agent gives them one shared memory segment,
+    /// and CPU ranks all-reduce through it instead of the TCP ring.
+    #[serde(default)]
+    pub ranks_on_one_node: bool,
 }
 
 impl Work {

@@ -58,6 +58,7 @@ fn poll() -> Poll {
             model: Some(ModelFile { id: ModelId(id(6)), sha256: "ef".repeat(32), inputs: vec!["x".into()] }),
             device_index: 1,
             init_weights: false,
+            ranks_on_one_node: true,
         }],
         stop: vec![AssignmentId(id(9))],
         preempt: vec![],
@@ -107,7 +108,8 @@ fn poll_json() -> Value {
             "dataset_sha256": "cd".repeat(32),
             "model": {"id": "00000000-0000-0000-0000-000000000006", "sha256": "ef".repeat(32), "inputs": ["x"]},
             "device_index": 1,
-            "init_weights": false
+            "init_weights": false,
+            "ranks_on_one_node": true
         }],
         "stop": ["00000000-0000-0000-0000-000000000009"],
         "preempt": []
@@ -128,15 +130,17 @@ fn a_poll_answer_has_the_shape_agents_read() {
 
 #[test]
 fn an_older_servers_poll_without_the_later_fields_still_reads() {
-    // `preempt`, `rendezvous_secret`, `dataset_sha256`, `model` and `init_weights` came after the first agents
+    // `preempt`, `rendezvous_secret`, `dataset_sha256`, `model`, `init_weights` and `ranks_on_one_node` came
+    // after the first agents
     let mut older = poll_json();
     older.as_object_mut().unwrap().remove("preempt");
-    for field in ["rendezvous_secret", "dataset_sha256", "model", "init_weights"] {
+    for field in ["rendezvous_secret", "dataset_sha256", "model", "init_weights", "ranks_on_one_node"] {
         older["work"][0].as_object_mut().unwrap().remove(field);
     }
     let read: Poll = serde_json::from_value(older).unwrap();
     assert!(read.preempt.is_empty());
     assert_eq!((read.work[0].rendezvous_secret.as_ref(), read.work[0].model.as_ref()), (None, None));
+    assert!(!read.work[0].ranks_on_one_node, "the ring, as before");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,8 +31,40 @@ pub fn passed_path(fd: RawFd) -> PathBuf {
 }
 
 /// The descriptor a `/proc/self/fd/N` path names, if it names one.
-fn passed_fd(path: &Path) -> Option<RawFd> {
+pub(crate) fn passed_fd(path: &Path) -> Option<RawFd> {
     path.strip_prefix("/proc/self/fd").ok()?.components().next()?.as_os_str().to_str()?.parse().ok()
+}
+
+/// A new empty file in memory (a `memfd`), for a launcher to pass to the processes it starts: they share
+/// memory through it with no path another process could open (the ranks of one machine all-reduce through
+/// it). `inherited`: left open across exec, for a launcher that starts its children without [`Launch`]
+/// (which passes descriptors itself); the child finds it at the same number.
+pub fn shared_memory_file(inherited: bool) -> std::io::Result<OwnedFd> {
+    let flags = if inherited { 0 } else { libc::MFD_CLOEXEC };
+    // SAFETY: memfd_create reads the NUL-terminated name and returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(c"ringtrain-shared".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor memfd_create just returned, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The child's side of [`Launch::pass`] for a descriptor it uses as it is rather than opening its path (a
+/// shared memory segment): takes ownership of the descriptor `path` (`/proc/self/fd/N`) names. Call it once
+/// per descriptor: the returned handle closes it.
+pub fn take_passed(path: &Path) -> std::io::Result<OwnedFd> {
+    let invalid =
+        |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{}: {why}", path.display()));
+    let fd =
+        passed_fd(path).filter(|fd| *fd > 2).ok_or_else(|| invalid("not a passed descriptor (/proc/self/fd/N)"))?;
+    // SAFETY: F_GETFD only reads the descriptor's flags; it fails on a descriptor that is not open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(invalid("no such descriptor is open"));
+    }
+    // SAFETY: the descriptor is open (above), was inherited rather than opened by this process's code, and
+    // the caller takes it once: nothing else owns or closes it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl Launch {
@@ -119,7 +151,8 @@ impl Launch {
 /// confinement names (`/proc/self/fd/N` paths): nothing of the parent's stays reachable. Returns how
 /// many it closed.
 pub(crate) fn close_inherited_descriptors(confinement: &Confinement) -> Result<usize, SandboxError> {
-    let kept: Vec<RawFd> = confinement.read.iter().chain(&confinement.write).filter_map(|p| passed_fd(p)).collect();
+    let named = confinement.read.iter().chain(&confinement.write).chain(&confinement.kept);
+    let kept: Vec<RawFd> = named.filter_map(|p| passed_fd(p)).collect();
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map_err(|e| failed("listing /proc/self/fd", e))?
         .filter_map(Result::ok)

@@ -31,7 +31,7 @@ pub mod user;
 use std::path::PathBuf;
 
 pub use environment::allowed_environment;
-pub use launch::Launch;
+pub use launch::{passed_path, shared_memory_file, take_passed, Launch};
 pub use limits::Limits;
 pub use support::{probe, Support};
 pub use user::RankUser;
@@ -44,6 +44,11 @@ pub struct Confinement {
     pub read: Vec<PathBuf>,
     /// Folders it may read and write: its private working folder, and where it writes its results.
     pub write: Vec<PathBuf>,
+    /// Descriptors its parent passed it (`/proc/self/fd/N`) that it keeps and uses as they are, never
+    /// opening a path: the shared memory segment the ranks of one machine all-reduce through. No file rule
+    /// names them (Landlock takes no rule on a `memfd`); they stay open where other inherited ones close.
+    #[serde(default)]
+    pub kept: Vec<PathBuf>,
     /// A GPU rank: the NVIDIA device files and what CUDA and NCCL read (`/sys`, `/proc/driver/nvidia`),
     /// and `/dev/shm`, NCCL's transport between the GPUs of one machine.
     pub gpu: bool,

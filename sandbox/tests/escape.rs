@@ -34,6 +34,7 @@ fn confinement(scene: &Scene, network: Network) -> Confinement {
     Confinement {
         read: vec![scene.input.clone()],
         write: vec![scene.private.clone()],
+        kept: vec![],
         gpu: false,
         network,
         limits: Limits::rank(1 << 20),
@@ -148,6 +149,26 @@ fn passed_files_are_read_through_their_descriptor_not_their_path() {
     let passed = launch.pass(std::fs::File::open(&s.secret).unwrap());
     c.read = vec![passed];
     assert_refused(probe_with(&c, "read", s.input.to_str().unwrap(), launch), "a path it was not passed");
+}
+
+#[test]
+fn a_kept_descriptor_is_used_as_it_is_and_other_passed_ones_are_closed() {
+    use std::os::unix::fs::FileExt;
+    let s = scene();
+    let segment = std::fs::File::from(ringtrain_sandbox::shared_memory_file(false).unwrap());
+    let mut c = confinement(&s, Network::None);
+    let mut launch = Launch::new();
+    let passed = launch.pass(segment.try_clone().unwrap());
+    c.kept = vec![passed.clone()];
+    assert_allowed(probe_with(&c, "shared", passed.to_str().unwrap(), launch), "the segment it keeps");
+    let mut written = [0u8; 6];
+    segment.read_exact_at(&mut written, 0).unwrap();
+    assert_eq!(&written, b"shared", "what the confined process wrote is in the parent's segment");
+
+    let mut launch = Launch::new();
+    let passed = launch.pass(segment.try_clone().unwrap());
+    c.kept = vec![];
+    assert_refused(probe_with(&c, "shared", passed.to_str().unwrap(), launch), "a passed descriptor it does not keep");
 }
 
 #[test]

@@ -159,6 +159,7 @@ fn check(args: &CheckArgs) -> ExitCode {
     let confinement = ringtrain_sandbox::Confinement {
         read: vec![args.model.clone(), args.dataset.clone()],
         write: private.into_iter().chain(meter.as_ref().map(|m| m.descriptor_path())).collect(),
+        kept: vec![],
         gpu: false,
         network: ringtrain_sandbox::Network::None,
         limits: ringtrain_sandbox::Limits::model_check(args.max_memory_gib.saturating_mul(1 << 30), args.max_cpu_s),

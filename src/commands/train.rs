@@ -7,6 +7,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
@@ -88,9 +89,15 @@ pub struct Args {
     /// (exit status 4). Agents use it to preempt a job without losing work.
     #[arg(long)]
     stop_file: Option<PathBuf>,
-    /// What gradients travel on: auto (NCCL for GPU ranks when libnccl loads, else the TCP ring), ring, nccl.
+    /// What gradients travel on: auto (NCCL for GPU ranks when libnccl loads; shared memory for CPU ranks
+    /// given --shared-memory; else the TCP ring), ring, shm, nccl.
     #[arg(long, default_value = "auto")]
     collective: Backend,
+    /// A shared memory segment every rank on this machine was handed (a passed descriptor,
+    /// /proc/self/fd/N, empty or sized by another rank): CPU ranks all-reduce through it. `--local` and the
+    /// agent pass it when all of a job's ranks are on one machine.
+    #[arg(long)]
+    shared_memory: Option<PathBuf>,
     /// Tests on one GPU only: --local K ranks all on GPU 0, each told it is its own host (NCCL_HOSTID), so
     /// NCCL accepts them and connects them over loopback sockets (NCCL refuses two ranks on one GPU).
     #[arg(long, hide = true)]
@@ -211,7 +218,11 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         io_timeout: Duration::from_secs(args.comm_timeout_s),
         secret: rendezvous_secret(),
     };
-    let mut comm = args.collective.connect(&config, device)?;
+    let segment = match &args.shared_memory {
+        Some(path) => Some(shared_segment(path, config.world)?),
+        None => None,
+    };
+    let mut comm = args.collective.connect(&config, device, segment)?;
     // One line for the job's logs: what this rank runs, where, and from where it resumes. (Written, not
     // eprintln!: a closed stderr must not panic the rank.)
     let resume = match (&args.resume, &args.init_from) {
@@ -224,7 +235,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         "rank {rank} of {}: {} on {device:?}, {threads} threads, all-reduce: {}, {resume}",
         config.world,
         spec.model.label(),
-        args.collective.name()
+        comm.backend()
     );
     let options = TrainOptions {
         out_dir: args.out.clone(),
@@ -253,6 +264,13 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     Ok(())
 }
 
+/// The shared memory segment the launcher passed (see `--shared-memory`), sized and mapped.
+fn shared_segment(path: &std::path::Path, world: usize) -> Result<ringtrain_worker::ShmSegment> {
+    let fd = ringtrain_sandbox::take_passed(path).context("--shared-memory")?;
+    ringtrain_worker::ShmSegment::adopt(fd, world)
+        .with_context(|| format!("the shared memory segment {}", path.display()))
+}
+
 /// What a rank may touch: its inputs (the spec, the data: an upload, an `idx:` folder or the built-in
 /// Fashion-MNIST; the model; the resume point; the folder its stop file appears in), its private folder
 /// and --out, and TCP for its ring and rendezvous.
@@ -274,6 +292,7 @@ fn rank_confinement(args: &Args, spec: &JobSpec, private: &std::path::Path) -> r
     ringtrain_sandbox::Confinement {
         read,
         write,
+        kept: args.shared_memory.iter().cloned().collect(),
         gpu: spec.device == DeviceKind::Gpu,
         network: ringtrain_sandbox::Network::Ring { ports: args.rendezvous.iter().map(SocketAddr::port).collect() },
         limits: ringtrain_sandbox::Limits::rank(args.sandbox.max_file_mib << 20),
@@ -388,6 +407,13 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
         (None, Some(_)) => Some(tempfile::Builder::new().prefix("ringtrain-ranks-").tempdir()?),
         _ => None,
     };
+    // The ranks are all here: CPU ranks sum gradients through one shared segment, not sockets. It stays
+    // open across exec, so each rank finds it at the same number.
+    let segment = match (gpu, args.collective, k) {
+        (false, Backend::Auto | Backend::Shm, 2..) => Some(ringtrain_sandbox::shared_memory_file(true)?),
+        _ => None,
+    };
+    let shared_memory = segment.as_ref().map(|fd| ringtrain_sandbox::passed_path(fd.as_raw_fd()));
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..k {
         let sandbox_dir = match (&private, &args.sandbox.sandbox_dir) {
@@ -412,6 +438,7 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
             join_timeout_s: Some(args.join_timeout_s),
             bucket_mb: Some(args.bucket_mb),
             collective: Some(args.collective.name().to_string()),
+            shared_memory: shared_memory.clone(),
             dataset_file: args.dataset_file.clone(),
             model_file: args.model_file.clone(),
             model_inputs: args.model_inputs.clone(),
@@ -464,6 +491,7 @@ mod tests {
             join_timeout_s: Some(30),
             bucket_mb: Some(8),
             collective: Some("ring".into()),
+            shared_memory: Some("/proc/self/fd/5".into()),
             dataset_file: Some("/proc/self/fd/3".into()),
             model_file: Some("/proc/self/fd/4".into()),
             model_inputs: Some(vec!["numeric".into(), "tokens".into()]),
@@ -486,6 +514,7 @@ mod tests {
         assert_eq!((args.comm_timeout_s, args.join_timeout_s, args.bucket_mb), (60, 30, 8));
         assert_eq!(args.collective.name(), "ring");
         assert_eq!(args.dataset_file, Some("/proc/self/fd/3".into()));
+        assert_eq!(args.shared_memory, Some("/proc/self/fd/5".into()));
         assert_eq!(args.model_file, Some("/proc/self/fd/4".into()));
         assert_eq!(args.model_inputs, Some(vec!["numeric".to_string(), "tokens".to_string()]));
         assert!(args.exit_with_parent);

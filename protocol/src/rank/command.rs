@@ -29,8 +29,11 @@ pub struct RankCommand {
     pub comm_timeout_s: Option<u64>,
     pub join_timeout_s: Option<u64>,
     pub bucket_mb: Option<usize>,
-    /// auto, ring or nccl.
+    /// auto, ring, shm or nccl.
     pub collective: Option<String>,
+    /// The shared memory segment (a passed `memfd`, `/proc/self/fd/N`) every rank of this machine was
+    /// given: CPU ranks all-reduce through it.
+    pub shared_memory: Option<PathBuf>,
     /// An uploaded dataset's file, an uploaded model's file, and the model's inputs in forward's order.
     pub dataset_file: Option<PathBuf>,
     pub model_file: Option<PathBuf>,
@@ -68,6 +71,7 @@ impl RankCommand {
             ("--model-file", &self.model_file),
             ("--stop-file", &self.stop_file),
             ("--sandbox-dir", &self.sandbox_dir),
+            ("--shared-memory", &self.shared_memory),
         ];
         for (name, path) in paths {
             if let Some(path) = path {

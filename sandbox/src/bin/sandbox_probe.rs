@@ -22,6 +22,12 @@ fn attempt(action: &str, arg: &str) -> std::io::Result<()> {
         "bind" => TcpListener::bind(arg).map(drop),
         "udp" => std::net::UdpSocket::bind(arg).map(drop),
         "thread" => std::thread::spawn(|| 1).join().map(drop).map_err(|_| std::io::Error::other("panicked")),
+        "shared" => {
+            // a kept descriptor (a shared memory segment), used as it is: never opened by its path
+            use std::os::unix::fs::FileExt;
+            let segment = std::fs::File::from(ringtrain_sandbox::take_passed(std::path::Path::new(arg))?);
+            segment.write_all_at(b"shared", 0)
+        }
         "big-file" => {
             // a file past the file-size limit: the kernel stops the write (EFBIG once SIGXFSZ is ignored)
             let mut file = std::fs::File::create(arg)?;

@@ -11,7 +11,7 @@ use ringtrain_worker::{Collective, NcclCollective, RendezvousConfig};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 
-use super::{on_ring, on_threads, parse_size};
+use super::{on_ring, on_shared_memory, parse_size};
 use crate::commands::launch::run_gpu_ranks;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -189,15 +189,7 @@ fn host(args: &AllreduceArgs, sizes: &[usize], backends: &[Transport]) -> Result
     for &backend in backends {
         let name = if backend == Transport::Shm { "shm" } else { "ring" };
         let timings = match backend {
-            Transport::Shm => {
-                let segment = ringtrain_worker::ShmSegment::create(world, args.slot_elems)?;
-                let segment = std::sync::Arc::new(std::sync::Mutex::new(segment));
-                let connect = move |config: &RendezvousConfig| -> Result<Box<dyn Collective>> {
-                    let mine = segment.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.share()?;
-                    Ok(Box::new(ringtrain_worker::ShmCollective::connect(config, mine)?))
-                };
-                on_threads(world, connect, measure(sizes))?
-            }
+            Transport::Shm => on_shared_memory(world, args.slot_elems, measure(sizes))?,
             _ => on_ring(world, measure(sizes))?,
         };
         for (&bytes, &seconds) in sizes.iter().zip(timings.iter()) {

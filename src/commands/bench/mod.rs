@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ringtrain_worker::{Collective, RendezvousConfig, RingCollective};
+use ringtrain_worker::{Collective, RendezvousConfig, RingCollective, ShmCollective, ShmSegment};
 
 pub use allreduce::AllreduceArgs;
 pub use elastic::ElasticArgs;
@@ -104,6 +104,21 @@ pub(crate) fn on_ring<T: Send + 'static>(
     body: impl Fn(&mut dyn Collective) -> Result<T> + Send + Sync + Clone + 'static,
 ) -> Result<T> {
     on_threads(world, |config| Ok(Box::new(RingCollective::connect(config)?)), body)
+}
+
+/// Runs `body` on `world` ranks (threads) summing through one shared memory segment of `slot_elems`-float
+/// slots, returning rank 0's result.
+pub(crate) fn on_shared_memory<T: Send + 'static>(
+    world: usize,
+    slot_elems: usize,
+    body: impl Fn(&mut dyn Collective) -> Result<T> + Send + Sync + Clone + 'static,
+) -> Result<T> {
+    let segment = std::sync::Arc::new(std::sync::Mutex::new(ShmSegment::create(world, slot_elems)?));
+    let connect = move |config: &RendezvousConfig| -> Result<Box<dyn Collective>> {
+        let mine = segment.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.share()?;
+        Ok(Box::new(ShmCollective::connect(config, mine)?))
+    };
+    on_threads(world, connect, body)
 }
 
 /// Runs `body` on `world` ranks (threads), each joined by `connect` (which runs the rendezvous), returning

@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use ringtrain_core::JobSpec;
+use ringtrain_worker::collective::DEFAULT_SLOT_ELEMS;
 use ringtrain_worker::data::shuffle::epoch_permutation;
 use ringtrain_worker::trainer::PhaseTimes;
 use ringtrain_worker::{Backend, Collective, RendezvousConfig, TrainOptions, Trainer};
 use serde_json::{json, Value};
 
-use super::on_ring;
+use super::{on_ring, on_shared_memory};
 use crate::commands::launch::{free_local_port, run_gpu_ranks};
 
 const WARMUP_STEPS: u32 = 3;
@@ -28,8 +29,8 @@ pub struct TrainArgs {
     /// Per-rank batch n.
     #[arg(long, default_value_t = 32)]
     batch: u32,
-    /// Ranks k. CPU: threads of this process over the TCP ring, next to 1 rank without communication. GPU:
-    /// one process per rank, one GPU each.
+    /// Ranks k. CPU: threads of this process (over shared memory, as a job's ranks on one node; or the TCP
+    /// ring), next to 1 rank without communication. GPU: one process per rank, one GPU each.
     #[arg(long, default_value_t = 2)]
     world: u32,
     /// Timed steps (after 3 warm-up steps).
@@ -46,7 +47,7 @@ pub struct TrainArgs {
     /// fp32 or bf16 (autocast; see the spec field `precision`).
     #[arg(long, default_value = "fp32")]
     precision: String,
-    /// GPU ranks: what gradients travel on (auto, ring, nccl).
+    /// What gradients travel on: auto (CPU: shared memory; GPU: NCCL), ring, shm, nccl.
     #[arg(long, default_value = "auto")]
     collective: Backend,
     /// libtorch threads (shared by the ranks of this process on CPUs).
@@ -159,12 +160,18 @@ fn on_cpu(args: &TrainArgs) -> Result<()> {
     for &world in &worlds {
         let spec = bench_spec(args, world)?;
         let (steps, dataset_file) = (args.steps, args.dataset_file.clone());
-        let measured = on_ring(world as usize, move |comm| {
+        let body = move |comm: &mut dyn Collective| {
             measure(&spec, steps, comm, TrainOptions { dataset_file: dataset_file.clone(), ..Default::default() })
-        })?;
+        };
+        let measured = match args.collective {
+            Backend::Ring => on_ring(world as usize, body)?,
+            Backend::Auto | Backend::Shm => on_shared_memory(world as usize, DEFAULT_SLOT_ELEMS, body)?,
+            Backend::Nccl => bail!("--collective nccl needs --device gpu"),
+        };
         rows.push(row(args, world, &measured, world == 1));
     }
-    print_rows(args, &rows, "ranks are threads of one process")
+    let over = if args.collective == Backend::Ring { "the TCP ring" } else { "shared memory" };
+    print_rows(args, &rows, &format!("ranks are threads of one process, gradients over {over}"))
 }
 
 /// One GPU rank (CUDA device 0: the launcher gives each rank its own GPU); rank 0 prints.
@@ -183,7 +190,7 @@ fn gpu_rank(args: &TrainArgs, rank: usize, rendezvous: SocketAddr) -> Result<()>
         io_timeout: Duration::from_secs(120),
         secret: crate::commands::train::rendezvous_secret(),
     };
-    let mut comm = args.collective.connect(&config, device)?;
+    let mut comm = args.collective.connect(&config, device, None)?;
     let options = TrainOptions { device, dataset_file: args.dataset_file.clone(), ..Default::default() };
     let measured = measure(&bench_spec(args, world)?, args.steps, comm.as_mut(), options)?;
     if rank == 0 {

@@ -60,7 +60,7 @@ pub trait Collective {
     /// Bytes this rank has sent so far (to check the bandwidth-optimal bound).
     fn bytes_sent(&self) -> u64;
 
-    /// What carries tensors: "ring", "nccl" or "none" (a world of one process).
+    /// What carries tensors: "ring", "shm", "nccl" or "none" (a world of one process).
     fn backend(&self) -> &'static str {
         "ring"
     }
@@ -138,10 +138,13 @@ pub(crate) fn from_host<'a>(host: &[f32], tensors: impl IntoIterator<Item = &'a 
 /// Which collective a rank's gradients travel on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Backend {
-    /// NCCL when the rank is on a GPU and libnccl loads; the TCP ring otherwise.
+    /// NCCL when the rank is on a GPU and libnccl loads; shared memory for a CPU rank given a segment (its
+    /// machine holds every rank); the TCP ring otherwise.
     #[default]
     Auto,
     Ring,
+    /// Shared memory: every rank on this machine, each given the same segment.
+    Shm,
     Nccl,
 }
 
@@ -151,8 +154,9 @@ impl std::str::FromStr for Backend {
         match text {
             "auto" => Ok(Backend::Auto),
             "ring" | "tcp" => Ok(Backend::Ring),
+            "shm" => Ok(Backend::Shm),
             "nccl" => Ok(Backend::Nccl),
-            other => Err(format!("{other:?} is not a collective: use auto, ring or nccl")),
+            other => Err(format!("{other:?} is not a collective: use auto, ring, shm or nccl")),
         }
     }
 }
@@ -162,18 +166,34 @@ impl Backend {
         match self {
             Backend::Auto => "auto",
             Backend::Ring => "ring",
+            Backend::Shm => "shm",
             Backend::Nccl => "nccl",
         }
     }
 
-    /// Connects this rank (`device` is where its tensors live) with the chosen backend. `auto` on a GPU
-    /// falls back to the ring, with a note on stderr, only when NCCL cannot be loaded at all.
-    pub fn connect(self, config: &RendezvousConfig, device: Device) -> CommResult<Box<dyn Collective>> {
-        match self {
-            Backend::Ring => Ok(Box::new(RingCollective::connect(config)?)),
-            Backend::Nccl => Ok(Box::new(NcclCollective::connect(config, device)?)),
-            Backend::Auto if !device.is_cuda() => Ok(Box::new(RingCollective::connect(config)?)),
-            Backend::Auto => match crate::cuda::nccl::Nccl::load() {
+    /// Connects this rank (`device` is where its tensors live) with the chosen backend; `segment` is the
+    /// shared memory its launcher gave every rank of this machine, if it did. `auto` on a GPU falls back to
+    /// the ring, with a note on stderr, only when NCCL cannot be loaded at all.
+    pub fn connect(
+        self,
+        config: &RendezvousConfig,
+        device: Device,
+        segment: Option<ShmSegment>,
+    ) -> CommResult<Box<dyn Collective>> {
+        match (self, segment) {
+            (Backend::Shm, Some(segment)) => Ok(Box::new(ShmCollective::connect(config, segment)?)),
+            (Backend::Auto, Some(segment)) if !device.is_cuda() => {
+                Ok(Box::new(ShmCollective::connect(config, segment)?))
+            }
+            (Backend::Shm, None) => Err(CommError::Rendezvous(
+                "the shared-memory all-reduce needs the segment every rank of the machine was given \
+                 (--shared-memory)"
+                    .into(),
+            )),
+            (Backend::Ring, _) => Ok(Box::new(RingCollective::connect(config)?)),
+            (Backend::Nccl, _) => Ok(Box::new(NcclCollective::connect(config, device)?)),
+            (Backend::Auto, _) if !device.is_cuda() => Ok(Box::new(RingCollective::connect(config)?)),
+            (Backend::Auto, _) => match crate::cuda::nccl::Nccl::load() {
                 Ok(_) => Ok(Box::new(NcclCollective::connect(config, device)?)),
                 Err(why) => {
                     eprintln!("rank {}: NCCL unavailable ({why}); gradients go over the TCP ring", config.rank);

@@ -110,6 +110,28 @@ impl ShmSegment {
         Ok(ShmSegment { base: base.cast(), len, world, slot_elems: data / slot_bytes, fd })
     }
 
+    /// The segment a launcher handed this rank as an empty `memfd` (so the launcher needs no knowledge of
+    /// the layout): the first rank to get here sizes it for `world` ranks of [`DEFAULT_SLOT_ELEMS`], the
+    /// others find it sized (all size it alike, so a race between two of them changes nothing), and each
+    /// maps it. Every rank adopts before the rendezvous, and none touches the memory before
+    /// [`ShmCollective::connect`]'s barrier, so no rank writes into a segment another is still sizing.
+    pub fn adopt(fd: OwnedFd, world: usize) -> std::io::Result<ShmSegment> {
+        // SAFETY: fstat writes one `stat` into the zeroed struct it is given.
+        let empty = unsafe {
+            let mut stat: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut stat) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            stat.st_size == 0
+        };
+        let len = ShmSegment::size_for(world, DEFAULT_SLOT_ELEMS);
+        // SAFETY: ftruncate on a descriptor this function owns.
+        if empty && unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        ShmSegment::map(fd, world)
+    }
+
     /// Another handle on the same memory (a duplicated descriptor, mapped again): for another rank.
     pub fn share(&self) -> std::io::Result<ShmSegment> {
         ShmSegment::map(self.fd.try_clone()?, self.world)
