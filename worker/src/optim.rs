@@ -15,6 +15,8 @@ use tch::Tensor;
 
 use crate::models::layers::{is_batch_norm_param, is_bias};
 
+mod fused;
+
 /// A trainable parameter and whether weight decay applies to it.
 #[derive(Debug)]
 pub struct Param {
@@ -105,6 +107,8 @@ pub struct Sgd {
     /// The lr of the previous step: the denominator of the momentum correction.
     last_lr: Option<f64>,
     corrections: u64,
+    /// Update contiguous float32 CPU parameters in one pass each ([`fused`]); the tensor ops otherwise.
+    fused: bool,
 }
 
 impl Sgd {
@@ -117,7 +121,13 @@ impl Sgd {
     pub fn with_rules(vs: &VarStore, config: SgdConfig, kind_of: &dyn Fn(&str, &Tensor) -> ParamKind) -> Sgd {
         let params = trainable_params(vs, &config, kind_of);
         let momentum = params.iter().map(|p| p.tensor.zeros_like().detach()).collect();
-        Sgd { config, params, momentum, last_lr: None, corrections: 0 }
+        Sgd { config, params, momentum, last_lr: None, corrections: 0, fused: true }
+    }
+
+    /// The same optimizer taking every step with libtorch's tensor ops (the reference the fused step is
+    /// tested against).
+    pub fn with_tensor_ops(self) -> Sgd {
+        Sgd { fused: false, ..self }
     }
 
     pub fn params(&self) -> &[Param] {
@@ -156,30 +166,19 @@ impl Sgd {
         if correction != 1.0 {
             self.corrections += 1;
         }
+        let scalars = fused::Scalars {
+            form: c.form,
+            nesterov: c.nesterov,
+            lr: lr as f32,
+            momentum: c.momentum as f32,
+            momentum_scale: (c.momentum * correction) as f32,
+            weight_decay: c.weight_decay as f32,
+        };
         tch::no_grad(|| {
             for ((p, u), g) in self.params.iter_mut().zip(self.momentum.iter_mut()).zip(grads) {
-                // out of place: `grads` may be the parameters' own .grad tensors
-                let g =
-                    if p.decay && c.weight_decay != 0.0 { g + &p.tensor * c.weight_decay } else { g.shallow_clone() };
-                let update = match c.form {
-                    MomentumForm::Pytorch => {
-                        *u *= c.momentum;
-                        *u += &g;
-                        let direction = if c.nesterov { &g + &*u * c.momentum } else { u.shallow_clone() };
-                        direction * lr
-                    }
-                    MomentumForm::Goyal => {
-                        let scaled_g = &g * lr;
-                        *u *= c.momentum * correction;
-                        *u += &scaled_g;
-                        if c.nesterov {
-                            scaled_g + &*u * c.momentum
-                        } else {
-                            u.shallow_clone()
-                        }
-                    }
-                };
-                p.tensor -= &update;
+                if !(self.fused && fused::update_in_place(&p.tensor, u, g, p.decay, &scalars)) {
+                    update_with_tensor_ops(&c, lr, correction, p, u, g);
+                }
             }
         });
         self.last_lr = Some(lr);
@@ -212,6 +211,32 @@ impl Sgd {
         }
         Ok(())
     }
+}
+
+/// One parameter's update as libtorch tensor ops: any device, kind or layout (see [`fused`] for the fast
+/// path, which takes the same steps).
+fn update_with_tensor_ops(c: &SgdConfig, lr: f64, correction: f64, p: &mut Param, u: &mut Tensor, g: &Tensor) {
+    // out of place: `g` may be the parameter's own .grad tensor
+    let g = if p.decay && c.weight_decay != 0.0 { g + &p.tensor * c.weight_decay } else { g.shallow_clone() };
+    let update = match c.form {
+        MomentumForm::Pytorch => {
+            *u *= c.momentum;
+            *u += &g;
+            let direction = if c.nesterov { &g + &*u * c.momentum } else { u.shallow_clone() };
+            direction * lr
+        }
+        MomentumForm::Goyal => {
+            let scaled_g = &g * lr;
+            *u *= c.momentum * correction;
+            *u += &scaled_g;
+            if c.nesterov {
+                scaled_g + &*u * c.momentum
+            } else {
+                u.shallow_clone()
+            }
+        }
+    };
+    p.tensor -= &update;
 }
 
 #[cfg(test)]
@@ -307,5 +332,60 @@ mod tests {
         let grads = opt.local_gradients();
         opt.step(0.5, &grads);
         assert!(unused.ws.allclose(&(&before * (1.0 - 0.5 * 0.01)), 1e-6, 1e-7, false));
+    }
+
+    /// Weights and momentum after a few steps with changing lrs (momentum corrections in the Goyal form),
+    /// fused or with tensor ops, as bits.
+    fn steps_taken(form: MomentumForm, nesterov: bool, weight_decay: f64, fused: bool) -> Vec<u32> {
+        tch::manual_seed(3);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _fc = nn::linear(vs.root() / "fc", 37, 23, Default::default());
+        let _bn = batch_norm(vs.root() / "bn1", 23, false);
+        let mut opt = Sgd::new(&vs, SgdConfig { weight_decay, ..config(form, nesterov) });
+        if !fused {
+            opt = opt.with_tensor_ops();
+        }
+        for (i, lr) in [0.1, 0.2, 0.2, 0.05, 0.3, 0.3, 0.003].into_iter().enumerate() {
+            tch::manual_seed(100 + i as i64);
+            let grads: Vec<Tensor> = opt.params().iter().map(|p| p.tensor.randn_like()).collect();
+            opt.step(lr, &grads);
+        }
+        let tensors =
+            opt.params().iter().map(|p| p.tensor.shallow_clone()).chain(opt.momentum.iter().map(Tensor::shallow_clone));
+        tensors.flat_map(|t| Vec::<f32>::try_from(t.detach().flatten(0, -1)).unwrap()).map(f32::to_bits).collect()
+    }
+
+    #[test]
+    fn the_fused_step_is_the_tensor_op_step_bit_for_bit() {
+        for form in [MomentumForm::Pytorch, MomentumForm::Goyal] {
+            for nesterov in [false, true] {
+                for weight_decay in [0.0, 1e-4, 0.01] {
+                    let fused = steps_taken(form, nesterov, weight_decay, true);
+                    let reference = steps_taken(form, nesterov, weight_decay, false);
+                    assert_eq!(fused.len(), 37 * 23 + 23 + 2 * 23 + (37 * 23 + 23 + 2 * 23));
+                    let differ = fused.iter().zip(&reference).filter(|(a, b)| a != b).count();
+                    assert_eq!(differ, 0, "{form:?} nesterov {nesterov} wd {weight_decay}: {differ} values differ");
+                }
+            }
+        }
+        // and those steps were the fused ones: parameters like these take that path
+        let (w, u, g) = (
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+            Tensor::ones([4], (Kind::Float, Device::Cpu)),
+        );
+        let scalars = fused::Scalars {
+            form: MomentumForm::Pytorch,
+            nesterov: false,
+            lr: 0.5,
+            momentum: 0.9,
+            momentum_scale: 0.9,
+            weight_decay: 0.0,
+        };
+        assert!(fused::update_in_place(&w, &u, &g, true, &scalars));
+        assert_eq!(Vec::<f32>::try_from(&w).unwrap(), [0.5; 4]);
+        // a view that is not contiguous is left to the tensor ops
+        let wide = Tensor::ones([4, 2], (Kind::Float, Device::Cpu));
+        assert!(!fused::update_in_place(&wide.select(1, 0), &u, &g, true, &scalars));
     }
 }
