@@ -94,6 +94,9 @@ pub struct TrainOptions {
     /// When the rank's work began (its command's entry), for the timeline's start-up; default: when the
     /// trainer was made.
     pub started: Option<Instant>,
+    /// Take the optimizer step in one pass over each CPU parameter (the default; see `optim`); false: with
+    /// libtorch's tensor ops, the same bits more slowly (`bench train --optimizer tensor-ops` compares them).
+    pub fused_optimizer: bool,
 }
 
 impl Default for TrainOptions {
@@ -113,6 +116,7 @@ impl Default for TrainOptions {
             sync_phases: false,
             operator_check: OperatorCheck::Enforced,
             started: None,
+            fused_optimizer: true,
         }
     }
 }
@@ -234,6 +238,9 @@ impl<'c> Trainer<'c> {
             ),
         };
         let mut opt = Sgd::with_rules(&vs, SgdConfig::from_effective(&effective), &|name, t| model.param_kind(name, t));
+        if !options.fused_optimizer {
+            opt = opt.with_tensor_ops();
+        }
         let reducer = GradientReducer::new(opt.params(), options.bucket_bytes);
         let mut bn = BatchNormState::new(&vs, v);
         let (start, history) = Replica {

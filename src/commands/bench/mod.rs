@@ -14,6 +14,7 @@
 
 mod allreduce;
 mod elastic;
+mod pytorch;
 mod scale_search;
 mod scheduler_pass;
 mod services;
@@ -30,6 +31,7 @@ use ringtrain_worker::{Collective, RendezvousConfig, RingCollective, ShmCollecti
 
 pub use allreduce::AllreduceArgs;
 pub use elastic::ElasticArgs;
+pub use pytorch::PytorchArgs;
 pub use scale_search::ScaleSearchArgs;
 pub use services::{ApiArgs, SchedulerArgs};
 pub use soak::SoakArgs;
@@ -55,6 +57,9 @@ pub enum Bench {
     /// The lr scaling search (successive halving over multipliers from the square-root to the linear rule)
     /// next to the full grid of the same points: the choice against the grid's best, and the device-hours.
     ScaleSearch(ScaleSearchArgs),
+    /// ringtrain against plain PyTorch on this machine, figure by figure in one run: the all-reduce against
+    /// Gloo, a training step against eager and DDP, and a spec end to end against the same recipe in PyTorch.
+    Pytorch(PytorchArgs),
     /// Fault-injection soak: a server and agents on this machine, jobs of several teams, random kill -9 of
     /// ranks, agents and the server, and the database taken away; checks nothing was lost or done twice.
     Soak(SoakArgs),
@@ -70,6 +75,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Soak(args) => soak::run(&args),
         Bench::Elastic(args) => elastic::run(&args),
         Bench::ScaleSearch(args) => scale_search::run(&args),
+        Bench::Pytorch(args) => pytorch::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -50,6 +50,10 @@ pub struct TrainArgs {
     /// What gradients travel on: auto (CPU: shared memory; GPU: NCCL), ring, shm, nccl.
     #[arg(long, default_value = "auto")]
     collective: Backend,
+    /// The optimizer step: fused (one pass over each CPU parameter) or tensor-ops (libtorch's ops, as before
+    /// issue 32: the same bits).
+    #[arg(long, default_value = "fused", value_parser = ["fused", "tensor-ops"])]
+    optimizer: String,
     /// libtorch threads (shared by the ranks of this process on CPUs).
     #[arg(long, default_value_t = 1)]
     threads: i32,
@@ -159,9 +163,10 @@ fn on_cpu(args: &TrainArgs) -> Result<()> {
     let worlds: Vec<u32> = if args.world > 1 { vec![1, args.world] } else { vec![1] };
     for &world in &worlds {
         let spec = bench_spec(args, world)?;
-        let (steps, dataset_file) = (args.steps, args.dataset_file.clone());
+        let (steps, dataset_file, fused_optimizer) = (args.steps, args.dataset_file.clone(), args.optimizer == "fused");
         let body = move |comm: &mut dyn Collective| {
-            measure(&spec, steps, comm, TrainOptions { dataset_file: dataset_file.clone(), ..Default::default() })
+            let options = TrainOptions { dataset_file: dataset_file.clone(), fused_optimizer, ..Default::default() };
+            measure(&spec, steps, comm, options)
         };
         let measured = match args.collective {
             Backend::Ring => on_ring(world as usize, body)?,
@@ -171,7 +176,8 @@ fn on_cpu(args: &TrainArgs) -> Result<()> {
         rows.push(row(args, world, &measured, world == 1));
     }
     let over = if args.collective == Backend::Ring { "the TCP ring" } else { "shared memory" };
-    print_rows(args, &rows, &format!("ranks are threads of one process, gradients over {over}"))
+    let how = format!("ranks are threads of one process, gradients over {over}, {} optimizer", args.optimizer);
+    print_rows(args, &rows, &how)
 }
 
 /// One GPU rank (CUDA device 0: the launcher gives each rank its own GPU); rank 0 prints.
