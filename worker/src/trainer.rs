@@ -414,6 +414,9 @@ impl<'c> Trainer<'c> {
         let range = p * len / world..(p + 1) * len / world;
         let mut mine = EvalTally::default();
         let evaluated = tch::no_grad(|| -> Result<()> {
+            // summed where the model runs and read once at the end: a GPU is not waited for batch by batch
+            let on_device = (Kind::Double, self.options.device);
+            let (mut wrong, mut loss_sum) = (Tensor::zeros([], on_device), Tensor::zeros([], on_device));
             let mut start = range.start;
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
@@ -423,11 +426,13 @@ impl<'c> Trainer<'c> {
                     loss_and_tally(loss_kind, classes, &model.forward(&x, false)?, &y)
                 })
                 .map_err(|e| JobError(format!("{e:#}")))?;
-                mine.wrong += tally.double_value(&[]) as f32;
+                wrong += tally.to_kind(Kind::Double);
+                loss_sum += loss.to_kind(Kind::Double) * size as f64;
                 mine.seen += size as f32;
-                mine.loss_sum += loss.double_value(&[]) as f32 * size as f32;
                 start += size;
             }
+            mine.wrong = wrong.double_value(&[]) as f32;
+            mine.loss_sum = loss_sum.double_value(&[]) as f32;
             Ok(())
         });
         evaluated?;
