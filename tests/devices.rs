@@ -114,7 +114,7 @@ fn nccl_for_a_cpu_rank_is_a_clear_error() {
     assert!(!output.status.success());
     assert!(stderr.contains("needs a GPU rank") && stderr.contains("--collective ring"), "{stderr}");
     let bad = one_rank(&spec, &["--collective", "mpi"]);
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("use auto, ring or nccl"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("use auto, ring, shm or nccl"));
     std::fs::remove_dir_all(dir).unwrap();
 }
 
