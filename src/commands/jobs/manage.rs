@@ -201,6 +201,25 @@ fn progress(progress: &Value) -> Option<String> {
     Some(text)
 }
 
+/// Where rank 0's time went (the result's `timeline`), as shares of its training wall time, and its
+/// start-up apart: `steps 93.6%, evaluation 6.3%, checkpoints 0.0%, reporting 0.0%, other 0.1%; start-up 0.6 s`.
+/// None for a run without one (before issue 32).
+fn timeline(timeline: &Value) -> Option<String> {
+    let parts = [
+        ("steps", "train_steps_s"),
+        ("evaluation", "evaluation_s"),
+        ("checkpoints", "checkpoint_s"),
+        ("reporting", "reporting_s"),
+        ("other", "other_s"),
+    ];
+    let seconds: Vec<f64> = parts.iter().map(|(_, key)| timeline[*key].as_f64()).collect::<Option<_>>()?;
+    let total = seconds.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+    let shares: Vec<String> =
+        parts.iter().zip(&seconds).map(|((name, _), s)| format!("{name} {:.1}%", s / total * 100.0)).collect();
+    let start_up = timeline["start_up_s"].as_f64().map_or_else(String::new, |s| format!("; start-up {s:.1} s"));
+    Some(format!("{}{start_up}", shares.join(", ")))
+}
+
 /// The device count of each placement, over time: `4 (31 s, preempted) → 2 (55 s) → 4 (running)`; None
 /// before the first.
 fn placements(placements: &Value) -> Option<String> {
@@ -282,6 +301,9 @@ pub async fn show(args: &ShowArgs) -> Result<()> {
                 result["device_seconds"].as_f64().unwrap_or(f64::NAN)
             ),
         ));
+    }
+    if let Some(spent) = timeline(&result["timeline"]) {
+        lines.push(("time", spent));
     }
     if let Some(error) = job["error"].as_str() {
         lines.push(("error", error.to_string()));
@@ -373,6 +395,17 @@ mod tests {
             "iteration 120 of 1875 (6%), epoch 1, loss 0.6120, 2405 samples/s, 3% all-reduce"
         );
         assert_eq!(super::progress(&serde_json::Value::Null), None);
+    }
+
+    #[test]
+    fn the_timeline_is_shown_as_shares_of_the_training_time() {
+        let timeline = serde_json::json!({"start_up_s": 0.63, "train_steps_s": 44.9, "evaluation_s": 3.04,
+            "checkpoint_s": 0.017, "reporting_s": 0.004, "other_s": 0.03});
+        assert_eq!(
+            super::timeline(&timeline).unwrap(),
+            "steps 93.6%, evaluation 6.3%, checkpoints 0.0%, reporting 0.0%, other 0.1%; start-up 0.6 s"
+        );
+        assert_eq!(super::timeline(&serde_json::Value::Null), None, "a result from before the timeline");
     }
 
     #[test]
