@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ringtrain_api::bench::{run, BenchOptions};
 use ringtrain_api::{app, ApiConfig, AppState};
+use ringtrain_scheduler::LoopConfig;
 
 async fn serve(address: &str, url: &str, token: &str) -> Result<(), Box<dyn std::error::Error>> {
     let store = ringtrain_store::connect(url).await?;
@@ -15,7 +16,24 @@ async fn serve(address: &str, url: &str, token: &str) -> Result<(), Box<dyn std:
     let dir = std::env::temp_dir().join("ringtrain-bench-api");
     let listener = tokio::net::TcpListener::bind(address).await?;
     eprintln!("listening on {}", listener.local_addr()?);
-    axum::serve(listener, app(AppState::new(Arc::clone(&store), ApiConfig::new(dir)))).await?;
+    // as `ringtrain serve --rate-limit 0 --max-queued-per-team 10000000` (the benchmark's one token submits
+    // faster, and queues more, than the defaults let one team), with its scheduler loop and its listener for
+    // other servers' changes, which share the machine with the requests
+    let mut config = ApiConfig::new(dir);
+    config.admission.rate_per_second = 0.0;
+    config.max_queued_per_team = 10_000_000;
+    let state = AppState::new(Arc::clone(&store), config);
+    let mut loop_config = LoopConfig::starting_now(state.config.lease);
+    loop_config.view = state.config.scheduling;
+    if std::env::var_os("BENCH_NO_SCHEDULER").is_none() {
+        tokio::spawn(state.scheduler(loop_config).run());
+    }
+    tokio::spawn({
+        let (store, changes) = (Arc::clone(&store), Arc::clone(&state.changes));
+        async move { store.listen_for_changes(Box::new(move || changes.bump())).await }
+    });
+    let service = app(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service).await?;
     Ok(())
 }
 

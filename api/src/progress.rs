@@ -34,20 +34,18 @@ impl LiveProgress {
 
 /// Rank 0's newest iteration report of `job`, as progress; None until it has reported one.
 pub async fn live_progress(store: &dyn Store, job: &Job) -> StoreResult<Option<LiveProgress>> {
-    let id = job.id;
-    let progress = store.reported_progress(id).await?;
-    let Some(newest) = progress.iter().find(|p| p.rank == 0).and_then(|p| p.newest_iteration) else {
-        return Ok(None);
-    };
+    // the newest point alone, read from the end of the series: every running job in a list asks this
     let query = MetricsQuery {
         kind: Some("iteration".into()),
         rank: Some(0),
-        from_iteration: Some(newest),
         stride: 1,
         limit: 1,
+        newest_first: true,
         ..Default::default()
     };
-    let point = store.query_metrics(id, &query).await?.into_iter().next();
+    let Some(point) = store.query_metrics(job.id, &query).await?.into_iter().next() else { return Ok(None) };
+    let newest = point.iteration;
+    let point = Some(point);
     let field = |name: &str| point.as_ref().and_then(|p| p.fields.get(name)).and_then(Value::as_f64);
     let total = job.effective.as_ref().map(|e| e.total_iterations as i64);
     let mut progress = LiveProgress {

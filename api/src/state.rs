@@ -11,10 +11,12 @@ use ringtrain_store::Store;
 use crate::admission::log_budget::LogBudgets;
 use crate::admission::metric_budget::MetricBudgets;
 use crate::admission::requests::{Admission, AdmissionConfig};
-use crate::changes::Changes;
+use crate::changes::{Announcements, Changes};
+use crate::largest_memory::LargestMemory;
 use crate::model_check::{CheckSlots, ModelChecker};
 use crate::prometheus::ServerMetrics;
 use crate::queue::QueueCache;
+use crate::queue_room::QueueRoom;
 
 /// Limits and locations of the API.
 #[derive(Debug, Clone)]
@@ -104,11 +106,16 @@ pub struct AppState {
     pub config: Arc<ApiConfig>,
     pub metrics: Arc<ServerMetrics>,
     pub changes: Arc<Changes>,
+    announcements: Arc<Announcements>,
     pub admission: Arc<Admission>,
     pub metric_budgets: Arc<MetricBudgets>,
     pub log_budgets: Arc<LogBudgets>,
     /// The latest plan of the queue, for pending reasons.
     pub queue: Arc<QueueCache>,
+    /// Teams' queued jobs as last counted, for the queue limit.
+    pub queue_room: Arc<QueueRoom>,
+    /// The most memory a device of each kind offers, for the memory check.
+    pub largest_memory: Arc<LargestMemory>,
     /// Model checks in progress (one per team, two in all).
     pub model_checks: Arc<CheckSlots>,
 }
@@ -123,7 +130,10 @@ impl AppState {
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             changes: Arc::new(Changes::default()),
+            announcements: Arc::new(Announcements::default()),
             queue: Arc::new(QueueCache::default()),
+            queue_room: Arc::new(QueueRoom::default()),
+            largest_memory: Arc::new(LargestMemory::default()),
             model_checks: Arc::new(CheckSlots::new()),
         }
     }
@@ -131,15 +141,20 @@ impl AppState {
     /// Jobs or assignments changed: move the database's change version on (what agents' long polls
     /// compare), wake this server's scheduler loop and long polls, and tell the other servers on the same
     /// database. Best effort: a lost notification only delays the next periodic pass or poll answer.
+    /// Concurrent callers share one announcement ([`Announcements`]).
     pub async fn changed(&self) {
-        // before the wake-up, so that a woken poll reads the new version
-        if let Err(err) = self.store.bump_change_version().await {
-            tracing::warn!(error = %err, "cannot move the change version on");
-        }
-        self.changes.bump();
-        if let Err(err) = self.store.notify_changes().await {
-            tracing::warn!(error = %err, "cannot notify other servers of a change");
-        }
+        self.announcements
+            .announce(|| async {
+                // before the wake-up, so that a woken poll reads the new version
+                if let Err(err) = self.store.bump_change_version().await {
+                    tracing::warn!(error = %err, "cannot move the change version on");
+                }
+                self.changes.bump();
+                if let Err(err) = self.store.notify_changes().await {
+                    tracing::warn!(error = %err, "cannot notify other servers of a change");
+                }
+            })
+            .await;
     }
 
     /// Deletes the rank output of jobs that ended more than `log_retention` ago, once an hour, forever

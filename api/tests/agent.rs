@@ -113,7 +113,7 @@ async fn agent_runs_a_job_to_success(app: TestApp) {
     let plotted: Vec<i64> =
         plot.body["points"].as_array().unwrap().iter().map(|p| p["iteration"].as_i64().unwrap()).collect();
     assert_eq!(plotted, vec![0, 16, 32, 48]);
-    assert_eq!(plot.body["stride"], 4);
+    assert_eq!(plot.body["stride"], 16, "with a kind, the stride is in iterations (reports every 4th)");
     // Pages of 10 cover everything exactly once.
     let mut count = 0;
     let mut uri = format!("/v1/jobs/{job}/metrics?limit=10");

@@ -38,6 +38,7 @@ pub mod test_support;
 
 pub mod artifacts;
 pub mod assignments;
+pub mod bench;
 pub mod jobs;
 pub mod lifecycle;
 pub mod logs;

@@ -35,6 +35,9 @@ pub trait NodeStore: Send + Sync {
     /// offer again without a platform admin.
     async fn registered_devices(&self, id: NodeId) -> StoreResult<Vec<Device>>;
     async fn list_nodes(&self) -> StoreResult<Vec<Node>>;
+    /// The most memory any device of `kind` in service reports (None when none reports it): what a
+    /// submission's memory check compares with, in one statement instead of the whole pool.
+    async fn largest_device_memory(&self, kind: DeviceKind) -> StoreResult<Option<i64>>;
     /// Marks `up` nodes whose last heartbeat is older than `before` as `lost`; returns their ids.
     async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<NodeId>>;
 }
@@ -45,6 +48,7 @@ macro_rules! impl_node_store {
             use std::collections::HashMap;
 
             use chrono::{DateTime, Utc};
+            use ringtrain_core::spec::DeviceKind;
             use ringtrain_core::{NodeId, TokenId};
             use uuid::Uuid;
 
@@ -163,6 +167,15 @@ macro_rules! impl_node_store {
                             n.with_devices(devices)
                         })
                         .collect()
+                }
+
+                async fn largest_device_memory(&self, kind: DeviceKind) -> StoreResult<Option<i64>> {
+                    let (largest,): (Option<i64>,) =
+                        sqlx::query_as("SELECT MAX(memory_bytes) FROM devices WHERE NOT retired AND kind = $1")
+                            .bind(kind.as_str())
+                            .fetch_one(self.pool())
+                            .await?;
+                    Ok(largest)
                 }
 
                 async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<NodeId>> {

@@ -244,6 +244,43 @@ async fn metrics_deduplicate_across_attempts(store: Arc<dyn Store>) {
     let downsampled = MetricsQuery { rank: Some(1), stride: 100, limit: 1000, ..Default::default() };
     let points = store.query_metrics(job.id, &downsampled).await.unwrap();
     assert_eq!(points.iter().map(|p| p.iteration).collect::<Vec<_>>(), (0..2000).step_by(100).collect::<Vec<_>>());
+    // a series' newest points first, and pages after a cursor both ways
+    let newest = MetricsQuery { kind: Some("iteration".into()), rank: Some(0), newest_first: true, ..query.clone() };
+    let newest = store.query_metrics(job.id, &MetricsQuery { limit: 2, ..newest }).await.unwrap();
+    assert_eq!(newest.iter().map(|p| p.iteration).collect::<Vec<_>>(), [39, 38]);
+    let after = MetricsQuery { after: Some(("iteration".into(), 38, 0)), rank: Some(0), limit: 5, ..query.clone() };
+    let later = store.query_metrics(job.id, &after).await.unwrap();
+    assert_eq!(later.iter().map(|p| p.iteration).collect::<Vec<_>>(), [39]);
+    let before = MetricsQuery { newest_first: true, ..after };
+    let earlier = store.query_metrics(job.id, &before).await.unwrap();
+    assert_eq!(earlier.iter().map(|p| p.iteration).collect::<Vec<_>>(), [37, 36, 35, 34, 33]);
+    let other_kind = MetricsQuery { after: Some(("epoch".into(), 99, 0)), rank: Some(0), limit: 2, ..query.clone() };
+    let from_start = store.query_metrics(job.id, &other_kind).await.unwrap();
+    assert_eq!(from_start.iter().map(|p| p.iteration).collect::<Vec<_>>(), [0, 1], "`epoch` sorts before `iteration`");
+
+    // Downsampled with a kind: the first report at or after every stride-th iteration of the series, paged.
+    let iterations = |points: &[MetricPoint]| points.iter().map(|p| p.iteration).collect::<Vec<_>>();
+    let rank_1 = MetricsQuery { rank: Some(1), ..query.clone() };
+    let (points, stride) = store.downsample_metrics(job.id, &rank_1, 20).await.unwrap();
+    assert_eq!(stride, 100);
+    assert_eq!(iterations(&points), (0..2000).step_by(100).collect::<Vec<_>>());
+    let page = MetricsQuery { limit: 5, ..rank_1.clone() };
+    let (first, _) = store.downsample_metrics(job.id, &page, 20).await.unwrap();
+    let cursor = first.last().map(|p| (p.kind.clone(), p.iteration, p.rank));
+    let (second, _) = store.downsample_metrics(job.id, &MetricsQuery { after: cursor, ..page }, 20).await.unwrap();
+    assert_eq!(iterations(&second), [500, 600, 700, 800, 900]);
+    // a thinned series (every 8th iteration kept) gives the reports nearest after each step
+    let thinned: Vec<MetricPoint> = (0..100).map(|i| point("iteration", 2, i * 8, 1, 0.5)).collect();
+    store.record_metrics(job.id, &thinned).await.unwrap();
+    let rank_2 = MetricsQuery { rank: Some(2), ..query.clone() };
+    let (points, stride) = store.downsample_metrics(job.id, &rank_2, 30).await.unwrap();
+    assert_eq!(stride, 27, "793 iterations in 30 steps");
+    let expected: Vec<i64> = (0..30).map(|k| (k * 27 + 7) / 8 * 8).filter(|&i| i <= 792).collect();
+    assert_eq!(iterations(&points), expected);
+    // without a kind: every stride-th report of each series, as before
+    let all_kinds = MetricsQuery { rank: Some(1), stride: 1, limit: 1000, ..Default::default() };
+    let (points, stride) = store.downsample_metrics(job.id, &all_kinds, 20).await.unwrap();
+    assert_eq!((stride, points.len()), (100, 20));
 }
 
 async fn idempotent_submits_race_to_one_job(store: Arc<dyn Store>) {
@@ -447,6 +484,48 @@ async fn re_registering_replaces_the_device_list(store: Arc<dyn Store>) {
     );
 }
 
+/// Unplaceable marks are set and cleared for many jobs in one call, only on queued jobs, keeping each job's
+/// first `since`; the largest device memory counts only devices in service of the kind asked.
+async fn marks_many_unplaceable_and_reads_the_largest_memory(store: Arc<dyn Store>) {
+    let team = team(&store).await;
+    let jobs = [submit(&store, new_job(&team, "a", 0)).await, submit(&store, new_job(&team, "b", 0)).await];
+    let started = submit(&store, new_job(&team, "c", 0)).await;
+    store.start_job(started.id, "owner", Duration::from_secs(60), &[]).await.unwrap().unwrap();
+    let all = [jobs[0].id, jobs[1].id, started.id];
+    store.mark_unplaceable(&all, Some("too large")).await.unwrap();
+    let marked = |id| {
+        let store = store.clone();
+        async move { store.get_job(id).await.unwrap().unwrap().unplaceable }
+    };
+    let first = marked(jobs[0].id).await.expect("marked");
+    assert_eq!(first.reason, "too large");
+    assert!(marked(jobs[1].id).await.is_some());
+    assert!(marked(started.id).await.is_none(), "no longer queued: untouched");
+    store.mark_unplaceable(&all, Some("still too large")).await.unwrap();
+    let again = marked(jobs[0].id).await.expect("marked");
+    assert_eq!((again.reason.as_str(), again.since), ("still too large", first.since), "the first since is kept");
+    store.mark_unplaceable(&[jobs[0].id], None).await.unwrap();
+    assert!(marked(jobs[0].id).await.is_none());
+    assert!(marked(jobs[1].id).await.is_some(), "only the job named is cleared");
+
+    assert_eq!(store.largest_device_memory(DeviceKind::Gpu).await.unwrap(), None);
+    let (agent, _) = cpu_node(&store, "n", 2).await;
+    assert_eq!(store.largest_device_memory(DeviceKind::Cpu).await.unwrap(), None, "no device says");
+    let device = |index, kind, memory| NewDevice { index, kind, name: format!("d{index}"), memory_bytes: memory };
+    let devices = vec![
+        device(0, DeviceKind::Gpu, Some(80 << 30)),
+        device(1, DeviceKind::Gpu, Some(40 << 30)),
+        device(2, DeviceKind::Cpu, Some(1 << 30)),
+    ];
+    store.register_node(agent.id, NodeRegistration { name: "n".into(), address: None, devices }).await.unwrap();
+    assert_eq!(store.largest_device_memory(DeviceKind::Gpu).await.unwrap(), Some(80 << 30));
+    assert_eq!(store.largest_device_memory(DeviceKind::Cpu).await.unwrap(), Some(1 << 30));
+    // re-registered without the 80 GiB one: it is retired, and no longer counts
+    let devices = vec![device(1, DeviceKind::Gpu, Some(40 << 30))];
+    store.register_node(agent.id, NodeRegistration { name: "n".into(), address: None, devices }).await.unwrap();
+    assert_eq!(store.largest_device_memory(DeviceKind::Gpu).await.unwrap(), Some(40 << 30));
+}
+
 /// A failure report that arrives after the job was placed again changes nothing, and never cancels the new
 /// placement's ranks.
 async fn a_late_report_leaves_the_next_placement_alone(store: Arc<dyn Store>) {
@@ -511,6 +590,7 @@ async fn placements_end_cleanly_under_concurrent_writes(store: Arc<dyn Store>) {
 
 ringtrain_store::on_both_backends!(
     setup = crate::store;
+    marks_many_unplaceable_and_reads_the_largest_memory,
     re_registering_replaces_the_device_list,
     a_late_report_leaves_the_next_placement_alone,
     placements_end_cleanly_under_concurrent_writes,

@@ -210,9 +210,7 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
             None => return Ok(()),
         },
     };
-    let nodes = state.store.list_nodes().await?;
-    let devices = nodes.iter().flat_map(|node| &node.devices).filter(|device| device.kind == spec.device);
-    let Some(largest) = devices.filter_map(|device| device.memory_bytes).max() else { return Ok(()) };
+    let Some(largest) = state.largest_memory.of(state.store.as_ref(), spec.device).await? else { return Ok(()) };
     let largest = largest.max(0) as u64;
     if need.total <= largest {
         return Ok(());

@@ -115,6 +115,7 @@ pub async fn fit_devices(state: &AppState, points: &mut [PlannedPoint]) -> ApiRe
 pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> ApiResult<(Study, Vec<Job>)> {
     let PlannedStudy { request, mut points, reference } = planned;
     let queued = state.store.count_queued(user.team_id).await?;
+    state.queue_room.counted(user.team_id, queued);
     let limit = state.config.max_queued_per_team;
     let new_jobs = (points.len() - usize::from(request.reference_job.is_some())) as i64;
     if queued + new_jobs > limit {
@@ -175,6 +176,7 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
         reference_point: reference as i32,
     };
     let (study, jobs) = state.store.create_study(new, jobs).await?;
+    state.queue_room.queued(user.team_id, jobs.len() as i64);
     for job in &jobs {
         super::fork::pin_for(state, job).await?;
     }

@@ -4,7 +4,7 @@
 //! platform's grace period, so it never waits silently forever. A job the pool can place again (a node
 //! came back, a larger one joined) loses its mark.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{JobId, JobState};
@@ -24,10 +24,12 @@ pub(super) async fn mark(
     let too_large: HashSet<JobId> = plan.too_large.iter().copied().collect();
     let now = ringtrain_store::now();
     let grace = chrono::Duration::from_std(config.unplaceable_grace).unwrap_or(chrono::Duration::MAX);
+    // jobs to mark, by reason (None: placeable again), each reason's in one statement
+    let mut marks: BTreeMap<Option<String>, Vec<JobId>> = BTreeMap::new();
     for job in &snapshot.queued {
         if !too_large.contains(&job.id) {
             if job.unplaceable.is_some() {
-                store.mark_unplaceable(job.id, None).await?;
+                marks.entry(None).or_default().push(job.id);
             }
             continue;
         }
@@ -42,8 +44,11 @@ pub(super) async fn mark(
                 }
             }
             Some(mark) if mark.reason == reason => {}
-            _ => store.mark_unplaceable(job.id, Some(&reason)).await?,
+            _ => marks.entry(Some(reason)).or_default().push(job.id),
         }
+    }
+    for (reason, jobs) in &marks {
+        store.mark_unplaceable(jobs, reason.as_deref()).await?;
     }
     Ok(())
 }

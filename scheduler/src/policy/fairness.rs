@@ -5,10 +5,10 @@
 //! standing in a pool is its [`ShareKey`]; the walk always serves the team with the smallest key next and
 //! re-ranks it after each decision, which is progressive filling.
 
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
 use std::collections::BTreeMap;
 
-use crate::policy::types::{DeviceKind, PerKind, QueuedJob, RunningJob, Team, TeamId};
+use crate::policy::types::{DeviceKind, JobId, PerKind, QueuedJob, RunningJob, Team, TeamId};
 
 pub(crate) fn kind_index(kind: DeviceKind) -> usize {
     match kind {
@@ -56,9 +56,10 @@ impl PartialOrd for ShareKey {
     }
 }
 
-/// Within a team: higher priority first, then earlier submission, then job id (so the order is total).
-pub(crate) fn job_order(a: &QueuedJob, b: &QueuedJob) -> Ordering {
-    b.priority.cmp(&a.priority).then(a.submit_seq.cmp(&b.submit_seq)).then(a.id.cmp(&b.id))
+/// Within a team, jobs in ascending order of this key: higher priority first, then earlier submission, then
+/// job id (so the order is total).
+pub(crate) fn job_order_key(priority: i32, submit_seq: u64, id: JobId) -> (Reverse<i32>, u64, JobId) {
+    (Reverse(priority), submit_seq, id)
 }
 
 /// One team's accounting during a pass.

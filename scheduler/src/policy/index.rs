@@ -2,11 +2,9 @@
 //! held by which running job. Free is derived (listed and held by no running job), so the caller cannot hand
 //! the policy a device that is both free and busy.
 
-use std::collections::BTreeMap;
-
 use crate::policy::fairness::kind_index;
 use crate::policy::placement::{Pool, Slot};
-use crate::policy::types::{ClusterView, DeviceKind, DeviceSlot, NodeId, RunningJob};
+use crate::policy::types::{ClusterView, DeviceKind, DeviceSlot, Node, NodeId, RunningJob};
 
 #[derive(Debug, Clone)]
 pub(crate) struct KindIndex {
@@ -40,37 +38,50 @@ impl<'a> ClusterIndex<'a> {
         let mut running: Vec<&RunningJob> = view.running.iter().collect();
         running.sort_by_key(|j| j.id);
 
-        let mut listed: BTreeMap<NodeId, BTreeMap<u32, DeviceKind>> = BTreeMap::new();
-        for node in &view.nodes {
-            let devices = listed.entry(node.id).or_default();
-            for device in &node.devices {
-                // a device listed twice with two kinds (bad input) is a GPU, whatever the order
-                let kind = devices.entry(device.index).or_insert(device.kind);
-                if device.kind == DeviceKind::Gpu {
-                    *kind = DeviceKind::Gpu;
-                }
+        // Sorted vectors rather than maps: at 10k nodes and 100k devices the maps' allocations were the
+        // largest part of a pass.
+        let mut listed: Vec<&Node> = view.nodes.iter().collect();
+        listed.sort_unstable_by_key(|n| n.id);
+        let mut nodes: Vec<NodeId> = Vec::with_capacity(listed.len());
+        let mut devices_of: Vec<Vec<(u32, DeviceKind)>> = Vec::with_capacity(listed.len());
+        for node in listed {
+            if nodes.last() != Some(&node.id) {
+                nodes.push(node.id);
+                devices_of.push(Vec::with_capacity(node.devices.len()));
             }
+            let devices = devices_of.last_mut().expect("pushed above");
+            devices.extend(node.devices.iter().map(|d| (d.index, d.kind)));
         }
-        let nodes: Vec<NodeId> = listed.keys().copied().collect();
+        for devices in &mut devices_of {
+            // a device listed twice with two kinds (bad input) is a GPU, whatever the order: GPUs sort first
+            devices.sort_unstable_by_key(|&(index, kind)| (index, kind != DeviceKind::Gpu));
+            devices.dedup_by_key(|&mut (index, _)| index);
+        }
 
-        // device -> holder; a device on an unlisted node (a lost one) holds nothing here, but still counts
-        // for its team's usage (see `TeamBook`).
-        let mut holder: BTreeMap<DeviceSlot, usize> = BTreeMap::new();
+        // per node, (device, holder) with the first holder in `running`'s order kept; a device on an unlisted
+        // node (a lost one) holds nothing here, but still counts for its team's usage (see `TeamBook`).
+        let mut holders: Vec<Vec<(u32, usize)>> = vec![Vec::new(); nodes.len()];
         for (position, job) in running.iter().enumerate() {
-            for &slot in &job.devices {
-                holder.entry(slot).or_insert(position);
+            for slot in &job.devices {
+                if let Ok(node) = nodes.binary_search(&slot.node) {
+                    holders[node].push((slot.index, position));
+                }
             }
         }
 
         let mut free: [Vec<Vec<u32>>; 2] = [vec![Vec::new(); nodes.len()], vec![Vec::new(); nodes.len()]];
         let mut busy: [Vec<Vec<(u32, usize)>>; 2] = [vec![Vec::new(); nodes.len()], vec![Vec::new(); nodes.len()]];
         let mut capacity = [0u64; 2];
-        for (n, (node, devices)) in listed.iter().enumerate() {
-            for (&index, &kind) in devices {
+        for (n, (devices, held)) in devices_of.iter().zip(&mut holders).enumerate() {
+            held.sort_unstable();
+            held.dedup_by_key(|&mut (index, _)| index);
+            let mut held = held.iter().peekable();
+            for &(index, kind) in devices {
                 let k = kind_index(kind);
                 capacity[k] += 1;
-                match holder.get(&DeviceSlot { node: *node, index }) {
-                    Some(&job) => busy[k][n].push((index, job)),
+                while held.next_if(|&&(i, _)| i < index).is_some() {}
+                match held.next_if(|&&(i, _)| i == index) {
+                    Some(&(_, job)) => busy[k][n].push((index, job)),
                     None => free[k][n].push(index),
                 }
             }

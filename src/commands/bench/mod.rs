@@ -6,6 +6,7 @@
 //! - `train`: samples/s and time per step by phase, for k ranks next to one rank without communication
 //!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh).
 //! - `scheduler`, `api`: the placement policy's pass time and the REST API under load.
+//! - `metrics`, `history`: the database at scale (10^7 metric points, 10^6 jobs) and the API's reads of it.
 //! - `submit`: submit -> first iteration through the platform, next to the ranks alone.
 //! - `elastic`: a borrower reclaimed by the owner of half the pool, elastic next to stop-and-requeue.
 //! - `scale-search`: the lr scaling search next to the full grid of multipliers it prunes.
@@ -16,9 +17,9 @@ mod allreduce;
 mod elastic;
 mod pytorch;
 mod scale_search;
-mod scheduler_pass;
 mod services;
 mod soak;
+mod store_scale;
 mod submit;
 mod train;
 
@@ -35,6 +36,7 @@ pub use pytorch::PytorchArgs;
 pub use scale_search::ScaleSearchArgs;
 pub use services::{ApiArgs, SchedulerArgs};
 pub use soak::SoakArgs;
+pub use store_scale::{HistoryArgs, MetricsArgs};
 pub use train::TrainArgs;
 
 #[derive(Debug, clap::Subcommand)]
@@ -51,6 +53,12 @@ pub enum Bench {
     /// REST API load: job submissions per second with p50/p99 latency, and `GET /v1/jobs` page latency with a
     /// large run history, against a running `ringtrain serve` (use Postgres for the figures that matter).
     Api(ApiArgs),
+    /// Metrics at scale: 10^7 points of one job written as the API writes reports, then the reads the API
+    /// makes of them (pages, the cursor, downsampled curves, every rank's progress), on Postgres.
+    Metrics(MetricsArgs),
+    /// The run history at scale: 10^6 jobs of one team, then the pages `GET /v1/jobs` reads (newest, deep
+    /// through the cursor, by state, name prefix, tag and text), on Postgres.
+    History(HistoryArgs),
     /// Elastic against stop-and-requeue: a borrower's job over the whole pool reclaimed by the owner of half of it,
     /// elastic (shrunk and grown back) and fixed (stopped and requeued), side by side.
     Elastic(ElasticArgs),
@@ -72,6 +80,8 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Scheduler(args) => services::scheduler(&args),
         Bench::Api(args) => services::api(&args),
         Bench::Submit(args) => submit::run(&args),
+        Bench::Metrics(args) => store_scale::metrics(&args),
+        Bench::History(args) => store_scale::history(&args),
         Bench::Soak(args) => soak::run(&args),
         Bench::Elastic(args) => elastic::run(&args),
         Bench::ScaleSearch(args) => scale_search::run(&args),

@@ -47,7 +47,7 @@ pub struct SchedulerArgs {
 }
 
 pub fn scheduler(args: &SchedulerArgs) -> Result<()> {
-    let config = super::scheduler_pass::BenchConfig {
+    let config = ringtrain_scheduler::bench::BenchConfig {
         queued: args.jobs,
         nodes: args.nodes,
         devices_per_node: args.devices_per_node,
@@ -55,7 +55,7 @@ pub fn scheduler(args: &SchedulerArgs) -> Result<()> {
         passes: args.passes,
         ..Default::default()
     };
-    let report = super::scheduler_pass::run(&config);
+    let report = ringtrain_scheduler::bench::run(&config);
     if args.json {
         let mut object = serde_json::to_value(&report)?;
         object["bench"] = json!("scheduler");

@@ -189,7 +189,9 @@ pub async fn register_node(
     if let Some(node) = nodes.iter().find(|n| n.agent_token_id == agent.token.id) {
         within_registered(&state.store.registered_devices(node.id).await?, &node.devices, &registration.devices)?;
     }
-    Ok(Json(state.store.register_node(agent.token.id, registration).await?))
+    let node = state.store.register_node(agent.token.id, registration).await?;
+    state.largest_memory.forget();
+    Ok(Json(node))
 }
 
 /// The node is alive.

@@ -16,7 +16,11 @@ use crate::state::AppState;
 /// 429 when the team already has as many queued jobs as it may; `then` says what to do later ("submit
 /// again").
 pub async fn check_queue_room(state: &AppState, user: &User, then: &str) -> ApiResult<()> {
+    if state.queue_room.surely_room(user.team_id, state.config.max_queued_per_team) {
+        return Ok(());
+    }
     let queued = state.store.count_queued(user.team_id).await?;
+    state.queue_room.counted(user.team_id, queued);
     if queued >= state.config.max_queued_per_team {
         let reason = format!("your team has {queued} queued jobs, the most it may; {then} when some have started");
         return Err(ApiError::too_many("queue-full", reason, 60));
@@ -54,6 +58,7 @@ pub async fn resume_job(
     check_queue_room(&state, &user, "resume it").await?;
     let resumed = state.store.resume_job(job.id, &format!("resumed by token {}", token_name(&user))).await?;
     let resumed = resumed.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    state.queue_room.queued(user.team_id, 1);
     state.changed().await;
     Ok(Json(JobView::from(&resumed)))
 }

@@ -26,7 +26,9 @@ pub struct MetricsParams {
     pub name: Option<String>,
     pub rank: Option<i32>,
     pub from_iteration: Option<i64>,
-    /// Downsample to about this many points per series (every k-th point), for plots: 1 to 100,000.
+    /// Downsample to about this many points per series, for plots: 1 to 100,000. With `kind`, the first report
+    /// at or after every `stride`-th iteration of each series (cheap however long the job ran); without, every
+    /// `stride`-th report of each series (the whole job is counted).
     #[param(minimum = 1, maximum = 100_000)]
     pub points: Option<u32>,
     /// `next_cursor` of the previous page.
@@ -40,7 +42,8 @@ pub struct MetricsParams {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MetricsPage {
     pub points: Vec<MetricPoint>,
-    /// Every `stride`-th report of each series was kept.
+    /// Downsampled: with `kind`, points are `stride` iterations apart (the first report at or after each);
+    /// without, every `stride`-th report of each series was kept. 1: every point.
     pub stride: i64,
     pub next_cursor: Option<String>,
 }
@@ -76,19 +79,19 @@ pub async fn job_metrics(
             Some(parse_metrics_cursor(cursor).ok_or_else(|| bad("cursor", "not a cursor this server issued"))?)
         }
     };
-    let mut query = MetricsQuery {
+    let query = MetricsQuery {
         kind: params.kind.clone(),
         rank: params.rank,
         from_iteration: params.from_iteration,
         after,
         stride: 1,
         limit: i64::from(limit) + 1,
+        newest_first: false,
     };
-    if let Some(points) = params.points {
-        let count = state.store.count_metrics(job.id, &query).await?;
-        query.stride = ((count + i64::from(points) - 1) / i64::from(points)).max(1);
-    }
-    let mut points = state.store.query_metrics(job.id, &query).await?;
+    let (mut points, stride) = match params.points {
+        Some(points) => state.store.downsample_metrics(job.id, &query, i64::from(points)).await?,
+        None => (state.store.query_metrics(job.id, &query).await?, 1),
+    };
     let more = points.len() > limit as usize;
     points.truncate(limit as usize);
     let next_cursor = if more { points.last().map(|p| format!("{}:{}:{}", p.kind, p.iteration, p.rank)) } else { None };
@@ -101,7 +104,7 @@ pub async fn job_metrics(
             None => false,
         });
     }
-    Ok(Json(MetricsPage { points, stride: query.stride, next_cursor }))
+    Ok(Json(MetricsPage { points, stride, next_cursor }))
 }
 
 fn parse_metrics_cursor(cursor: &str) -> Option<(String, i64, i32)> {

@@ -321,6 +321,7 @@ pub async fn submit_job(
     }
     match state.store.submit_job(new, key).await? {
         Submitted::Created(job) => {
+            state.queue_room.queued(user.team_id, 1);
             fork::pin_for(&state, &job).await?;
             state.changed().await;
             let location = format!("/v1/jobs/{}", job.id);

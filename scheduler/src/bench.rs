@@ -1,4 +1,5 @@
-//! `ringtrain bench scheduler`: the time of one [`plan`] pass on a synthetic cluster (by default 10k queued
+//! `ringtrain bench scheduler` (and `cargo run --release -p ringtrain-scheduler --example bench_scheduler`, which
+//! needs no libtorch): the time of one [`plan`] pass on a synthetic cluster (by default 10k queued
 //! jobs, 1k nodes × 8 devices, 20 teams), seeded so every run measures the same input.
 //!
 //! The cluster is built to exercise every rule, not only placement: half the devices are busy, held by ten
@@ -12,7 +13,7 @@ use ringtrain_core::JobId;
 use serde::Serialize;
 use uuid::Uuid;
 
-use ringtrain_scheduler::{
+use crate::{
     plan, ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, QueuedJob, RunningJob, Team, TeamId,
 };
 
