@@ -561,15 +561,18 @@ async fn a_study_runs_its_points_and_stops_the_one_that_falls_off_its_reference(
 }
 
 /// The scale search (issue 31) on `ringtrain up`: a small-batch reference and four lr multipliers for 8×
-/// its workers, judged by test error at rungs after 1 and 2 epochs. The points not among the best end
+/// its workers, judged by test error at rungs after 1, 2 and 4 of 6 epochs. The points not among the best end
 /// `stopped` at a rung with their figures kept, at least one candidate trains to the end, and the study
 /// names the best multiplier, the spec to submit and what the search saved against the full grid.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scale_search_stops_the_losers_at_rungs_and_names_the_best_multiplier() {
     let cluster = Cluster::up("scale-search", 2).await;
     let api = &cluster.api;
-    let mut base = fashion_mnist("e2e-scale", 1, 4096, 4);
-    base["lr"] = json!({"base": 0.05, "reference_batch": 32, "warmup": {"kind": "gradual", "epochs": 1},
+    // epochs of about a second (on this 2-core machine) so that a stop lands mid-run: with the small default
+    // model an epoch took 30 ms and every point ended before its stop arrived, saving nothing
+    let mut base = fashion_mnist("e2e-scale", 1, 16384, 6);
+    base["model"] = json!({"name": "mlp", "hidden": [256, 256]});
+    base["lr"] = json!({"base": 0.025, "reference_batch": 32, "warmup": {"kind": "gradual", "epochs": 1},
                         "decay": {"kind": "none"}});
     base["log_every_iterations"] = json!(8);
     let request = json!({"template": "scale_search", "name": "e2e-scale", "base": base, "target_workers": 8,

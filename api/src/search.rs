@@ -32,6 +32,18 @@ pub async fn after_report(state: &AppState, job: &Job, points: &[MetricPoint]) -
     judge(state, study.id).await
 }
 
+/// Judges the study of `job` after it ended without a report (it failed, was cancelled or succeeded): a
+/// point that will report no more may close a rung, so that the best of the points stopped there goes on.
+/// Without this, a search whose last active point failed kept its best point stopped for good.
+pub async fn after_end(state: &AppState, job: &Job) -> ApiResult<()> {
+    let Some(membership) = job.study.filter(|_| job.state.is_terminal()) else { return Ok(()) };
+    let Some(study) = state.store.get_study(membership.study_id).await? else { return Ok(()) };
+    if search_of(&study).is_none() {
+        return Ok(());
+    }
+    judge(state, study.id).await
+}
+
 /// The study's device-hour cap, if it has one.
 pub fn cap_of(study: &Study) -> Option<f64> {
     study.definition.get("max_device_hours")?.as_f64()

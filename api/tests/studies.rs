@@ -250,32 +250,40 @@ async fn a_run_that_falls_off_its_reference_stops_whichever_reports_first(app: T
     assert_eq!(app.get(&format!("/v1/jobs/{reference}"), &team.viewer).await.body["state"], "running");
 }
 
-/// Successive halving through the real router: points judged as their epochs are reported, a point stopped
-/// for want of rivals, then resumed when a later result proves it best; the study's view says where each
-/// stands.
-async fn a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes(app: TestApp) {
-    let team = app.team("alpha").await;
-    let agent = app.agent_token().await;
-    let (node_id, devices) = node(&app, &agent, 4).await;
+/// A study of a reference and three lr points under successive halving (rungs [1], η = 3), every point
+/// placed on a device of its own and running: the study's id, its jobs and their attempts.
+async fn running_search(app: &TestApp, member: &str, agent: &str) -> (String, Vec<String>, Vec<i32>) {
+    let (node_id, devices) = node(app, agent, 4).await;
     let mut base = spec("b");
     base["workers"] = json!(1);
     base["per_worker_batch"] = json!(32);
     let request = json!({"name": "halving", "base": base, "reference": 0,
         "points": [{}, {"lr.base": 0.05}, {"lr.base": 0.2}, {"lr.base": 0.4}],
         "search": {"kind": "asha", "rungs": [1], "reduction": 3}});
-    let created = app.post("/v1/studies", &team.member, &request).await;
+    let created = app.post("/v1/studies", member, &request).await;
     assert_eq!(created.status, 201, "{}", created.text);
     let id = created.body["id"].as_str().unwrap().to_string();
     let jobs: Vec<String> =
         created.body["points"].as_array().unwrap().iter().map(|p| p["job_id"].as_str().unwrap().into()).collect();
     let mut attempts = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        attempts.push(run(&app, &agent, job, node_id, &devices[i..i + 1]).await);
+        attempts.push(run(app, agent, job, node_id, &devices[i..i + 1]).await);
     }
-    let state = |i: usize| {
-        let (app, job, viewer) = (&app, jobs[i].clone(), team.viewer.clone());
-        async move { app.get(&format!("/v1/jobs/{job}"), &viewer).await.body["state"].as_str().unwrap().to_string() }
-    };
+    (id, jobs, attempts)
+}
+
+async fn job_state(app: &TestApp, viewer: &str, job: &str) -> String {
+    app.get(&format!("/v1/jobs/{job}"), viewer).await.body["state"].as_str().unwrap().to_string()
+}
+
+/// Successive halving through the real router: points judged as their epochs are reported, a point stopped
+/// for want of rivals, then resumed when a later result proves it best; the study's view says where each
+/// stands.
+async fn a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let (id, jobs, attempts) = running_search(&app, &team.member, &agent).await;
+    let state = |i: usize| job_state(&app, &team.viewer, &jobs[i]);
     // the reference is not searched: its figures stop nothing
     report_epoch(&app, &agent, &jobs[0], attempts[0], 0, 0.9).await;
     assert_eq!(state(0).await, "running");
@@ -313,6 +321,25 @@ async fn a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promo
     let search = &view.body["search"];
     assert_eq!((search["done"].as_bool(), search["best_point"].as_i64()), (Some(false), Some(1)), "{search}");
     assert_eq!(search["best_spec"]["lr"]["base"], 0.05, "{search}");
+}
+
+/// A point that fails reports no rung, but it closes one: the best point stopped there for want of rivals
+/// resumes, so the search still trains one point to the end (it used to wait for a report that never came).
+async fn a_point_that_fails_closes_the_rung_and_the_best_stopped_point_resumes(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let (id, jobs, attempts) = running_search(&app, &team.member, &agent).await;
+    let state = |i: usize| job_state(&app, &team.viewer, &jobs[i]);
+    report_epoch(&app, &agent, &jobs[1], attempts[1], 0, 0.2).await;
+    report_epoch(&app, &agent, &jobs[2], attempts[2], 0, 0.5).await;
+    assert_eq!([state(1).await, state(2).await, state(3).await], ["stopped", "stopped", "running"]);
+    let failed = json!({"attempt": attempts[3], "outcome": "failed", "error": "diverged", "retryable": false});
+    let ended = app.post(&format!("/v1/agent/jobs/{}/result", jobs[3]), &agent, &failed).await;
+    assert_eq!(ended.status, 200, "{}", ended.text);
+    assert_eq!([state(1).await, state(2).await, state(3).await], ["queued", "stopped", "failed"]);
+    let view = app.get(&format!("/v1/studies/{id}"), &team.viewer).await;
+    let search = &view.body["search"];
+    assert_eq!((search["done"].as_bool(), search["best_point"].as_i64()), (Some(false), Some(1)), "{search}");
 }
 
 /// A study's device-hour cap: more than the team's budget has left is refused, the dry run says both, and
@@ -448,6 +475,7 @@ ringtrain_store::on_both_backends!(
     points_get_the_devices_that_fit_the_pool,
     a_run_that_falls_off_its_reference_stops_whichever_reports_first,
     a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes,
+    a_point_that_fails_closes_the_rung_and_the_best_stopped_point_resumes,
     a_study_s_cap_is_held_to_the_budget_and_stops_its_points_when_reached,
     a_scale_search_reuses_a_finished_reference_instead_of_running_one,
 );

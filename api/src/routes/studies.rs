@@ -98,8 +98,9 @@ pub struct SearchSummary {
     pub best_spec: Option<Value>,
     /// Device-hours every point held, the reference's included (unless it was reused: `reference_job`).
     pub device_hours: f64,
-    /// What every point trained to the end would have held: each point's device-hours per epoch so far
-    /// times its epochs (an estimate until they all ran).
+    /// What every point trained to the end would have held: a stopped or running point's device-hours per
+    /// epoch so far times its epochs (an estimate until they all ran); a point that failed, or was cancelled,
+    /// what it held (the grid would have failed it too).
     pub grid_device_hours: Option<f64>,
     /// grid_device_hours minus device_hours.
     pub saved_device_hours: Option<f64>,
@@ -556,12 +557,16 @@ fn search_summary(
     // a reused reference cost this study nothing, and the grid would not run it again either
     let own = || points.iter().filter(|p| !p.reused);
     let device_seconds: f64 = own().map(|p| p.device_seconds).sum();
-    // each point's pace so far, over its whole schedule; unknown while a point has trained no epoch
+    // a stopped or active point at its pace so far, over its whole schedule (unknown while an active one has
+    // trained no epoch); one that ended otherwise cost the grid what it cost here (a failed point fails there too)
     let grid_seconds: Option<f64> = own()
         .map(|p| {
             let epochs = jobs.iter().find(|j| j.job.id == p.job_id).map_or(0, |j| j.job.spec.epochs);
             let trained = p.test_error.len().max(p.train_error.len());
-            (trained > 0).then(|| p.device_seconds / trained as f64 * f64::from(epochs))
+            match p.state {
+                JobState::Succeeded | JobState::Failed | JobState::Cancelled => Some(p.device_seconds),
+                _ => (trained > 0).then(|| p.device_seconds / trained as f64 * f64::from(epochs)),
+            }
         })
         .sum();
     SearchSummary {

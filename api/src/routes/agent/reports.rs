@@ -228,6 +228,7 @@ pub async fn report_result(
     let Some(updated) = ended else {
         return Err(ApiError::conflict(format!("job {id} attempt {} is no longer running", body.attempt)));
     };
+    crate::search::after_end(&state, &updated).await?;
     // Every agent holding a rank of this attempt learns from its next poll that the attempt is over and
     // reports its assignments ended, which frees their devices.
     state.changed().await;

@@ -79,6 +79,7 @@ pub async fn cancel_job(
     let reason = format!("cancelled by token {}", token_name(&user));
     match state.store.cancel_job(job.id, &reason).await? {
         Some(Cancellation::Cancelled(cancelled)) => {
+            crate::search::after_end(&state, &cancelled).await?;
             // Ranks already handed to agents keep their devices until the agents, told by their next poll,
             // stop them and say so.
             state.changed().await;
