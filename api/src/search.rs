@@ -36,12 +36,10 @@ pub async fn after_report(state: &AppState, job: &Job, points: &[MetricPoint]) -
 /// point that will report no more may close a rung, so that the best of the points stopped there goes on.
 /// Without this, a search whose last active point failed kept its best point stopped for good.
 pub async fn after_end(state: &AppState, job: &Job) -> ApiResult<()> {
-    let Some(membership) = job.study.filter(|_| job.state.is_terminal()) else { return Ok(()) };
-    let Some(study) = state.store.get_study(membership.study_id).await? else { return Ok(()) };
-    if search_of(&study).is_none() {
-        return Ok(());
+    match job.study.filter(|_| job.state.is_terminal()) {
+        Some(membership) => judge(state, membership.study_id).await,
+        None => Ok(()),
     }
-    judge(state, study.id).await
 }
 
 /// The study's device-hour cap, if it has one.

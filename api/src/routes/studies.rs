@@ -561,12 +561,12 @@ fn search_summary(
     // trained no epoch); one that ended otherwise cost the grid what it cost here (a failed point fails there too)
     let grid_seconds: Option<f64> = own()
         .map(|p| {
+            if matches!(p.state, JobState::Succeeded | JobState::Failed | JobState::Cancelled) {
+                return Some(p.device_seconds);
+            }
             let epochs = jobs.iter().find(|j| j.job.id == p.job_id).map_or(0, |j| j.job.spec.epochs);
             let trained = p.test_error.len().max(p.train_error.len());
-            match p.state {
-                JobState::Succeeded | JobState::Failed | JobState::Cancelled => Some(p.device_seconds),
-                _ => (trained > 0).then(|| p.device_seconds / trained as f64 * f64::from(epochs)),
-            }
+            (trained > 0).then(|| p.device_seconds / trained as f64 * f64::from(epochs))
         })
         .sum();
     SearchSummary {
