@@ -559,6 +559,10 @@ async fn tags_and_notes_find_runs(app: TestApp) {
     assert_eq!(names(&app.get("/v1/jobs?tag=baseline-2", &team.viewer).await), ["warmup-sweep-2"]);
     assert_eq!(names(&app.get("/v1/jobs?q=REFERENCE%20RUN", &team.viewer).await), ["warmup-sweep-1"]);
     assert_eq!(names(&app.get("/v1/jobs?q=sweep", &team.viewer).await), ["warmup-sweep-2", "warmup-sweep-1"]);
+    // LIKE's wildcards in the text match only themselves (Postgres searches with LIKE through an index)
+    assert!(names(&app.get("/v1/jobs?q=warmup_sweep", &team.viewer).await).is_empty());
+    assert!(names(&app.get("/v1/jobs?q=ref%25run", &team.viewer).await).is_empty());
+    assert_eq!(names(&app.get("/v1/jobs?q=sweep-1", &team.viewer).await), ["warmup-sweep-1"]);
     assert!(names(&app.get("/v1/jobs?tag=baseline", &other.viewer).await).is_empty());
 }
 

@@ -32,6 +32,10 @@ pub(crate) trait SqlBackend: Send + Sync {
     /// on both: `strpos` on Postgres, `instr` on SQLite, where `LIKE` ignores ASCII case).
     const FIND_TEXT: &'static str;
 
+    /// Adds ` AND <haystack> holds <needle>` to a query: on Postgres a `LIKE '%needle%'`, which the trigram
+    /// index on the run history's searched text serves (migration 0014); on SQLite `instr`, a scan.
+    fn push_contains(query: &mut sqlx::QueryBuilder<'_, Self::Db>, haystack: &str, needle: &str);
+
     /// An SQL expression for the seconds from timestamp expression `from` to `to`.
     fn seconds_between(from: &str, to: &str) -> String;
 

@@ -396,9 +396,9 @@ macro_rules! impl_job_store {
                         q.push(format!(" AND {find}(tags, ")).push_bind(format!("\"{tag}\"")).push(") > 0");
                     }
                     if let Some(text) = &filter.text {
-                        q.push(format!(" AND {find}(lower(coalesce(name, '') || ' ' || note), "))
-                            .push_bind(text.to_ascii_lowercase())
-                            .push(") > 0");
+                        // the expression of the trigram index (Postgres migration 0014), written the same way
+                        let searched = "lower(coalesce(name, '') || ' ' || note)";
+                        <Self as SqlBackend>::push_contains(&mut q, searched, &text.to_ascii_lowercase());
                     }
                     q.push(" ORDER BY seq DESC LIMIT ").push_bind(filter.limit);
                     let rows: Vec<JobRow> = q.build_query_as().fetch_all(self.pool()).await?;

@@ -52,6 +52,12 @@ impl SqlBackend for PgStore {
     const BYTE_ORDER: &'static str = "COLLATE \"C\"";
     const FIND_TEXT: &'static str = "strpos";
 
+    fn push_contains(query: &mut sqlx::QueryBuilder<'_, Postgres>, haystack: &str, needle: &str) {
+        // `\` is LIKE's default escape character: the needle's own `%`, `_` and `\` match only themselves
+        let escaped = needle.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
+        query.push(format!(" AND {haystack} LIKE ")).push_bind(format!("%{escaped}%"));
+    }
+
     fn seconds_between(from: &str, to: &str) -> String {
         format!("EXTRACT(EPOCH FROM ({to} - {from}))")
     }

@@ -80,6 +80,10 @@ impl SqlBackend for SqliteStore {
     const BYTE_ORDER: &'static str = "";
     const FIND_TEXT: &'static str = "instr";
 
+    fn push_contains(query: &mut sqlx::QueryBuilder<'_, Sqlite>, haystack: &str, needle: &str) {
+        query.push(format!(" AND instr({haystack}, ")).push_bind(needle.to_owned()).push(") > 0");
+    }
+
     fn seconds_between(from: &str, to: &str) -> String {
         format!("((julianday({to}) - julianday({from})) * 86400.0)")
     }
