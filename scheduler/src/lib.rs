@@ -14,6 +14,6 @@ pub mod policy;
 pub use control::{read_queue_view, ChangeNotifier, LoopConfig, PassReport, QueueView, Scheduler, ViewConfig};
 pub use policy::{
     dry_run, estimate_start, plan, ClusterView, DeviceKind, DeviceSlot, DryRun, Estimate, Node, NodeDevice, NodeId,
-    PerKind, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team, TeamId,
-    Timeline, Verdict, Victim, WaitReason, Waiting,
+    NodeList, PerKind, Plan, Preempt, PreemptReason, QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team,
+    TeamId, Timeline, Verdict, Victim, WaitReason, Waiting,
 };

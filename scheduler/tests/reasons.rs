@@ -106,7 +106,13 @@ fn a_reclaim_names_its_victims_and_jobs_behind_its_held_devices_say_so() {
             (
                 3,
                 Some(3),
-                WaitReason::BehindReservation { kind: GPU, needed: 1, free_now: 0, job: job(1), nodes: vec![node(1)] },
+                WaitReason::BehindReservation {
+                    kind: GPU,
+                    needed: 1,
+                    free_now: 0,
+                    job: job(1),
+                    nodes: vec![node(1)].into(),
+                },
             ),
         ],
     );
@@ -158,7 +164,7 @@ fn every_reason_has_a_code_and_a_sentence() {
         WaitReason::WaitingForDevices { kind: GPU, needed: 2, free_now: 1, free_within_team_guarantee: 0 },
         WaitReason::HeadOfLine { kind: GPU, needed: 2, held: 1, awaiting_jobs: vec![id] },
         WaitReason::HeadOfLineReserved { kind: GPU, needed: 1, free_now: 0, for_job: id },
-        WaitReason::BehindReservation { kind: GPU, needed: 1, free_now: 0, job: id, nodes: vec![] },
+        WaitReason::BehindReservation { kind: GPU, needed: 1, free_now: 0, job: id, nodes: vec![].into() },
         WaitReason::TeamAtGuaranteePoolFull { kind: GPU, needed: 1, used: 2, guarantee: 2, free_now: 0 },
         WaitReason::Reclaiming { kind: GPU, needed: 2, victims: vec![], stopping_devices: 2 },
         WaitReason::ReclaimAfterMinRunTime { kind: GPU, needed: 2, protected_jobs: vec![id] },

@@ -6,8 +6,8 @@
 //! re-ranks it after each decision, which is progressive filling.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::BTreeMap;
 
+use crate::policy::id_hash::UuidMap;
 use crate::policy::types::{DeviceKind, JobId, PerKind, QueuedJob, RunningJob, Team, TeamId};
 
 pub(crate) fn kind_index(kind: DeviceKind) -> usize {
@@ -98,12 +98,13 @@ impl TeamAccount {
 #[derive(Debug, Clone)]
 pub(crate) struct TeamBook {
     pub accounts: Vec<TeamAccount>,
-    by_id: BTreeMap<TeamId, usize>,
+    /// Looked up once per queued and running job of a pass.
+    by_id: UuidMap<TeamId, usize>,
 }
 
 impl TeamBook {
     pub(crate) fn new(teams: &[Team], queued: &[QueuedJob], running: &[RunningJob]) -> Self {
-        let mut listed: BTreeMap<TeamId, (PerKind, u32)> = BTreeMap::new();
+        let mut listed: UuidMap<TeamId, (PerKind, u32)> = UuidMap::default();
         for team in teams {
             // ids are unique in the database; should one repeat anyway, the larger row wins, whatever the order
             let row = (team.guarantee, team.weight);
@@ -115,10 +116,11 @@ impl TeamBook {
         for id in queued.iter().map(|j| j.team).chain(running.iter().map(|j| j.team)) {
             listed.entry(id).or_insert((PerKind::default(), 1));
         }
-        let accounts: Vec<TeamAccount> = listed
+        let mut accounts: Vec<TeamAccount> = listed
             .into_iter()
             .map(|(id, (guarantee, weight))| TeamAccount { id, guarantee, weight, usage: [0, 0] })
             .collect();
+        accounts.sort_unstable_by_key(|a| a.id);
         let by_id = accounts.iter().enumerate().map(|(i, a)| (a.id, i)).collect();
         let mut book = TeamBook { accounts, by_id };
         for job in running.iter().filter(|j| !j.preempting) {

@@ -3,6 +3,7 @@
 //! the policy a device that is both free and busy.
 
 use crate::policy::fairness::kind_index;
+use crate::policy::id_hash::UuidMap;
 use crate::policy::placement::{Pool, Slot};
 use crate::policy::types::{ClusterView, DeviceKind, DeviceSlot, Node, NodeId, RunningJob};
 
@@ -28,6 +29,9 @@ impl KindIndex {
 #[derive(Debug, Clone)]
 pub(crate) struct ClusterIndex<'a> {
     pub nodes: Vec<NodeId>,
+    /// Each node's position in `nodes`: one probe, where a binary search over 10k ids was a chain of cache
+    /// misses for every device of every running job.
+    positions: UuidMap<NodeId, u32>,
     /// Running jobs sorted by id; `busy` refers to them by position.
     pub running: Vec<&'a RunningJob>,
     pub kinds: [KindIndex; 2],
@@ -38,50 +42,50 @@ impl<'a> ClusterIndex<'a> {
         let mut running: Vec<&RunningJob> = view.running.iter().collect();
         running.sort_by_key(|j| j.id);
 
-        // Sorted vectors rather than maps: at 10k nodes and 100k devices the maps' allocations were the
-        // largest part of a pass.
+        // Sorted vectors rather than maps, and flat ones rather than one per node: at 10k nodes and 100k
+        // devices the allocations were the largest part of a pass.
         let mut listed: Vec<&Node> = view.nodes.iter().collect();
         listed.sort_unstable_by_key(|n| n.id);
-        let mut nodes: Vec<NodeId> = Vec::with_capacity(listed.len());
-        let mut devices_of: Vec<Vec<(u32, DeviceKind)>> = Vec::with_capacity(listed.len());
-        for node in listed {
-            if nodes.last() != Some(&node.id) {
-                nodes.push(node.id);
-                devices_of.push(Vec::with_capacity(node.devices.len()));
-            }
-            let devices = devices_of.last_mut().expect("pushed above");
-            devices.extend(node.devices.iter().map(|d| (d.index, d.kind)));
-        }
-        for devices in &mut devices_of {
-            // a device listed twice with two kinds (bad input) is a GPU, whatever the order: GPUs sort first
-            devices.sort_unstable_by_key(|&(index, kind)| (index, kind != DeviceKind::Gpu));
-            devices.dedup_by_key(|&mut (index, _)| index);
-        }
+        let mut nodes: Vec<NodeId> = listed.iter().map(|n| n.id).collect();
+        nodes.dedup();
+        let positions: UuidMap<NodeId, u32> = nodes.iter().enumerate().map(|(p, &id)| (id, p as u32)).collect();
 
-        // per node, (device, holder) with the first holder in `running`'s order kept; a device on an unlisted
-        // node (a lost one) holds nothing here, but still counts for its team's usage (see `TeamBook`).
-        let mut holders: Vec<Vec<(u32, usize)>> = vec![Vec::new(); nodes.len()];
+        // (node, device, holder) for every device of a running job on a listed node, sorted, with the first
+        // holder in `running`'s order kept; a device on an unlisted node (a lost one) holds nothing here, but
+        // still counts for its team's usage (see `TeamBook`).
+        let mut held: Vec<(u32, u32, usize)> = Vec::with_capacity(running.iter().map(|j| j.devices.len()).sum());
         for (position, job) in running.iter().enumerate() {
             for slot in &job.devices {
-                if let Ok(node) = nodes.binary_search(&slot.node) {
-                    holders[node].push((slot.index, position));
+                if let Some(&node) = positions.get(&slot.node) {
+                    held.push((node, slot.index, position));
                 }
             }
         }
+        held.sort_unstable();
+        held.dedup_by_key(|&mut (node, index, _)| (node, index));
+        let mut held = held.into_iter().peekable();
 
         let mut free: [Vec<Vec<u32>>; 2] = [vec![Vec::new(); nodes.len()], vec![Vec::new(); nodes.len()]];
         let mut busy: [Vec<Vec<(u32, usize)>>; 2] = [vec![Vec::new(); nodes.len()], vec![Vec::new(); nodes.len()]];
         let mut capacity = [0u64; 2];
-        for (n, (devices, held)) in devices_of.iter().zip(&mut holders).enumerate() {
-            held.sort_unstable();
-            held.dedup_by_key(|&mut (index, _)| index);
-            let mut held = held.iter().peekable();
-            for &(index, kind) in devices {
+        let mut devices: Vec<(u32, DeviceKind)> = Vec::new();
+        let mut listed = listed.into_iter().peekable();
+        for (n, &id) in nodes.iter().enumerate() {
+            // a node listed twice (bad input) has the devices of both rows
+            devices.clear();
+            while let Some(node) = listed.next_if(|node| node.id == id) {
+                devices.extend(node.devices.iter().map(|d| (d.index, d.kind)));
+            }
+            // a device listed twice with two kinds (bad input) is a GPU, whatever the order: GPUs sort first
+            devices.sort_unstable_by_key(|&(index, kind)| (index, kind != DeviceKind::Gpu));
+            devices.dedup_by_key(|&mut (index, _)| index);
+            let node = n as u32;
+            for &(index, kind) in &devices {
                 let k = kind_index(kind);
                 capacity[k] += 1;
-                while held.next_if(|&&(i, _)| i < index).is_some() {}
-                match held.next_if(|&&(i, _)| i == index) {
-                    Some(&(_, job)) => busy[k][n].push((index, job)),
+                while held.next_if(|&(on, i, _)| (on, i) < (node, index)).is_some() {}
+                match held.next_if(|&(on, i, _)| (on, i) == (node, index)) {
+                    Some((_, _, job)) => busy[k][n].push((index, job)),
                     None => free[k][n].push(index),
                 }
             }
@@ -90,6 +94,7 @@ impl<'a> ClusterIndex<'a> {
         let [busy_gpu, busy_cpu] = busy;
         ClusterIndex {
             nodes,
+            positions,
             running,
             kinds: [
                 KindIndex { pool: Pool::new(free_gpu), busy: busy_gpu, capacity: capacity[0] },
@@ -100,7 +105,7 @@ impl<'a> ClusterIndex<'a> {
 
     /// Node position of a listed node.
     pub(crate) fn node_position(&self, node: NodeId) -> Option<u32> {
-        self.nodes.binary_search(&node).ok().map(|p| p as u32)
+        self.positions.get(&node).copied()
     }
 
     pub(crate) fn slots(&self, slots: &[Slot]) -> Vec<DeviceSlot> {

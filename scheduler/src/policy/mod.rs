@@ -13,6 +13,7 @@
 
 mod estimate;
 mod fairness;
+mod id_hash;
 mod index;
 mod placement;
 mod plan;
@@ -25,7 +26,7 @@ mod waiting;
 pub use estimate::{estimate_start, Estimate, Timeline};
 pub use plan::plan;
 pub use types::{
-    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, PerKind, Plan, Preempt, PreemptReason, QueuedJob,
-    Reservation, ReservationKind, RunningJob, Start, Team, TeamId, Victim, WaitReason, Waiting,
+    ClusterView, DeviceKind, DeviceSlot, Node, NodeDevice, NodeId, NodeList, PerKind, Plan, Preempt, PreemptReason,
+    QueuedJob, Reservation, ReservationKind, RunningJob, Start, Team, TeamId, Victim, WaitReason, Waiting,
 };
 pub use verdict::{dry_run, DryRun, Verdict};

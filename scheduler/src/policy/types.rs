@@ -7,7 +7,7 @@ pub use ringtrain_core::spec::DeviceKind;
 pub use ringtrain_core::{JobId, NodeId, TeamId};
 use serde::Serialize;
 
-pub use crate::policy::waiting::{Victim, WaitReason, Waiting};
+pub use crate::policy::waiting::{NodeList, Victim, WaitReason, Waiting};
 
 /// One device of the pool: a node and the device's index on it (CUDA ordinal, or CPU slot number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
