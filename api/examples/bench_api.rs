@@ -28,10 +28,7 @@ async fn serve(address: &str, url: &str, token: &str) -> Result<(), Box<dyn std:
     if std::env::var_os("BENCH_NO_SCHEDULER").is_none() {
         tokio::spawn(state.scheduler(loop_config).run());
     }
-    tokio::spawn({
-        let (store, changes) = (Arc::clone(&store), Arc::clone(&state.changes));
-        async move { store.listen_for_changes(Box::new(move || changes.bump())).await }
-    });
+    tokio::spawn(state.clone().listen_to_other_servers());
     let service = app(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, service).await?;
     Ok(())

@@ -1,4 +1,5 @@
-//! Bearer-token authentication. Tokens are looked up by their sha256; the extractors below give handlers
+//! Bearer-token authentication. Tokens are looked up by their sha256, in this server's cache of confirmed
+//! tokens while it hears revocations ([`crate::token_cache`]), else in the database; the extractors below give handlers
 //! the caller's role and team. Missing, unknown, revoked or expired tokens are 401; a token used outside its
 //! kind (an agent token on a user route or the other way round) is 403.
 //!
@@ -13,6 +14,7 @@ use ringtrain_store::{hash_token, Role, TokenInfo};
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::token_cache::Found;
 
 async fn authenticate(parts: &Parts, state: &AppState) -> Result<TokenInfo, ApiError> {
     let header = parts
@@ -24,9 +26,17 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<TokenInfo, ApiE
         Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => token.trim(),
         _ => return Err(ApiError::unauthorized("the Authorization header must be `Bearer <token>`")),
     };
-    let Some(info) = state.store.find_token(&hash_token(token)).await? else {
-        state.admission.disprove(token);
-        return Err(ApiError::unauthorized("unknown or revoked token"));
+    let token_hash = hash_token(token);
+    let info = match state.tokens.find(&token_hash) {
+        Found::Cached(info) => info,
+        Found::Unknown(fill) => {
+            let Some(info) = state.store.find_token(&token_hash).await? else {
+                state.admission.disprove(token);
+                return Err(ApiError::unauthorized("unknown or revoked token"));
+            };
+            state.tokens.fill(fill, &token_hash, &info);
+            info
+        }
     };
     let now = ringtrain_store::now();
     if !info.is_live(now) {
@@ -38,6 +48,7 @@ async fn authenticate(parts: &Parts, state: &AppState) -> Result<TokenInfo, ApiE
     // last use, to the minute: no write on every request
     if info.last_used_at.is_none_or(|at| now - at > chrono::Duration::seconds(60)) {
         state.store.touch_token(info.id, now).await?;
+        state.tokens.used(&token_hash, now);
     }
     Ok(info)
 }

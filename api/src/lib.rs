@@ -26,6 +26,7 @@ pub mod search;
 pub mod state;
 pub mod storage;
 pub mod submission;
+pub mod token_cache;
 pub mod unread_body;
 pub mod uploads;
 pub mod web;

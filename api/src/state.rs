@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ringtrain_protocol::timing;
 use ringtrain_scheduler::{ChangeNotifier, LoopConfig, Scheduler, ViewConfig};
-use ringtrain_store::Store;
+use ringtrain_store::{Notice, Store};
 
 use crate::admission::log_budget::LogBudgets;
 use crate::admission::metric_budget::MetricBudgets;
@@ -17,6 +17,7 @@ use crate::model_check::{CheckSlots, ModelChecker};
 use crate::prometheus::ServerMetrics;
 use crate::queue::QueueCache;
 use crate::queue_room::QueueRoom;
+use crate::token_cache::TokenCache;
 
 /// Limits and locations of the API.
 #[derive(Debug, Clone)]
@@ -118,6 +119,8 @@ pub struct AppState {
     pub largest_memory: Arc<LargestMemory>,
     /// Model checks in progress (one per team, two in all).
     pub model_checks: Arc<CheckSlots>,
+    /// Tokens found, while [`AppState::listen_to_other_servers`] hears their revocations.
+    pub tokens: Arc<TokenCache>,
 }
 
 impl AppState {
@@ -135,6 +138,7 @@ impl AppState {
             queue_room: Arc::new(QueueRoom::default()),
             largest_memory: Arc::new(LargestMemory::default()),
             model_checks: Arc::new(CheckSlots::new()),
+            tokens: Arc::new(TokenCache::default()),
         }
     }
 
@@ -155,6 +159,26 @@ impl AppState {
                 }
             })
             .await;
+    }
+
+    /// Hears what the other servers on the same (Postgres) database announce, forever: their changes wake
+    /// this server's scheduler loop and long polls, their token revocations empty its token cache, which is
+    /// used only while this listens. Reconnects after a lost connection; returns at once on SQLite.
+    pub async fn listen_to_other_servers(self) {
+        loop {
+            let (changes, tokens) = (self.changes.clone(), self.tokens.clone());
+            let heard = self.store.listen(Box::new(move |notice| {
+                tokens.heard(notice);
+                if notice == Notice::Changed {
+                    changes.bump();
+                }
+            }));
+            match heard.await {
+                Ok(()) => return, // nothing to listen to (SQLite)
+                Err(err) => tracing::warn!(error = %err, "listening to the other servers failed; retrying"),
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
     }
 
     /// Deletes the rank output of jobs that ended more than `log_retention` ago, once an hour, forever

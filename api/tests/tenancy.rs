@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use common::{safetensors_file, spec, TestApp, ADMIN};
-use ringtrain_core::{DeviceId, JobId, NodeId};
-use ringtrain_store::{NewAssignment, NewCheckpoint};
+use ringtrain_api::token_cache::Found;
+use ringtrain_core::{DeviceId, JobId, NodeId, TokenId};
+use ringtrain_store::{hash_token, Backend, NewAssignment, NewCheckpoint};
 use serde_json::json;
 
 /// Registers a node with one CPU for `agent` and returns its id and its device's.
@@ -372,6 +373,56 @@ async fn a_revoked_agent_token_loses_its_node(app: TestApp) {
     assert_eq!(nodes.body["nodes"][0]["state"], "lost", "{}", nodes.text);
 }
 
+/// Waits up to 10 s for `done`.
+async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done().await {
+        assert!(std::time::Instant::now() < deadline, "not within 10 s: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A token the server has cached stops working when it is revoked: through this server at once; by another
+/// server on the same database, or by `ringtrain admin reset-token` on the host (both the store's revoke,
+/// called here directly), as soon as the revocation's announcement arrives. Nothing is cached without a
+/// listener to hear revocations: on SQLite, never (the store's tests cut the listener's connection).
+async fn a_cached_token_stops_working_when_revoked_anywhere(app: TestApp) {
+    tokio::spawn(app.state.clone().listen_to_other_servers());
+    let postgres = app.store.backend() == Backend::Postgres;
+    if postgres {
+        eventually("the listener listens", async || app.state.tokens.is_listening()).await;
+    }
+    let a = app.team("alpha").await;
+    let listed = app.get(&format!("/v1/teams/{}/tokens", a.id), &a.admin).await;
+    let id_of = |role: &str| -> TokenId {
+        let tokens = listed.body["tokens"].as_array().unwrap();
+        tokens.iter().find(|t| t["role"] == role).unwrap()["id"].as_str().unwrap().parse().unwrap()
+    };
+    let cached = |token: &str| matches!(app.state.tokens.find(&hash_token(token)), Found::Cached(_));
+    assert_eq!(app.get("/v1/jobs", &a.member).await.status, 200);
+    assert_eq!(app.get("/v1/jobs", &a.viewer).await.status, 200);
+    assert_eq!(cached(&a.member), postgres, "cached without a listener, or not cached with one");
+    assert!(!cached("rt_not_a_token"));
+
+    // revoked elsewhere: refused once the announcement is heard (on SQLite nothing was cached: at once)
+    app.store.revoke_token(id_of("member"), ringtrain_store::now()).await.unwrap();
+    if postgres {
+        eventually("the revocation reaches the cache", async || !cached(&a.member)).await;
+    }
+    app.get("/v1/jobs", &a.member).await.problem(401);
+    app.post("/v1/jobs", &a.member, &spec("after")).await.problem(401);
+
+    // revoked through this server: refused at once, cached or not
+    assert_eq!(app.get("/v1/jobs", &a.viewer).await.status, 200);
+    let revoked = app.call(Method::DELETE, &format!("/v1/tokens/{}", id_of("viewer")), Some(&a.admin), None).await;
+    assert_eq!(revoked.status, 204, "{}", revoked.text);
+    app.get("/v1/jobs", &a.viewer).await.problem(401);
+    // the tokens left work on, and a use is still recorded in the database
+    assert_eq!(app.get("/v1/jobs", &a.admin).await.status, 200);
+    let admin = app.store.get_token(id_of("admin")).await.unwrap().unwrap();
+    assert!(admin.last_used_at.is_some());
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
     agents_are_trusted_only_for_their_own_work,
@@ -385,4 +436,5 @@ ringtrain_store::on_both_backends!(
     idx_paths_stay_inside_the_allowed_roots,
     a_placement_shares_a_rendezvous_secret_only_with_its_agents,
     a_device_shows_its_team_to_all_and_its_job_to_its_team,
+    a_cached_token_stops_working_when_revoked_anywhere,
 );

@@ -171,7 +171,7 @@ impl Server {
         loop_config.paused = self.scheduler_paused.clone();
         let scheduler = self.state.scheduler(loop_config);
         let mut scheduler = tokio::spawn(scheduler.run());
-        let listener = tokio::spawn(listen_for_other_servers(self.state.clone()));
+        let listener = tokio::spawn(self.state.clone().listen_to_other_servers());
         let retention = tokio::spawn(self.state.clone().retain_logs());
         // with each caller's address, which admission limits callers without a valid token by
         let service = app(self.state).into_make_service_with_connect_info::<SocketAddr>();
@@ -205,19 +205,6 @@ impl Server {
 
 /// How long requests in flight may take to finish after a stop.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Changes made through other servers on the same (Postgres) database wake this one's scheduler loop and
-/// long polls; reconnects after a lost connection.
-async fn listen_for_other_servers(state: AppState) {
-    loop {
-        let changes = state.changes.clone();
-        match state.store.listen_for_changes(Box::new(move || changes.bump())).await {
-            Ok(()) => return, // nothing to listen to (SQLite)
-            Err(err) => tracing::warn!(error = %err, "listening for other servers' changes failed; retrying"),
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-    }
-}
 
 /// The database URL without its password, for the log.
 pub fn redact(url: &str) -> String {

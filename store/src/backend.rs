@@ -55,10 +55,14 @@ pub(crate) trait SqlBackend: Send + Sync {
     /// Tells the other servers on this database that jobs or assignments changed.
     fn notify_changes(&self) -> impl Future<Output = StoreResult<()>> + Send;
 
-    /// Calls `on_change` for each change another server announced, until the connection fails.
-    fn listen_for_changes(
+    /// The statement that tells the other servers, when its transaction commits, that a token was revoked
+    /// (their token caches forget what they hold); None where there are no other servers (SQLite).
+    const ANNOUNCE_TOKEN_REVOKED: Option<&'static str>;
+
+    /// Reports what the other servers announce, until the connection fails ([`crate::Store::listen`]).
+    fn listen(
         &self,
-        on_change: Box<dyn Fn() + Send + Sync>,
+        on_notice: Box<dyn Fn(crate::Notice) + Send + Sync>,
     ) -> impl Future<Output = StoreResult<()>> + Send;
 }
 
@@ -107,8 +111,8 @@ macro_rules! impl_store_core {
                     SqlBackend::notify_changes(self).await
                 }
 
-                async fn listen_for_changes(&self, on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
-                    SqlBackend::listen_for_changes(self, on_change).await
+                async fn listen(&self, on_notice: Box<dyn Fn(crate::Notice) + Send + Sync>) -> StoreResult<()> {
+                    SqlBackend::listen(self, on_notice).await
                 }
             }
         };

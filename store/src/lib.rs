@@ -101,9 +101,24 @@ pub trait Store:
     /// SQLite, whose one server is told in-process).
     async fn notify_changes(&self) -> StoreResult<()>;
 
-    /// Calls `on_change` for each notification of another server, until the connection fails (Postgres
-    /// LISTEN). Returns at once on SQLite.
-    async fn listen_for_changes(&self, on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()>;
+    /// Tells `on_notice` what the servers sharing the database announce (Postgres LISTEN): [`Notice::Listening`]
+    /// once listening, then each change and token revocation, and [`Notice::Lost`] when the connection drops
+    /// (it reconnects and says `Listening` again) or before returning an error. Returns at once on SQLite,
+    /// whose one server is told in-process, without a word: nothing is ever heard there.
+    async fn listen(&self, on_notice: Box<dyn Fn(Notice) + Send + Sync>) -> StoreResult<()>;
+}
+
+/// What a server hears from the others on the same database ([`Store::listen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// Listening: every announcement committed from now on will be heard.
+    Listening,
+    /// Jobs or assignments changed.
+    Changed,
+    /// A token was revoked (by any server, or by `ringtrain admin reset-token`).
+    TokenRevoked,
+    /// Not listening any more: announcements are missed until the next `Listening`.
+    Lost,
 }
 
 /// Instantiates every aggregate's SQL, and the [`Store`] trait, for one backend.

@@ -10,6 +10,7 @@ use sqlx::Postgres;
 use crate::backend::SqlBackend;
 use crate::error::{StoreError, StoreResult};
 use crate::records::Backend;
+use crate::Notice;
 
 /// The migrations of this build, embedded at compile time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -18,6 +19,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/pos
 const LEADER_LOCK: i64 = 0x7269_6e67_7472_6169;
 /// The NOTIFY channel for "jobs or assignments changed".
 const CHANGES_CHANNEL: &str = "ringtrain_changes";
+/// The NOTIFY channel for "a token was revoked".
+const TOKENS_CHANNEL: &str = "ringtrain_tokens";
 
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -99,14 +102,34 @@ impl SqlBackend for PgStore {
         Ok(())
     }
 
-    async fn listen_for_changes(&self, on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(CHANGES_CHANNEL).await?;
+    // a NOTIFY inside the revoking transaction is delivered when, and only if, it commits
+    const ANNOUNCE_TOKEN_REVOKED: Option<&'static str> = Some("SELECT pg_notify('ringtrain_tokens', '')");
+
+    async fn listen(&self, on_notice: Box<dyn Fn(Notice) + Send + Sync>) -> StoreResult<()> {
+        let failed = self.listen_until_failure(&*on_notice).await;
+        on_notice(Notice::Lost);
+        failed
+    }
+}
+
+impl PgStore {
+    /// Listens on a connection of its own; after a lost connection, on a new one. Not `PgListener`'s own
+    /// reconnect inside `recv`: the token cache must know when notifications may have been missed (`Lost`)
+    /// and when they are heard again (`Listening`, said only once `LISTEN` has been answered).
+    async fn listen_until_failure(&self, on_notice: &(dyn Fn(Notice) + Send + Sync)) -> StoreResult<()> {
         loop {
-            // PgListener reconnects by itself; a notification lost in a reconnect is covered by the periodic
-            // passes and the agents' bounded long-poll.
-            listener.recv().await?;
-            on_change();
+            let mut listener = PgListener::connect_with(&self.pool).await?;
+            listener.listen_all([CHANGES_CHANNEL, TOKENS_CHANNEL]).await?;
+            on_notice(Notice::Listening);
+            while let Some(notification) = listener.try_recv().await? {
+                on_notice(match notification.channel() {
+                    TOKENS_CHANNEL => Notice::TokenRevoked,
+                    _ => Notice::Changed,
+                });
+            }
+            // the connection was lost; changes missed meanwhile are covered by the periodic passes and the
+            // agents' bounded long polls, revocations by the token caches forgetting everything
+            on_notice(Notice::Lost);
         }
     }
 }

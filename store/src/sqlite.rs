@@ -110,7 +110,9 @@ impl SqlBackend for SqliteStore {
         Ok(())
     }
 
-    async fn listen_for_changes(&self, _on_change: Box<dyn Fn() + Send + Sync>) -> StoreResult<()> {
+    const ANNOUNCE_TOKEN_REVOKED: Option<&'static str> = None;
+
+    async fn listen(&self, _on_notice: Box<dyn Fn(crate::Notice) + Send + Sync>) -> StoreResult<()> {
         Ok(())
     }
 }

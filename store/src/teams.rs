@@ -380,6 +380,9 @@ macro_rules! impl_team_store {
                         .bind(id.0)
                         .execute(&mut *tx)
                         .await?;
+                    if let (true, Some(announce)) = (revoked, <Self as SqlBackend>::ANNOUNCE_TOKEN_REVOKED) {
+                        sqlx::query(announce).execute(&mut *tx).await?;
+                    }
                     tx.commit().await?;
                     Ok(revoked)
                 }

@@ -604,3 +604,59 @@ ringtrain_store::on_both_backends!(
     chosen_claims_queue_view_and_lost_nodes,
     starts_are_atomic_and_preemptions_keep_the_restart_budget,
 );
+
+/// The listener behind the servers' token caches (Postgres only: SQLite has one server and nothing to hear).
+/// It says when it listens, hears a revocation only once it commits and a change as a change, and says it
+/// lost the connection before it listens again: a cache that trusted it in between could miss a revocation.
+#[sqlx::test(migrations = false)]
+async fn the_listener_hears_revocations_and_says_when_it_stops(pool: sqlx::PgPool) {
+    let store: Arc<dyn Store> = Arc::new(PgStore::from_pool(pool.clone()).await.unwrap());
+    let (heard, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let listening = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .listen(Box::new(move |notice| {
+                    let _ = heard.send(notice);
+                }))
+                .await
+        }
+    });
+    let next = async |notices: &mut tokio::sync::mpsc::UnboundedReceiver<Notice>| {
+        tokio::time::timeout(Duration::from_secs(10), notices.recv()).await.expect("heard within 10 s").unwrap()
+    };
+    assert_eq!(next(&mut notices).await, Notice::Listening);
+
+    let team = team(&store).await;
+    let new_token = || NewToken {
+        token_hash: hash_token(&generate_token()),
+        role: Role::Member,
+        team_id: Some(team.id),
+        platform: false,
+        label: None,
+        expires_at: None,
+    };
+    let token = store.create_token(new_token()).await.unwrap();
+    assert!(store.revoke_token(token.id, now()).await.unwrap());
+    assert_eq!(next(&mut notices).await, Notice::TokenRevoked);
+    // revoking a revoked token revokes nothing and announces nothing: the next notice is the change
+    assert!(!store.revoke_token(token.id, now()).await.unwrap());
+    store.notify_changes().await.unwrap();
+    assert_eq!(next(&mut notices).await, Notice::Changed);
+
+    // the listener's connection is cut (a database restart, a network blip)
+    let cut: Vec<(bool,)> = sqlx::query_as(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(cut, vec![(true,)], "one listening connection");
+    assert_eq!(next(&mut notices).await, Notice::Lost);
+    assert_eq!(next(&mut notices).await, Notice::Listening);
+    let again = store.create_token(new_token()).await.unwrap();
+    assert!(store.revoke_token(again.id, now()).await.unwrap());
+    assert_eq!(next(&mut notices).await, Notice::TokenRevoked);
+    listening.abort();
+}

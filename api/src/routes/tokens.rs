@@ -206,6 +206,8 @@ pub async fn revoke_token(
         None => user.require_platform_admin()?,
     }
     state.store.revoke_token(id, ringtrain_store::now()).await?;
+    // this server's cache at once; the others' when the revocation's announcement reaches them
+    state.tokens.revoked();
     tracing::info!(token = %id, by = %user.token.id, "token revoked");
     Ok(StatusCode::NO_CONTENT)
 }
