@@ -203,9 +203,17 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert!(weights.as_u64().unwrap() > 50_890 * 4, "the final weights came down: {weights} bytes");
 
     // the logs: searched, and one rank's only
+    // (each keystroke reads the logs again: "rank 1" alone also shows the agent's "rank 1 runs in ..." line,
+    // so wait for the page to have drawn the whole search, not merely for a line that matches it)
     browser.type_into("#log-search", "rank 1 of 2").await;
-    let searched = browser.wait_text("#job-logs", "rank 1 of 2", SHORT).await;
-    assert!(searched.lines().all(|l| l.contains("rank 1 of 2")), "{searched}");
+    let searched = wait_for(
+        &browser,
+        "const t = document.getElementById('job-logs').textContent; \
+         return t && t.split('\\n').every(l => l.includes('rank 1 of 2')) ? t : null;",
+        SHORT,
+    )
+    .await;
+    assert!(searched.as_str().unwrap().contains("[rank 1] rank 1 of 2"), "{searched}");
     browser.run("document.getElementById('log-search').value = '';", json!([])).await;
     browser.type_into("#log-rank", "0").await;
     let rank0 = wait_for(

@@ -348,13 +348,18 @@ function download(path, name) {
   });
 }
 
+/** Numbers each read of the logs: typing fires one per keystroke, and their answers may come back out of
+ * order, so only the newest read may draw (an older one would show a search the box no longer holds). */
+let logsAsked = 0;
+
 async function renderLogs() {
   const id = jobId;
+  const asked = ++logsAsked;
   const query = new URLSearchParams({ limit: "500" });
   if ($("log-search").value) query.set("q", $("log-search").value);
   if ($("log-rank").value !== "") query.set("rank", $("log-rank").value);
   const logs = await api(`/v1/jobs/${id}/logs?${query}`);
-  if (id !== jobId) return;
+  if (id !== jobId || asked !== logsAsked) return;
   const pre = $("job-logs");
   pre.textContent = logs.lines.map((l) => `[rank ${l.rank}] ${l.line}`).join("\n");
   if ($("log-follow").checked) pre.scrollTop = pre.scrollHeight;
