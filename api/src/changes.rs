@@ -44,9 +44,10 @@ impl Changes {
     }
 }
 
-/// Announcing a change costs two database statements, one of them an update of a single row that every
-/// announcement locks (the change version). Under a burst of submissions each waited for the previous one's
-/// commit on that row: at 16 concurrent submitters the announcement was most of a submission's latency.
+/// Announcing a change costs a database statement that updates a single row every announcement locks (the
+/// change version; on Postgres the same statement sends the NOTIFY, which was a second one before). Under a
+/// burst of submissions each waited for the previous one's commit on that row: at 16 concurrent submitters
+/// the announcement was most of a submission's latency.
 /// Callers that arrive while an announcement is under way now share the next one, as a database groups
 /// commits: each caller still returns only after an announcement that started after it called.
 #[derive(Debug, Default)]

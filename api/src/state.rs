@@ -149,14 +149,12 @@ impl AppState {
     pub async fn changed(&self) {
         self.announcements
             .announce(|| async {
-                // before the wake-up, so that a woken poll reads the new version
+                // before the wake-up, so that a woken poll reads the new version; the other servers hear it
+                // from the same statement
                 if let Err(err) = self.store.bump_change_version().await {
-                    tracing::warn!(error = %err, "cannot move the change version on");
+                    tracing::warn!(error = %err, "cannot move the change version on or tell the other servers");
                 }
                 self.changes.bump();
-                if let Err(err) = self.store.notify_changes().await {
-                    tracing::warn!(error = %err, "cannot notify other servers of a change");
-                }
             })
             .await;
     }

@@ -52,8 +52,13 @@ pub(crate) trait SqlBackend: Send + Sync {
     /// Holds, or takes now, the scheduler leadership (a Postgres advisory lock; always on SQLite).
     fn try_lead(&self) -> impl Future<Output = StoreResult<bool>> + Send;
 
-    /// Tells the other servers on this database that jobs or assignments changed.
-    fn notify_changes(&self) -> impl Future<Output = StoreResult<()>> + Send;
+    /// The statement that moves the change version on and returns it, and tells the other servers on this
+    /// database (Postgres: a NOTIFY in the same statement, delivered when it commits).
+    const BUMP_CHANGE_VERSION: &'static str;
+
+    /// A table expression of the queued jobs a scheduler pass looks at: the first `$1` of each team and device
+    /// kind by (priority descending, seq), every column of `jobs`.
+    const QUEUE_WINDOW: &'static str;
 
     /// The statement that tells the other servers, when its transaction commits, that a token was revoked
     /// (their token caches forget what they hold); None where there are no other servers (SQLite).
@@ -105,10 +110,6 @@ macro_rules! impl_store_core {
 
                 async fn try_lead(&self) -> StoreResult<bool> {
                     SqlBackend::try_lead(self).await
-                }
-
-                async fn notify_changes(&self) -> StoreResult<()> {
-                    SqlBackend::notify_changes(self).await
                 }
 
                 async fn listen(&self, on_notice: Box<dyn Fn(crate::Notice) + Send + Sync>) -> StoreResult<()> {

@@ -211,7 +211,8 @@ pub struct HistoryBenchReport {
 }
 
 /// Fills one team's history with `config.jobs` ended jobs (1% still queued; every 10th tagged `sweep`; one in
-/// 10^5 noted "needle") in one statement, then times pages of 50 as `GET /v1/jobs` asks them. Postgres only.
+/// 10^5 noted "needle") in one statement, then times pages of 50 as `GET /v1/jobs` asks them, and the
+/// scheduler's read of the queue. Postgres only.
 pub async fn history(url: &str, config: &HistoryBenchConfig) -> StoreResult<HistoryBenchReport> {
     use sqlx::Connection;
     let store = crate::connect(url).await?;
@@ -256,5 +257,8 @@ pub async fn history(url: &str, config: &HistoryBenchConfig) -> StoreResult<Hist
         let filter = page(filter);
         reads.push(time(config.reads, read, || store.list_jobs(team.id, &filter)).await?);
     }
+    // what each scheduler pass reads first: the head of every team's queue (ViewConfig::queue_window's 1,000)
+    reads
+        .push(time(config.reads, "scheduler queue (first 1,000 per team and kind)", || store.list_queued(1000)).await?);
     Ok(HistoryBenchReport { config: config.clone(), fill_s, reads })
 }

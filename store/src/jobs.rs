@@ -189,7 +189,9 @@ pub trait JobStore: Send + Sync {
     async fn count_jobs_by_state(&self) -> StoreResult<Vec<(JobState, i64)>>;
     /// The team's queued jobs.
     async fn count_queued(&self, team: TeamId) -> StoreResult<i64>;
-    /// Moves the change version on (every change of jobs or assignments does); returns the new one.
+    /// Moves the change version on (every change of jobs or assignments does) and tells every server
+    /// sharing the database (Postgres NOTIFY, in the same statement; SQLite's one server is told
+    /// in-process); returns the new version.
     async fn bump_change_version(&self) -> StoreResult<i64>;
     /// The change version agents' long polls compare: the same through every server, across restarts.
     async fn change_version(&self) -> StoreResult<i64>;
@@ -428,12 +430,8 @@ macro_rules! impl_job_store {
                 }
 
                 async fn list_queued(&self, per_team: i64) -> StoreResult<Vec<Job>> {
-                    let sql = format!(
-                        "SELECT {JOB_COLUMNS} FROM (SELECT jobs.*, ROW_NUMBER() OVER \
-                         (PARTITION BY team_id, device ORDER BY priority DESC, seq) AS place_in_team \
-                         FROM jobs WHERE state = 'queued') AS queued \
-                         WHERE place_in_team <= $1 ORDER BY priority DESC, seq"
-                    );
+                    let window = <Self as SqlBackend>::QUEUE_WINDOW;
+                    let sql = format!("SELECT {JOB_COLUMNS} FROM {window} AS queued ORDER BY priority DESC, seq");
                     let rows: Vec<JobRow> = sqlx::query_as(&sql).bind(per_team).fetch_all(self.pool()).await?;
                     rows::jobs(rows)
                 }
@@ -465,9 +463,7 @@ macro_rules! impl_job_store {
 
                 async fn bump_change_version(&self) -> StoreResult<i64> {
                     let (seq,): (i64,) =
-                        sqlx::query_as("UPDATE change_version SET seq = seq + 1 WHERE id = 1 RETURNING seq")
-                            .fetch_one(self.pool())
-                            .await?;
+                        sqlx::query_as(<Self as SqlBackend>::BUMP_CHANGE_VERSION).fetch_one(self.pool()).await?;
                     Ok(seq)
                 }
 

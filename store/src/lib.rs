@@ -97,10 +97,6 @@ pub trait Store:
     /// on a connection kept for that purpose; the single SQLite server always is.
     async fn try_lead(&self) -> StoreResult<bool>;
 
-    /// Tells every server sharing the database that jobs or assignments changed (Postgres NOTIFY; nothing on
-    /// SQLite, whose one server is told in-process).
-    async fn notify_changes(&self) -> StoreResult<()>;
-
     /// Tells `on_notice` what the servers sharing the database announce (Postgres LISTEN): [`Notice::Listening`]
     /// once listening, then each change and token revocation, and [`Notice::Lost`] when the connection drops
     /// (it reconnects and says `Listening` again) or before returning an error. Returns at once on SQLite,

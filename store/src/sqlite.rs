@@ -105,10 +105,13 @@ impl SqlBackend for SqliteStore {
         Ok(true)
     }
 
-    /// The one server is told in-process.
-    async fn notify_changes(&self) -> StoreResult<()> {
-        Ok(())
-    }
+    // the one server is told in-process
+    const BUMP_CHANGE_VERSION: &'static str = "UPDATE change_version SET seq = seq + 1 WHERE id = 1 RETURNING seq";
+
+    // SQLite has no LATERAL; the embedded database's queues are the quickstart's
+    const QUEUE_WINDOW: &'static str = "(SELECT * FROM (SELECT jobs.*, ROW_NUMBER() OVER \
+         (PARTITION BY team_id, device ORDER BY priority DESC, seq) AS place_in_team \
+         FROM jobs WHERE state = 'queued') WHERE place_in_team <= $1)";
 
     const ANNOUNCE_TOKEN_REVOKED: Option<&'static str> = None;
 

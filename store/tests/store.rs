@@ -339,6 +339,44 @@ async fn tokens_teams_and_readiness(store: Arc<dyn Store>) {
     assert_eq!(store.get_team_by_name("t").await.unwrap().unwrap().cpu_quota, 4);
 }
 
+/// A pass looks at the first jobs of each team's queue of each kind (by priority, then submission), all in
+/// one list by priority then submission; a job that starts leaves its place to the next.
+async fn the_queue_window_is_per_team_and_kind(store: Arc<dyn Store>) {
+    let one = team(&store).await;
+    let two = store
+        .create_team(NewTeam { name: "u".into(), gpu_quota: 1, cpu_quota: 4, storage_quota_bytes: None })
+        .await
+        .unwrap();
+    let job =
+        |team: &Team, name: &str, priority: i32, device: DeviceKind| NewJob { device, ..new_job(team, name, priority) };
+    let mut submitted = Vec::new();
+    for (team, name, priority, device) in [
+        (&one, "one-cpu-a", 0, DeviceKind::Cpu),
+        (&one, "one-cpu-b", 5, DeviceKind::Cpu),
+        (&one, "one-cpu-c", 0, DeviceKind::Cpu),
+        (&one, "one-gpu-a", 1, DeviceKind::Gpu),
+        (&two, "two-cpu-a", 2, DeviceKind::Cpu),
+        (&two, "two-cpu-b", 2, DeviceKind::Cpu),
+        (&two, "two-cpu-c", 9, DeviceKind::Cpu),
+    ] {
+        submitted.push(submit(&store, job(team, name, priority, device)).await);
+    }
+    let names = |jobs: Vec<Job>| jobs.into_iter().map(|j| j.name.unwrap_or_default()).collect::<Vec<_>>();
+    assert_eq!(
+        names(store.list_queued(2).await.unwrap()),
+        ["two-cpu-c", "one-cpu-b", "two-cpu-a", "one-gpu-a", "one-cpu-a"],
+        "each team's and kind's first two, by priority then submission"
+    );
+    let one_cpu_b = &submitted[1];
+    store.start_job(one_cpu_b.id, "sched", Duration::from_secs(30), &[]).await.unwrap().unwrap();
+    assert_eq!(
+        names(store.list_queued(2).await.unwrap()),
+        ["two-cpu-c", "two-cpu-a", "one-gpu-a", "one-cpu-a", "one-cpu-c"],
+        "a started job is no longer queued, and the next of its queue takes its place"
+    );
+    assert_eq!(store.list_queued(10).await.unwrap().len(), 6);
+}
+
 async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
     let team = team(&store).await;
     let a = submit(&store, new_job(&team, "a", 0)).await;
@@ -602,6 +640,7 @@ ringtrain_store::on_both_backends!(
     idempotent_submits_race_to_one_job,
     tokens_teams_and_readiness,
     chosen_claims_queue_view_and_lost_nodes,
+    the_queue_window_is_per_team_and_kind,
     starts_are_atomic_and_preemptions_keep_the_restart_budget,
 );
 
@@ -641,7 +680,7 @@ async fn the_listener_hears_revocations_and_says_when_it_stops(pool: sqlx::PgPoo
     assert_eq!(next(&mut notices).await, Notice::TokenRevoked);
     // revoking a revoked token revokes nothing and announces nothing: the next notice is the change
     assert!(!store.revoke_token(token.id, now()).await.unwrap());
-    store.notify_changes().await.unwrap();
+    store.bump_change_version().await.unwrap();
     assert_eq!(next(&mut notices).await, Notice::Changed);
 
     // the listener's connection is cut (a database restart, a network blip)
