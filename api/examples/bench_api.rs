@@ -25,6 +25,10 @@ async fn serve(address: &str, url: &str, token: &str) -> Result<(), Box<dyn std:
     let state = AppState::new(Arc::clone(&store), config);
     let mut loop_config = LoopConfig::starting_now(state.config.lease);
     loop_config.view = state.config.scheduling;
+    // BENCH_PASS_GAP_MS: the scheduler loop's shortest gap between passes, to measure its cost
+    if let Some(ms) = std::env::var("BENCH_PASS_GAP_MS").ok().and_then(|ms| ms.parse().ok()) {
+        loop_config.min_pass_gap = std::time::Duration::from_millis(ms);
+    }
     if std::env::var_os("BENCH_NO_SCHEDULER").is_none() {
         tokio::spawn(state.scheduler(loop_config).run());
     }
