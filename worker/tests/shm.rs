@@ -118,3 +118,32 @@ fn a_segment_for_another_world_is_refused() {
     let err = ShmCollective::connect(&config(free_address(), 0, 3, Duration::from_secs(1)), segment).unwrap_err();
     assert!(err.to_string().contains("for 2 ranks, the job has 3"), "{err}");
 }
+
+/// A rank that waits at a barrier for a slower one sleeps (a futex the slower rank wakes) instead of keeping
+/// a core busy: over a 600 ms wait it uses a few milliseconds of CPU, and the sum is still right.
+#[test]
+fn a_rank_waiting_for_a_slow_one_sleeps() {
+    let results = on_shm(2, 64, Duration::from_secs(20), move |shm| {
+        if shm.rank() == 1 {
+            thread::sleep(Duration::from_millis(600)); // busy elsewhere: its backward, say
+        }
+        let cpu_before = thread_cpu_time();
+        let mut buf = vec![1.0f32; 100];
+        shm.all_reduce_sum(&mut buf).unwrap();
+        (thread_cpu_time() - cpu_before, buf[0])
+    });
+    let (waited_cpu, sum) = results[0];
+    assert_eq!(sum, 2.0);
+    assert!(waited_cpu < Duration::from_millis(100), "rank 0 burned {waited_cpu:?} of CPU waiting");
+}
+
+/// CPU time this thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec, a local.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now)
+    };
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}

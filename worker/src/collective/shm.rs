@@ -11,9 +11,11 @@
 //! may start writing while slower ranks still read the round before it (they have passed the barrier that
 //! makes that safe; see [`ShmCollective::all_reduce_sum`]).
 //!
-//! Waiting spins briefly, then yields; it never waits past the I/O timeout, and the TCP ring links the
-//! rendezvous made stay open as a probe, so a rank that died is named (its sockets close with it) rather
-//! than waited for.
+//! Waiting spins briefly, then sleeps on a futex on the awaited rank's counter (woken by that rank when it
+//! enters the barrier): a rank waiting for a slower one, as the all-reduce overlapped with backward does
+//! while the other rank's backward runs, must not take a core from its own backward. It never waits past
+//! the I/O timeout, and the TCP ring links the rendezvous made stay open as a probe, so a rank that died is
+//! named (its sockets close with it) rather than waited for.
 //!
 //! The segment is a `memfd` the launcher creates and hands to every rank of the machine (inherited by a
 //! rank process, shared by threads in tests and benchmarks); the ranks map it, they never open a path.
@@ -21,7 +23,7 @@
 #![allow(unsafe_code)] // mmap, and the shared counters and slots inside the mapping
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::ring::RingCollective;
@@ -31,8 +33,12 @@ use super::{Collective, CommError, CommResult, RendezvousConfig};
 /// barriers each. Measured on the 2-core development machine (`ringtrain bench allreduce --slot-elems`,
 /// busbw at 64 MB): 64 KiB slots 3.7 GB/s, 256 KiB 5.9, 1 MiB 6.4–6.6, 4 MiB 4.2–4.3, 16 MiB 3.6.
 pub const DEFAULT_SLOT_ELEMS: usize = 1 << 18;
-/// One counter per rank, each on its own cache line, at the start of the segment.
+/// One counter per rank, each on its own cache line, at the start of the segment; after it on the same line,
+/// how many ranks sleep waiting for it to move.
 const COUNTER_STRIDE: usize = 64;
+const SLEEPERS_OFFSET: usize = 8;
+/// Spins before a wait sleeps: a few microseconds, enough for ranks arriving together.
+const SPINS_BEFORE_SLEEP: u32 = 4096;
 /// The counters' page(s): the slots start page-aligned.
 const PAGE: usize = 4096;
 /// How often a wait looks at the ring links for a dead neighbour.
@@ -154,6 +160,41 @@ impl ShmSegment {
         unsafe { &*self.base.add(rank * COUNTER_STRIDE).cast::<AtomicU64>() }
     }
 
+    /// How many ranks sleep waiting for `rank`'s counter (see [`ShmCollective::barrier_wait`]).
+    fn sleepers(&self, rank: usize) -> &AtomicU32 {
+        assert!(rank < self.world);
+        // SAFETY: as in `counter`: the same line, 8 bytes further, 4-aligned, only accessed atomically.
+        unsafe { &*self.base.add(rank * COUNTER_STRIDE + SLEEPERS_OFFSET).cast::<AtomicU32>() }
+    }
+
+    /// Sleeps until `rank`'s counter is no longer `seen`, it is woken, or `timeout` passes, whichever comes
+    /// first (any of them returns: the caller looks again).
+    fn sleep_while(&self, rank: usize, seen: u64, timeout: Duration) {
+        let sleepers = self.sleepers(rank);
+        // SeqCst with the waker's store-then-load: either it sees this sleeper, or the futex sees its new value
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        let timeout = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // the futex word is the counter's low half (x86-64 is little-endian); it changes with every barrier
+        let word = self.counter(rank) as *const AtomicU64 as *const u32;
+        // SAFETY: FUTEX_WAIT reads the aligned u32 at `word` (inside the mapping, see `counter`) and compares
+        // it with `seen`'s low half before sleeping; shared (not private) because other processes map it.
+        unsafe { libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAIT, seen as u32, &timeout, 0usize, 0u32) };
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Wakes the ranks sleeping on `rank`'s counter, if any.
+    fn wake(&self, rank: usize) {
+        if self.sleepers(rank).load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let word = self.counter(rank) as *const AtomicU64 as *const u32;
+        // SAFETY: FUTEX_WAKE only uses the address as a key (the counter's low half, inside the mapping).
+        unsafe { libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32) };
+    }
+
     /// The first float of `rank`'s slot in set `set`.
     fn slot(&self, set: usize, rank: usize) -> *mut f32 {
         assert!(set < 2 && rank < self.world);
@@ -224,25 +265,25 @@ impl ShmCollective {
         i * len / self.world..(i + 1) * len / self.world
     }
 
-    /// Enters the next barrier and waits until every rank has: spinning a little, then yielding, looking at
-    /// the ring links for a dead neighbour every [`PROBE_EVERY`], and giving up after the I/O timeout.
+    /// Enters the next barrier and waits until every rank has: spinning a little, then sleeping on the
+    /// counter of a rank still behind, looking at the ring links for a dead neighbour every [`PROBE_EVERY`],
+    /// and giving up after the I/O timeout.
     fn barrier_wait(&mut self) -> CommResult<()> {
         self.barriers += 1;
         let target = self.barriers;
-        self.segment.counter(self.rank).store(target, Ordering::Release);
+        self.segment.counter(self.rank).store(target, Ordering::SeqCst);
+        self.segment.wake(self.rank);
         let started = Instant::now();
         let mut next_probe = started + PROBE_EVERY;
         let mut spins = 0u32;
         loop {
-            let behind = (0..self.world).find(|&r| self.segment.counter(r).load(Ordering::Acquire) < target);
-            let Some(peer) = behind else { return Ok(()) };
-            spins += 1;
-            if spins < 4096 {
+            let behind = (0..self.world)
+                .map(|r| (r, self.segment.counter(r).load(Ordering::Acquire)))
+                .find(|&(_, reached)| reached < target);
+            let Some((peer, reached)) = behind else { return Ok(()) };
+            if spins < SPINS_BEFORE_SLEEP {
+                spins += 1;
                 std::hint::spin_loop();
-                continue;
-            }
-            std::thread::yield_now();
-            if spins % 64 != 0 {
                 continue;
             }
             let now = Instant::now();
@@ -258,6 +299,7 @@ impl ShmCollective {
             if now - started > self.io_timeout {
                 return Err(CommError::PeerTimedOut { peer, timeout: self.io_timeout });
             }
+            self.segment.sleep_while(peer, reached, next_probe.saturating_duration_since(now));
         }
     }
 
