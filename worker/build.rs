@@ -20,12 +20,15 @@ fn record_libtorch_version() {
     println!("cargo:rustc-env=RINGTRAIN_LIBTORCH_VERSION={version}");
 }
 
-/// The few lines of C++ behind `precision: bf16` (csrc/autocast.cpp) and uploaded TorchScript models
-/// (csrc/script_module.cpp), compiled against libtorch's
+/// The few lines of C++ behind `precision: bf16` (csrc/autocast.cpp), uploaded TorchScript models
+/// (csrc/script_module.cpp) and the overlapped all-reduce's gradient hooks (csrc/grad_hooks.cpp), compiled
+/// against libtorch's
 /// headers with the flags torch-sys uses for its own C++.
 fn compile_autocast_shim() {
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
+    println!("cargo:rerun-if-changed=csrc/grad_hooks.cpp");
+    println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let Ok(libtorch) = std::env::var("LIBTORCH") else {
         panic!("LIBTORCH is not set: source the env.sh that scripts/setup.sh prints");
@@ -35,6 +38,7 @@ fn compile_autocast_shim() {
         .cpp(true)
         .file("csrc/autocast.cpp")
         .file("csrc/script_module.cpp")
+        .file("csrc/grad_hooks.cpp")
         .include(format!("{libtorch}/include"))
         .include(format!("{libtorch}/include/torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -19,6 +19,11 @@
 #   resnet50     ResNet-50 img/s, bf16 and fp32, batch 64 and 128: ringtrain against PyTorch eager
 #   up           `ringtrain up --gpus all` runs a ResNet-20 job submitted with curl to `succeeded`
 #   share        ResNet-50 bf16 k=2 on the one GPU (NCCL over loopback sockets): all-reduce share of a step
+#   overlap      the same with the all-reduce overlapped with backward (--overlap on: NCCL on a stream of its
+#                own, started bucket by bucket from gradient hooks): bit-level sums are not compared here
+#                (training.rs does that on CPUs); img/s and the exposed all-reduce against the share step's
+#   input        ResNet-50 bf16 batch 128: batches gathered on the GPU (data set kept there) against copied
+#                from the host each step (--data host)
 #
 #   OUT               where logs and the table go (default /tmp/ringtrain-check-out)
 #   CHECK_STEPS=a,b   run only these steps (for a rerun); CHECK_BUDGET_S (default 450) bounds the whole
@@ -410,6 +415,47 @@ step_share() {
   [ "$rc" -eq 0 ] || { STATUS=FAIL; FIG="rc $rc: $(first_error "$f"); $FIG"; }
 }
 
+# The share step again with the all-reduce overlapped with backward (issue 32, item 2): img/s and the exposed
+# all-reduce (what a step waited for it after backward) against the share step's run without the overlap.
+step_overlap() {
+  make_r50_data || { FIG="no dataset"; return; }
+  local f="$WORK/overlap.out" rc on off
+  timeout "$(bound 120)" "$B" bench train --device gpu --model resnet50 --precision bf16 --batch 64 --world 2 \
+    --share-gpu-for-tests --dataset-file "$R50_DATA" --steps 10 --overlap on --json >"$f" 2>&1
+  rc=$?
+  append resnet50 "bench train resnet50 bf16 batch 64 --world 2 --share-gpu-for-tests --overlap on (rc $rc)" "$f"
+  judge share "$f" 2
+  on=$("${PARSE[@]}" bench-train "$f" 2 | cut -f1)
+  off=$([ -f "$WORK/share.out" ] && "${PARSE[@]}" bench-train "$WORK/share.out" 2 | cut -f1)
+  if [ -n "$on" ] && [ -n "$off" ]; then
+    FIG="$FIG; on/off img/s $(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.3f", a / b }') (off: the share step)"
+  fi
+  [ "$rc" -eq 0 ] || { STATUS=FAIL; FIG="rc $rc: $(first_error "$f"); $FIG"; }
+}
+
+# ResNet-50 bf16 batch 128 with its batches gathered on the GPU from the data set kept there (the default,
+# issue 32 item 4) against gathered on the host and copied each step (--data host, the loader before).
+step_input() {
+  make_r50_data || { FIG="no dataset"; return; }
+  local d rc rt step_ms phases on_device="" on_host="" ran=0
+  FIG=""
+  for d in device host; do
+    timeout "$(bound 90)" "$B" bench train --device gpu --model resnet50 --precision bf16 --batch 128 --world 1 \
+      --dataset-file "$R50_DATA" --steps 20 --data "$d" --json >"$WORK/input-$d.out" 2>&1
+    rc=$?
+    append resnet50 "bench train resnet50 bf16 batch 128 --data $d (rc $rc)" "$WORK/input-$d.out"
+    rt="" step_ms=""
+    IFS=$'\t' read -r rt step_ms phases < <("${PARSE[@]}" bench-train "$WORK/input-$d.out" 1)
+    if [ "$rc" -eq 0 ] && [ -n "$rt" ]; then ran=$((ran + 1)); else rt=""; fi
+    [ "$d" = device ] && on_device=$rt || on_host=$rt
+    FIG="$FIG--data $d: ${rt:-rc $rc: $(first_error "$WORK/input-$d.out")} img/s, ${step_ms:--} ms/step; "
+  done
+  if [ "$ran" -eq 2 ]; then
+    STATUS=PASS
+    FIG="$FIG""device/host $(awk -v a="$on_device" -v b="$on_host" 'BEGIN { printf "%.3f", a / b }')"
+  fi
+}
+
 # api URL TOKEN OUTFILE [JSONFILE]: GET (or POST the file) with curl, as the user guide does (python3 when the
 # machine has no curl); prints the HTTP status.
 api() {
@@ -511,6 +557,8 @@ else
   done
   run_step up 45 step_up
   run_step share 40 step_share
+  run_step overlap 40 step_overlap
+  run_step input 50 step_input
 fi
 
 # --- the table --------------------------------------------------------------------------------------------

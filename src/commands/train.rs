@@ -66,6 +66,10 @@ pub struct Args {
     /// Gradient bucket size in MiB.
     #[arg(long, default_value_t = 25)]
     bucket_mb: usize,
+    /// Sum the gradients while backward runs instead of after it (CPU ranks; see docs/ARCHITECTURE.md, "The
+    /// all-reduce can overlap backward": it pays only where communication does not take the step's cores).
+    #[arg(long)]
+    overlap: bool,
     /// The safetensors file of an uploaded dataset.
     #[arg(long)]
     dataset_file: Option<PathBuf>,
@@ -243,6 +247,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         init_from: args.init_from.clone(),
         virtual_ranks: virtual_ranks(args, &spec, config.world),
         bucket_bytes: args.bucket_mb.max(1) << 20,
+        overlap_backward: args.overlap,
         device,
         dataset_file: args.dataset_file.clone(),
         model_file: args.model_file.clone(),
@@ -253,6 +258,10 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         ..Default::default()
     };
     let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));
+    if let Some(buckets) = trainer.overlapped_buckets() {
+        let _ =
+            writeln!(std::io::stderr(), "rank {rank}: gradients summed in {buckets} buckets overlapped with backward");
+    }
     let stdout = std::io::stdout();
     let mut sink = |metric: &Metric| {
         let mut out = stdout.lock();
@@ -437,6 +446,7 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
             comm_timeout_s: Some(args.comm_timeout_s),
             join_timeout_s: Some(args.join_timeout_s),
             bucket_mb: Some(args.bucket_mb),
+            overlap: args.overlap,
             collective: Some(args.collective.name().to_string()),
             shared_memory: shared_memory.clone(),
             dataset_file: args.dataset_file.clone(),
@@ -490,6 +500,7 @@ mod tests {
             comm_timeout_s: Some(60),
             join_timeout_s: Some(30),
             bucket_mb: Some(8),
+            overlap: true,
             collective: Some("ring".into()),
             shared_memory: Some("/proc/self/fd/5".into()),
             dataset_file: Some("/proc/self/fd/3".into()),
@@ -512,6 +523,7 @@ mod tests {
         assert_eq!(args.init_from.as_deref(), Some("init".as_ref()));
         assert_eq!((args.virtual_ranks, args.threads), (Some(2), Some(3)));
         assert_eq!((args.comm_timeout_s, args.join_timeout_s, args.bucket_mb), (60, 30, 8));
+        assert!(args.overlap);
         assert_eq!(args.collective.name(), "ring");
         assert_eq!(args.dataset_file, Some("/proc/self/fd/3".into()));
         assert_eq!(args.shared_memory, Some("/proc/self/fd/5".into()));

@@ -8,6 +8,8 @@
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/script.h>
 
+#include "guarded.h"
+
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -16,30 +18,6 @@
 #include <vector>
 
 namespace {
-
-char* copy_message(const char* what) {
-  char* out = static_cast<char*>(std::malloc(std::strlen(what) + 1));
-  if (out != nullptr) {
-    std::strcpy(out, what);
-  }
-  return out;
-}
-
-// Runs `body`, turning any exception into a malloc'd message in *error (freed by ringtrain_script_free_error).
-template <typename F>
-int guarded(char** error, F body) {
-  try {
-    body();
-    return 0;
-  } catch (const c10::Error& e) {
-    *error = copy_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    *error = copy_message(e.what());
-  } catch (...) {
-    *error = copy_message("unknown C++ exception");
-  }
-  return -1;
-}
 
 std::string type_name(const torch::jit::Module& module) {
   auto type = module.type();

@@ -26,9 +26,12 @@ use crate::batch_norm::BatchNormState;
 use crate::checkpoint::{PartialEpoch, Replica, StartPoint};
 use crate::collective::Collective;
 use crate::data::shuffle::batch_indices;
-use crate::data::{Dataset, Labels};
+use crate::data::{Dataset, Labels, ON_DEVICE_MAX_BYTES};
 use crate::faults::FaultInjection;
-use crate::gradients::{flat_gradients, reduce_in_rank_order, GradientReducer, DEFAULT_BUCKET_BYTES};
+use crate::gradients::{
+    flat_gradients, reduce_in_rank_order, GradientReducer, OverlappedReducer, DEFAULT_BUCKET_BYTES,
+    DEFAULT_OVERLAP_BUCKET_BYTES,
+};
 use crate::metrics::EpochRecord;
 use crate::models::{self, Network, OperatorCheck, Scripted};
 use crate::optim::{Sgd, SgdConfig};
@@ -72,6 +75,13 @@ pub struct TrainOptions {
     /// v: how many ranks this process plays.
     pub virtual_ranks: usize,
     pub bucket_bytes: usize,
+    /// Sum gradients while backward still runs (see [`crate::gradients::OverlappedReducer`]), in a job of
+    /// several processes that is not elastic. False (the default): after backward, in `bucket_bytes`
+    /// buckets. Off by default: on CPUs the overlap's communication takes the cores backward needs, and on
+    /// GPUs (NCCL on a stream of its own) it has not run yet.
+    pub overlap_backward: bool,
+    /// The overlapped reducer's bucket size.
+    pub overlap_bucket_bytes: usize,
     pub device: Device,
     /// The file of an uploaded (safetensors) dataset.
     pub dataset_file: Option<PathBuf>,
@@ -97,6 +107,10 @@ pub struct TrainOptions {
     /// Take the optimizer step in one pass over each CPU parameter (the default; see `optim`); false: with
     /// libtorch's tensor ops, the same bits more slowly (`bench train --optimizer tensor-ops` compares them).
     pub fused_optimizer: bool,
+    /// A GPU rank keeps the data set on its device when it holds at most this many bytes, and gathers each
+    /// batch there (default [`ON_DEVICE_MAX_BYTES`]); 0: each batch is gathered on the host and copied
+    /// (`bench train --data host` compares the two). No effect on CPU ranks.
+    pub data_on_device_max_bytes: u64,
 }
 
 impl Default for TrainOptions {
@@ -107,6 +121,8 @@ impl Default for TrainOptions {
             init_from: None,
             virtual_ranks: 1,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            overlap_backward: false,
+            overlap_bucket_bytes: DEFAULT_OVERLAP_BUCKET_BYTES,
             device: Device::Cpu,
             dataset_file: None,
             model_file: None,
@@ -117,6 +133,7 @@ impl Default for TrainOptions {
             operator_check: OperatorCheck::Enforced,
             started: None,
             fused_optimizer: true,
+            data_on_device_max_bytes: ON_DEVICE_MAX_BYTES,
         }
     }
 }
@@ -126,8 +143,11 @@ impl Default for TrainOptions {
 pub struct PhaseTimes {
     pub forward: Duration,
     pub backward: Duration,
+    /// The exposed all-reduce: what the steps waited for communication after backward.
     pub allreduce: Duration,
     pub optimizer: Duration,
+    /// Every all-reduce, overlapped with backward or not (equal to `allreduce` without overlap).
+    pub allreduce_total: Duration,
     pub steps: u64,
 }
 
@@ -162,6 +182,8 @@ pub struct Trainer<'c> {
     loss: Loss,
     opt: Sgd,
     reducer: GradientReducer,
+    /// Some when the step overlaps the all-reduce with backward (see [`TrainOptions::overlap_backward`]).
+    overlapped: Option<OverlappedReducer>,
     bn: BatchNormState,
     comm: &'c mut dyn Collective,
     options: TrainOptions,
@@ -215,7 +237,7 @@ impl<'c> Trainer<'c> {
             None => Dataset::load(&spec.dataset, spec.train_samples, spec.test_samples),
         };
         let mut data = loaded.map_err(|e| JobError(format!("the data set cannot be used: {e:#}")))?;
-        data.normalise_on(options.device);
+        data.place_on(options.device, options.data_on_device_max_bytes);
         let effective = Effective::new(spec, data.train.len() as u64)
             .map_err(|errors| JobError(format!("invalid spec for this dataset: {}", join(&errors))))?;
 
@@ -242,6 +264,11 @@ impl<'c> Trainer<'c> {
             opt = opt.with_tensor_ops();
         }
         let reducer = GradientReducer::new(opt.params(), options.bucket_bytes);
+        let overlap = options.overlap_backward && comm.world_size() > 1 && !spec.is_elastic();
+        let overlapped = match overlap {
+            true => Some(OverlappedReducer::new(opt.params(), options.overlap_bucket_bytes)?),
+            false => None,
+        };
         let mut bn = BatchNormState::new(&vs, v);
         let (start, history) = Replica {
             comm: &mut *comm,
@@ -266,6 +293,7 @@ impl<'c> Trainer<'c> {
             loss,
             opt,
             reducer,
+            overlapped,
             bn,
             comm,
             options,
@@ -295,6 +323,11 @@ impl<'c> Trainer<'c> {
         self.options.sync_phases = on;
     }
 
+    /// How many buckets the all-reduce overlapped with backward sums, when it does.
+    pub fn overlapped_buckets(&self) -> Option<usize> {
+        self.overlapped.as_ref().map(OverlappedReducer::bucket_count)
+    }
+
     pub fn effective(&self) -> &Effective {
         &self.effective
     }
@@ -313,7 +346,8 @@ impl<'c> Trainer<'c> {
 
     /// One iteration: forward/backward of every virtual rank's batch, the gradient all-reduce, the update.
     /// On a GPU nothing waits for the device before the all-reduce: the loss and error counts stay on it
-    /// and ride in the last gradient bucket, and the one read back to the host is the summed extras.
+    /// and ride in the last gradient bucket, and the one read back to the host is the summed extras. With
+    /// the overlapped reducer the last micro-batch's backward runs beside the all-reduce of its buckets.
     pub fn train_step(&mut self, iteration: u64, step_in_epoch: usize, permutation: &[i64]) -> Result<StepOutcome> {
         self.faults.crash_if_due(iteration, self.comm.rank());
         self.opt.zero_grad();
@@ -324,10 +358,16 @@ impl<'c> Trainer<'c> {
         // an elastic job keeps each virtual rank's gradients apart, to be summed in rank order
         let in_rank_order = self.spec.is_elastic();
         let mut rows = Vec::new();
+        let mut still_to_back_propagate = None;
         for j in 0..self.virtual_ranks() {
-            let (loss, tally) = self.micro_batch(iteration, j, step_in_epoch, permutation)?;
-            loss_sum += loss.to_kind(Kind::Double);
+            let (loss, tally) = self.forward(iteration, j, step_in_epoch, permutation)?;
+            loss_sum += loss.detach().to_kind(Kind::Double);
             wrong += tally.to_kind(Kind::Double);
+            if self.overlapped.is_some() && j + 1 == self.virtual_ranks() {
+                still_to_back_propagate = Some(loss);
+                break;
+            }
+            self.backward(&loss)?;
             if in_rank_order {
                 rows.push(flat_gradients(self.opt.params()).copy());
                 self.opt.zero_grad();
@@ -335,13 +375,25 @@ impl<'c> Trainer<'c> {
         }
         let stop = self.stop_requested(iteration);
         let extras = StepTally::pack_on_device(&loss_sum, &wrong, stop);
-        let reduced = if in_rank_order {
-            let first = self.comm.rank() * self.virtual_ranks();
-            let (params, comm) = (self.opt.params(), &mut *self.comm);
-            reduce_in_rank_order(params, &rows, first, self.total_ranks, comm, self.reducer.staging(), &extras)?
-        } else {
-            self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &extras)?
+        let reduced = match (still_to_back_propagate, self.overlapped.as_mut()) {
+            (Some(loss), Some(overlapped)) => {
+                let divisor = self.total_ranks as f64;
+                let done =
+                    overlapped.backward_and_reduce(self.opt.params(), loss, &mut *self.comm, divisor, &extras)?;
+                self.times.backward += done.backward;
+                self.times.allreduce_total += done.communicating;
+                done.reduced
+            }
+            _ if in_rank_order => {
+                let first = self.comm.rank() * self.virtual_ranks();
+                let (params, comm) = (self.opt.params(), &mut *self.comm);
+                reduce_in_rank_order(params, &rows, first, self.total_ranks, comm, self.reducer.staging(), &extras)?
+            }
+            _ => self.reducer.reduce(self.opt.params(), &mut *self.comm, self.total_ranks as f64, &extras)?,
         };
+        if self.overlapped.is_none() {
+            self.times.allreduce_total += reduced.comm_time;
+        }
         let all = StepTally::unpack(&reduced.extras);
         self.times.allreduce += reduced.comm_time;
         let loss = all.loss_sum / self.total_ranks as f64;
@@ -361,9 +413,10 @@ impl<'c> Trainer<'c> {
         Ok(StepOutcome { lr, loss, rank_loss, wrong: all.wrong, allreduce: reduced.comm_time, stop: all.stop })
     }
 
-    /// Forward and backward of virtual rank j's micro-batch, with that rank's BatchNorm statistics; returns
-    /// its mean loss and its error tally (see [`StepOutcome::wrong`]), as scalars on the device.
-    fn micro_batch(
+    /// The forward pass of virtual rank j's micro-batch, with that rank's BatchNorm statistics; returns its
+    /// mean loss (still to back-propagate) and its error tally (see [`StepOutcome::wrong`]), as scalars on
+    /// the device.
+    fn forward(
         &mut self,
         iteration: u64,
         j: usize,
@@ -384,12 +437,18 @@ impl<'c> Trainer<'c> {
             loss_and_tally(loss_kind, classes, &out, &y)
         })
         .map_err(|e| JobError(format!("{e:#}")))?;
-        let forwarded = self.clock();
-        self.times.forward += forwarded - started;
-        loss.backward();
-        self.times.backward += self.clock() - forwarded;
+        self.times.forward += self.clock() - started;
+        // backward reads no BatchNorm statistics: they are the forward pass's alone
         self.bn.swap_out(j);
-        Ok((loss.detach(), tally))
+        Ok((loss, tally))
+    }
+
+    /// Back-propagates one micro-batch's loss into the parameters' `.grad` (adding to what is there).
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        let started = self.clock();
+        loss.f_backward().map_err(|e| JobError(format!("backward failed: {e}")))?;
+        self.times.backward += self.clock() - started;
+        Ok(())
     }
 
     /// Now, for phase times: after waiting for the GPU when `sync_phases` asks for GPU times.

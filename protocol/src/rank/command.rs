@@ -29,6 +29,8 @@ pub struct RankCommand {
     pub comm_timeout_s: Option<u64>,
     pub join_timeout_s: Option<u64>,
     pub bucket_mb: Option<usize>,
+    /// Sum gradients while backward runs, not after it.
+    pub overlap: bool,
     /// auto, ring, shm or nccl.
     pub collective: Option<String>,
     /// The shared memory segment (a passed `memfd`, `/proc/self/fd/N`) every rank of this machine was
@@ -100,6 +102,7 @@ impl RankCommand {
         }
         let switches = [
             ("--exit-with-parent", self.exit_with_parent),
+            ("--overlap", self.overlap),
             ("--allow-unsandboxed", self.allow_unsandboxed),
             ("--skip-operator-check", self.skip_operator_check),
         ];

@@ -54,6 +54,13 @@ pub struct TrainArgs {
     /// issue 32: the same bits).
     #[arg(long, default_value = "fused", value_parser = ["fused", "tensor-ops"])]
     optimizer: String,
+    /// Where a GPU rank gathers its batches: device (the data set kept on the GPU, as jobs train) or host
+    /// (gathered on the host and copied each step, the loader before issue 32's item 4). No effect on CPUs.
+    #[arg(long, default_value = "device", value_parser = ["device", "host"])]
+    data: String,
+    /// Sum the gradients while backward runs (on) or after it (off); CPU ranks: also both, a row of each.
+    #[arg(long, default_value = "off", value_parser = ["on", "off", "both"])]
+    overlap: String,
     /// libtorch threads (shared by the ranks of this process on CPUs).
     #[arg(long, default_value_t = 1)]
     threads: i32,
@@ -73,6 +80,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     match (args.device.as_str(), args.rank, args.rendezvous) {
         ("cpu", _, _) => on_cpu(args),
         ("gpu", Some(rank), Some(rendezvous)) => gpu_rank(args, rank, rendezvous),
+        ("gpu", _, _) if args.overlap == "both" => bail!("--overlap both is for CPU ranks: on GPUs run on and off"),
         ("gpu", _, _) if args.world <= 1 => gpu_rank(args, 0, format!("127.0.0.1:{}", free_local_port()?).parse()?),
         ("gpu", _, _) => gpu_processes(args),
         (other, _, _) => bail!("--device {other:?}: use cpu or gpu"),
@@ -144,15 +152,21 @@ fn measure(spec: &JobSpec, steps: u32, comm: &mut dyn Collective, options: Train
     Ok(Measured { times: trainer.times, phase_steps, wall })
 }
 
-fn row(args: &TrainArgs, world: u32, m: &Measured, reference: bool) -> Value {
+fn row(args: &TrainArgs, world: u32, m: &Measured, reference: bool, overlap: bool) -> Value {
     let per_step = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(m.phase_steps);
+    let step_ms = m.wall * 1e3 / f64::from(args.steps);
     json!({
         "bench": "train", "model": args.model, "batch": args.batch, "world": world, "device": args.device,
         "precision": args.precision,
+        "data": if args.device == "gpu" { args.data.as_str() } else { "host" },
         "samples_per_s": f64::from(args.steps * world * args.batch) / m.wall,
-        "step_ms": m.wall * 1e3 / f64::from(args.steps),
+        "step_ms": step_ms,
         "forward_ms": per_step(m.times.forward), "backward_ms": per_step(m.times.backward),
         "allreduce_ms": per_step(m.times.allreduce), "optimizer_ms": per_step(m.times.optimizer),
+        // what the step waited for the all-reduce, as a share of the step (the job page's "all-reduce share")
+        "allreduce_exposed_share": per_step(m.times.allreduce) / step_ms.max(1e-9),
+        "allreduce_total_ms": per_step(m.times.allreduce_total),
+        "overlap": overlap,
         "reference": reference,
     })
 }
@@ -161,19 +175,33 @@ fn on_cpu(args: &TrainArgs) -> Result<()> {
     tch::set_num_threads(args.threads);
     let mut rows = Vec::new();
     let worlds: Vec<u32> = if args.world > 1 { vec![1, args.world] } else { vec![1] };
+    let overlaps: &[bool] = match args.overlap.as_str() {
+        "both" => &[false, true],
+        "off" => &[false],
+        _ => &[true],
+    };
     for &world in &worlds {
-        let spec = bench_spec(args, world)?;
-        let (steps, dataset_file, fused_optimizer) = (args.steps, args.dataset_file.clone(), args.optimizer == "fused");
-        let body = move |comm: &mut dyn Collective| {
-            let options = TrainOptions { dataset_file: dataset_file.clone(), fused_optimizer, ..Default::default() };
-            measure(&spec, steps, comm, options)
-        };
-        let measured = match args.collective {
-            Backend::Ring => on_ring(world as usize, body)?,
-            Backend::Auto | Backend::Shm => on_shared_memory(world as usize, DEFAULT_SLOT_ELEMS, body)?,
-            Backend::Nccl => bail!("--collective nccl needs --device gpu"),
-        };
-        rows.push(row(args, world, &measured, world == 1));
+        // one rank has nothing to overlap: one row
+        for &overlap_backward in if world == 1 { &[false][..] } else { overlaps } {
+            let spec = bench_spec(args, world)?;
+            let (steps, dataset_file) = (args.steps, args.dataset_file.clone());
+            let fused_optimizer = args.optimizer == "fused";
+            let body = move |comm: &mut dyn Collective| {
+                let options = TrainOptions {
+                    dataset_file: dataset_file.clone(),
+                    fused_optimizer,
+                    overlap_backward,
+                    ..Default::default()
+                };
+                measure(&spec, steps, comm, options)
+            };
+            let measured = match args.collective {
+                Backend::Ring => on_ring(world as usize, body)?,
+                Backend::Auto | Backend::Shm => on_shared_memory(world as usize, DEFAULT_SLOT_ELEMS, body)?,
+                Backend::Nccl => bail!("--collective nccl needs --device gpu"),
+            };
+            rows.push(row(args, world, &measured, world == 1, overlap_backward && world > 1));
+        }
     }
     let over = if args.collective == Backend::Ring { "the TCP ring" } else { "shared memory" };
     let how = format!("ranks are threads of one process, gradients over {over}, {} optimizer", args.optimizer);
@@ -197,11 +225,16 @@ fn gpu_rank(args: &TrainArgs, rank: usize, rendezvous: SocketAddr) -> Result<()>
         secret: crate::commands::train::rendezvous_secret(),
     };
     let mut comm = args.collective.connect(&config, device, None)?;
-    let options = TrainOptions { device, dataset_file: args.dataset_file.clone(), ..Default::default() };
+    let overlap_backward = args.overlap == "on";
+    let mut options =
+        TrainOptions { device, dataset_file: args.dataset_file.clone(), overlap_backward, ..Default::default() };
+    if args.data == "host" {
+        options.data_on_device_max_bytes = 0;
+    }
     let measured = measure(&bench_spec(args, world)?, args.steps, comm.as_mut(), options)?;
     if rank == 0 {
         let note = format!("one process per rank and GPU, gradients over {}", comm.backend());
-        print_rows(args, &[row(args, world, &measured, false)], &note)?;
+        print_rows(args, &[row(args, world, &measured, false, overlap_backward && world > 1)], &note)?;
     }
     Ok(())
 }
@@ -218,6 +251,8 @@ fn gpu_processes(args: &TrainArgs) -> Result<()> {
             ("--steps", args.steps.to_string()),
             ("--dataset", args.dataset.clone()),
             ("--collective", args.collective.name().to_string()),
+            ("--data", args.data.clone()),
+            ("--overlap", args.overlap.clone()),
             ("--threads", args.threads.to_string()),
             ("--rank", rank.to_string()),
         ] {
@@ -250,18 +285,31 @@ fn print_rows(args: &TrainArgs, rows: &[Value], how: &str) -> Result<()> {
         args.threads
     );
     println!(
-        "{:>6} {:>12} {:>10} {:>11} {:>12} {:>13} {:>13}",
-        "world", "samples/s", "step ms", "forward ms", "backward ms", "allreduce ms", "optimizer ms"
+        "{:>6} {:>8} {:>12} {:>10} {:>11} {:>12} {:>13} {:>9} {:>13} {:>13}",
+        "world",
+        "overlap",
+        "samples/s",
+        "step ms",
+        "forward ms",
+        "backward ms",
+        "allreduce ms",
+        "share",
+        "in all ms",
+        "optimizer ms"
     );
+    println!("(allreduce ms: what a step waited for the all-reduce after backward; share: of the step; in all: every all-reduce, overlapped or not)");
     for row in rows {
         println!(
-            "{:>6} {:>12.0} {:>10.2} {:>11.2} {:>12.2} {:>13.2} {:>13.2}{}",
+            "{:>6} {:>8} {:>12.0} {:>10.2} {:>11.2} {:>12.2} {:>13.2} {:>8.2}% {:>13.2} {:>13.2}{}",
             row["world"].as_u64().unwrap_or(0),
+            if row["overlap"] == true { "on" } else { "off" },
             row["samples_per_s"].as_f64().unwrap_or(0.0),
             row["step_ms"].as_f64().unwrap_or(0.0),
             row["forward_ms"].as_f64().unwrap_or(0.0),
             row["backward_ms"].as_f64().unwrap_or(0.0),
             row["allreduce_ms"].as_f64().unwrap_or(0.0),
+            row["allreduce_exposed_share"].as_f64().unwrap_or(0.0) * 100.0,
+            row["allreduce_total_ms"].as_f64().unwrap_or(0.0),
             row["optimizer_ms"].as_f64().unwrap_or(0.0),
             if row["reference"] == true { "   (reference: one rank, no communication)" } else { "" }
         );

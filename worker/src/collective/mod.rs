@@ -82,6 +82,21 @@ pub trait Collective {
         tensors.iter_mut().try_for_each(|t| self.all_reduce_sum_tensor(t, staging))
     }
 
+    /// Starts summing a contiguous f32 tensor in place and may return before the sum is done; every rank
+    /// starts the same sums in the same order, and [`Collective::finish_started_sums`] waits for them all.
+    /// The tensor must be left alone (unread, unwritten, not freed) until then. NCCL enqueues the sum on a
+    /// stream of its own, after what the default stream holds so far, so that backward's kernels go on
+    /// beside it (the overlapped reducer); the host backends sum at once.
+    fn start_all_reduce_sum_tensor(&mut self, tensor: &mut Tensor, staging: &mut Vec<f32>) -> CommResult<()> {
+        self.all_reduce_sum_tensor(tensor, staging)
+    }
+
+    /// Waits for every sum [`Collective::start_all_reduce_sum_tensor`] started; on a GPU, also orders the
+    /// default stream after them.
+    fn finish_started_sums(&mut self) -> CommResult<()> {
+        Ok(())
+    }
+
     /// GPU time of the last tensor collective, when the backend measures it (CUDA events): on a GPU the
     /// host's clock would count the wait for backward's kernels too.
     fn last_device_time(&self) -> Option<Duration> {
@@ -102,10 +117,29 @@ pub(crate) fn stage(
     staging: &mut Vec<f32>,
     op: impl FnOnce(&mut [f32]) -> CommResult<()>,
 ) -> CommResult<()> {
+    if let Some(memory) = host_f32_memory(tensor) {
+        return op(memory);
+    }
     to_host(std::iter::once(&*tensor), staging);
     op(&mut staging[..])?;
     from_host(staging, std::iter::once(&*tensor));
     Ok(())
+}
+
+/// A contiguous f32 CPU tensor's memory, to sum in place: no copy to a staging buffer and back (two
+/// passes over every gradient byte of a CPU step).
+#[allow(unsafe_code)]
+fn host_f32_memory(tensor: &mut Tensor) -> Option<&mut [f32]> {
+    let eligible = tensor.device() == Device::Cpu && tensor.kind() == Kind::Float && tensor.is_contiguous();
+    if !eligible || tensor.numel() == 0 {
+        return None;
+    }
+    // SAFETY: the tensor is a contiguous f32 CPU tensor of `numel` elements, so its data pointer addresses
+    // that many initialised, aligned f32. The slice borrows the tensor mutably for its lifetime, so no other
+    // handle of this thread reaches the tensor meanwhile; the callers pass tensors made for the collective
+    // (gradient buckets, the elastic reducer's table, the benchmarks' buffers), which nothing else reads while
+    // it runs.
+    Some(unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr() as *mut f32, tensor.numel()) })
 }
 
 /// Copies `tensors` (any device, any float kind), one after the other, into `host` as f32: the one way tensors

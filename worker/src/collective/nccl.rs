@@ -17,7 +17,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::{Collective, CommError, CommResult, RendezvousConfig, RingCollective};
 use crate::cuda::nccl::{version_text, Comm, CommState, Nccl, UniqueId, MIN_VERSION_CODE, UNIQUE_ID_BYTES};
-use crate::cuda::runtime::Runtime;
+use crate::cuda::runtime::{Runtime, SideStream};
 
 /// How long an abort or a finalize may take before it is given up on.
 const TEARDOWN_BOUND: Duration = Duration::from_secs(10);
@@ -39,6 +39,10 @@ pub struct NcclCollective {
     /// 2(k-1)/k of every all-reduced byte: what a ring algorithm sends (NCCL may choose a tree).
     nominal_bytes: u64,
     last_device_time: Option<Duration>,
+    /// The stream the overlapped reducer's sums go on (made at its first), and how many sums were started
+    /// there since the last wait for them.
+    side: Option<SideStream>,
+    started_sums: usize,
 }
 
 impl NcclCollective {
@@ -80,6 +84,8 @@ impl NcclCollective {
             failure: None,
             nominal_bytes: 0,
             last_device_time: None,
+            side: None,
+            started_sums: 0,
         };
         match created {
             Ok(true) => Ok(collective),
@@ -91,11 +97,8 @@ impl NcclCollective {
     /// Runs `enqueue` (NCCL calls on the default stream), then waits until the GPU is past them, an
     /// asynchronous error shows, or the deadline passes.
     fn run(&mut self, op: &'static str, enqueue: impl FnOnce(&mut Comm) -> CommResult<()>) -> CommResult<()> {
-        if let Some(failure) = &self.failure {
-            return Err(CommError::Device(format!("NCCL failed earlier: {failure}")));
-        }
-        let timeout = if self.first_op_done { self.io_timeout } else { self.first_op_timeout };
-        let outcome = self.run_within(op, timeout, enqueue);
+        self.not_failed_before()?;
+        let outcome = self.run_within(op, self.timeout(), enqueue);
         match outcome {
             Ok(()) => {
                 self.first_op_done = true;
@@ -135,6 +138,92 @@ impl NcclCollective {
         Ok(())
     }
 
+    /// Every call after the first failure fails at once with it.
+    fn not_failed_before(&self) -> CommResult<()> {
+        match &self.failure {
+            Some(failure) => Err(CommError::Device(format!("NCCL failed earlier: {failure}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The timeout of the next operation: the first connects NCCL's peers, so it gets the join timeout.
+    fn timeout(&self) -> Duration {
+        if self.first_op_done {
+            self.io_timeout
+        } else {
+            self.first_op_timeout
+        }
+    }
+
+    /// Enqueues an in-place sum of `tensor` on the side stream, after everything the default stream holds so
+    /// far (the bucket's flattening), and returns once NCCL has taken the call, not when the sum is done.
+    #[allow(unsafe_code)] // `all_reduce_sum_on`'s contract, kept by the collective's
+    fn start_on_side_stream(&mut self, tensor: &Tensor) -> CommResult<()> {
+        self.not_failed_before()?;
+        let timeout = self.timeout();
+        let deadline = Instant::now() + timeout;
+        let enqueued = (|| {
+            if self.side.is_none() {
+                self.side = Some(self.runtime.side_stream().map_err(cuda_error)?);
+            }
+            let side = self.side.as_ref().ok_or_else(|| CommError::Device("no side stream".into()))?;
+            side.after_default().map_err(cuda_error)?;
+            let comm = self.comm.as_mut().ok_or_else(|| CommError::Device("the NCCL communicator is gone".into()))?;
+            // SAFETY: `side` is live (this collective owns it). The tensor is left alone by the caller until
+            // `finish_started_sums` (the trait's contract), which makes the default stream wait for the side
+            // stream and sees that wait's event complete before returning.
+            unsafe { comm.all_reduce_sum_on(std::slice::from_ref(tensor), side.raw()) }.map_err(device_error)?;
+            // a non-blocking group may still be enqueueing: no other NCCL call until it is ready
+            match wait_until(deadline, || comm_ready(comm, "all-reduce"))? {
+                true => Ok(()),
+                false => Err(CommError::DeviceTimedOut { op: "all-reduce", timeout }),
+            }
+        })();
+        match enqueued {
+            Ok(()) => {
+                self.started_sums += 1;
+                let k = self.world_size() as u64;
+                self.nominal_bytes += 2 * (k - 1) * tensor.numel() as u64 * 4 / k;
+                Ok(())
+            }
+            Err(e) => Err(self.fail_in_place(e)),
+        }
+    }
+
+    /// Orders the default stream after the side stream's sums and waits, against the timeout, until the GPU
+    /// is past them (or NCCL reports an error).
+    fn finish_side_stream(&mut self) -> CommResult<()> {
+        if self.started_sums == 0 {
+            return Ok(());
+        }
+        self.started_sums = 0;
+        self.not_failed_before()?;
+        let timeout = self.timeout();
+        let deadline = Instant::now() + timeout;
+        let finished = (|| {
+            let side = self.side.as_ref().ok_or_else(|| CommError::Device("no side stream".into()))?;
+            let done = side.before_default().map_err(cuda_error)?;
+            let comm = self.comm.as_ref().ok_or_else(|| CommError::Device("the NCCL communicator is gone".into()))?;
+            let finished = wait_until(deadline, || {
+                if done.is_complete().map_err(cuda_error)? {
+                    return Ok(true);
+                }
+                comm_ready(comm, "all-reduce").map(|_| false)
+            })?;
+            match finished {
+                true => Ok(()),
+                false => Err(CommError::DeviceTimedOut { op: "all-reduce", timeout }),
+            }
+        })();
+        match finished {
+            Ok(()) => {
+                self.first_op_done = true;
+                Ok(())
+            }
+            Err(e) => Err(self.fail_in_place(e)),
+        }
+    }
+
     fn fail_in_place(&mut self, error: CommError) -> CommError {
         self.failure = Some(error.to_string());
         abort_within(self.comm.take(), TEARDOWN_BOUND);
@@ -157,6 +246,10 @@ fn comm_ready(comm: &Comm, op: &'static str) -> CommResult<bool> {
 }
 
 fn device_error(e: crate::cuda::nccl::NcclError) -> CommError {
+    CommError::Device(e.to_string())
+}
+
+fn cuda_error(e: crate::cuda::runtime::CudaError) -> CommError {
     CommError::Device(e.to_string())
 }
 
@@ -286,6 +379,17 @@ impl Collective for NcclCollective {
         self.run("all-reduce", |comm| comm.all_reduce_sum(tensors).map_err(device_error))?;
         self.nominal_bytes += 2 * (k - 1) * bytes / k;
         Ok(())
+    }
+
+    fn start_all_reduce_sum_tensor(&mut self, tensor: &mut Tensor, staging: &mut Vec<f32>) -> CommResult<()> {
+        if !all_cuda(std::slice::from_ref(tensor)) {
+            return super::stage(tensor, staging, |buf| self.ring.all_reduce_sum(buf));
+        }
+        self.start_on_side_stream(tensor)
+    }
+
+    fn finish_started_sums(&mut self) -> CommResult<()> {
+        self.finish_side_stream()
     }
 
     fn broadcast_tensor(&mut self, tensor: &mut Tensor, root: usize, staging: &mut Vec<f32>) -> CommResult<()> {

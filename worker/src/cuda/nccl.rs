@@ -320,6 +320,23 @@ impl Comm {
         })
     }
 
+    /// As [`Comm::all_reduce_sum`], on `stream` instead of the default stream.
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be a live stream of the rank's GPU, and the caller must keep `tensors`' memory from
+    /// reuse until the kernels are done: the caching allocator orders reuse on the default stream only, so
+    /// the tensors must stay alive until the default stream has waited for `stream` (an event) and the caller
+    /// has seen that event complete.
+    pub unsafe fn all_reduce_sum_on(&mut self, tensors: &[Tensor], stream: Stream) -> Result<(), NcclError> {
+        self.grouped("all-reduce", tensors, |f, t, raw| {
+            let p = t.data_ptr();
+            // SAFETY: as in `all_reduce_sum`, with the memory kept alive by the caller (this function's
+            // contract) instead of by the default stream's order.
+            unsafe { (f.all_reduce)(p, p, t.numel(), FLOAT32, SUM, raw, stream) }
+        })
+    }
+
     /// Enqueues in-place broadcasts of `tensors` from `root` on the default stream, as [`Comm::all_reduce_sum`].
     pub fn broadcast(&mut self, tensors: &[Tensor], root: usize) -> Result<(), NcclError> {
         self.grouped("broadcast", tensors, |f, t, raw| {

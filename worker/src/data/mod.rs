@@ -11,6 +11,11 @@ use tch::{Device, Kind, Tensor};
 
 use shuffle::SplitMix64;
 
+/// The most bytes of samples and labels a GPU rank keeps on its device by default (see
+/// [`Dataset::place_on`]): Fashion-MNIST as stored is 55 MB, so 4 GiB leaves nearly all of even a small
+/// GPU to the model while covering the data sets a job uploads whole.
+pub const ON_DEVICE_MAX_BYTES: u64 = 4 << 30;
+
 /// Where Debian's `dataset-fashion-mnist` installs Fashion-MNIST.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
@@ -68,6 +73,17 @@ impl Split {
             Some(n) if (n as usize) < self.len() => self.narrow(0, n as i64),
             _ => self,
         }
+    }
+
+    /// The bytes its tensors hold, as stored.
+    fn bytes(&self) -> u64 {
+        let of = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        self.inputs.iter().map(of).sum::<u64>() + of(&self.y)
+    }
+
+    /// The same split on `device`, as stored (u8 images stay u8: a quarter of the bytes of f32).
+    fn copied_to(&self, device: Device) -> Split {
+        Split { inputs: self.inputs.iter().map(|t| t.to_device(device)).collect(), y: self.y.to_device(device) }
     }
 
     /// Whether the labels are values to regress rather than class indices.
@@ -254,11 +270,21 @@ impl Dataset {
         }
     }
 
-    /// Normalises batches on `device` (where the rank trains).
-    pub fn normalise_on(&mut self, device: Device) {
+    /// Prepares batches for a rank training on `device`: the normalisation's statistics go there, and so
+    /// do both splits, as stored, when `device` is a GPU and they fit in `on_device_max_bytes` (issue 32,
+    /// item 4). Then a step gathers its batch with an index select on the device, and nothing but the
+    /// indices crosses from the host: no per-step copy of the samples for the step to wait on, which is what
+    /// a prefetching loader would hide. Returns whether the splits are on the device.
+    pub fn place_on(&mut self, device: Device, on_device_max_bytes: u64) -> bool {
         if let Some(n) = &mut self.normalizer {
             n.move_to(device);
         }
+        if !device.is_cuda() || self.train.bytes() + self.test.bytes() > on_device_max_bytes {
+            return false;
+        }
+        self.train = self.train.copied_to(device);
+        self.test = self.test.copied_to(device);
+        true
     }
 
     /// The shape of one sample of the first input (C×H×W or D).
@@ -275,7 +301,8 @@ impl Dataset {
 
     /// A (normalised) batch of training samples and their labels.
     pub fn train_batch(&self, indices: &[i64], device: Device) -> (Vec<Tensor>, Tensor) {
-        let idx = Tensor::from_slice(indices);
+        // gathered where the split is (the device when `place_on` put it there), then moved if it is not
+        let idx = Tensor::from_slice(indices).to_device(self.train.y.device());
         let inputs = self.train.inputs.iter().map(|x| x.index_select(0, &idx)).collect();
         (self.prepare(inputs, device), self.train.y.index_select(0, &idx).to_device(device))
     }
@@ -347,6 +374,17 @@ mod tests {
         let mean = normalizer.mean.double_value(&[0, 0, 0, 0]);
         let std = normalizer.std.double_value(&[0, 0, 0, 0]);
         assert!((mean - 0.2860).abs() < 1e-3 && (std - 0.3530).abs() < 1e-3, "mean {mean}, std {std}");
+    }
+
+    #[test]
+    fn a_split_counts_its_bytes_as_stored_and_a_cpu_rank_keeps_it_where_it_is() {
+        let mut data = Dataset::load(&DatasetRef::Synthetic { train_size: 300 }, None, None).unwrap();
+        // synthetic inputs are f32 1×16×16, labels i64
+        assert_eq!(data.train.bytes(), 300 * (256 * 4 + 8));
+        let (before, _) = data.train_batch(&[5, 7, 11], Device::Cpu);
+        assert!(!data.place_on(Device::Cpu, u64::MAX), "a CPU rank's data is already where its step runs");
+        let (after, _) = data.train_batch(&[5, 7, 11], Device::Cpu);
+        assert!(before[0].equal(&after[0]));
     }
 
     #[test]

@@ -11,6 +11,11 @@ use tch::{Kind, Tensor};
 use crate::collective::{Collective, CommResult};
 use crate::optim::{grad_or_zeros, Param};
 
+mod hooks;
+mod overlap;
+
+pub use overlap::{Overlapped, OverlappedReducer, DEFAULT_OVERLAP_BUCKET_BYTES};
+
 pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
 
 #[derive(Debug)]
@@ -22,22 +27,7 @@ pub struct GradientReducer {
 
 impl GradientReducer {
     pub fn new(params: &[Param], bucket_bytes: usize) -> GradientReducer {
-        let limit = (bucket_bytes / std::mem::size_of::<f32>()).max(1);
-        let mut buckets = Vec::new();
-        let (mut start, mut filled) = (0, 0);
-        for (i, p) in params.iter().enumerate() {
-            let n = p.tensor.numel();
-            if filled > 0 && filled + n > limit {
-                buckets.push(start..i);
-                start = i;
-                filled = 0;
-            }
-            filled += n;
-        }
-        if start < params.len() {
-            buckets.push(start..params.len());
-        }
-        GradientReducer { buckets, staging: Vec::new() }
+        GradientReducer { buckets: layout(params, bucket_bytes, Order::FirstParametersFirst), staging: Vec::new() }
     }
 
     /// The host staging buffer, for [`reduce_in_rank_order`].
@@ -63,24 +53,13 @@ impl GradientReducer {
         divisor: f64,
         extras: &Tensor,
     ) -> CommResult<Reduced> {
-        let device = params.first().map_or(extras.device(), |p| p.tensor.device());
-        let extras = extras.to_kind(Kind::Float).to_device(device).flatten(0, -1);
-        let ride = extras.numel() as i64;
+        let extras = extras_beside(params, extras);
         let last = self.buckets.len().saturating_sub(1);
         let mut flats: Vec<Tensor> = self
             .buckets
             .iter()
             .enumerate()
-            .map(|(b, range)| {
-                let mut parts: Vec<Tensor> = params[range.clone()]
-                    .iter()
-                    .map(|p| grad_or_zeros(&p.tensor).to_kind(Kind::Float).flatten(0, -1))
-                    .collect();
-                if b == last {
-                    parts.push(extras.shallow_clone());
-                }
-                Tensor::cat(&parts, 0)
-            })
+            .map(|(b, range)| flatten(&params[range.clone()], (b == last).then_some(&extras)))
             .collect();
         if flats.is_empty() {
             flats.push(extras.copy());
@@ -88,24 +67,90 @@ impl GradientReducer {
         let started = Instant::now();
         comm.all_reduce_sum_tensors(&mut flats, &mut self.staging)?;
         let comm_time = comm.last_device_time().unwrap_or_else(|| started.elapsed());
-        let tail = flats.last().map_or(0, Tensor::numel) as i64 - ride;
-        let summed_extras = match flats.last() {
-            Some(flat) if ride > 0 => Vec::<f32>::try_from(&flat.narrow(0, tail, ride)).unwrap_or_default(),
-            _ => Vec::new(),
-        };
-        let mut grads = Vec::with_capacity(params.len());
-        for (b, range) in self.buckets.iter().enumerate() {
-            let flat = if b == last { flats[b].narrow(0, 0, tail) } else { flats[b].shallow_clone() };
-            let averaged = flat / divisor;
-            let mut offset = 0;
-            for p in &params[range.clone()] {
-                let numel = p.tensor.numel() as i64;
-                grads.push(averaged.narrow(0, offset, numel).view(p.tensor.size().as_slice()));
-                offset += numel;
+        let (grads, extras) = split(params, &self.buckets, &flats, last, extras.numel() as i64, divisor);
+        Ok(Reduced { grads, extras, comm_time })
+    }
+}
+
+/// The extras as a flat f32 tensor where the parameters live, to ride in a bucket with their gradients.
+fn extras_beside(params: &[Param], extras: &Tensor) -> Tensor {
+    let device = params.first().map_or(extras.device(), |p| p.tensor.device());
+    extras.to_kind(Kind::Float).to_device(device).flatten(0, -1)
+}
+
+/// Which parameters a list of buckets starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    FirstParametersFirst,
+    /// The order backward makes gradients in, roughly: the overlapped reducer's.
+    LastParametersFirst,
+}
+
+/// Buckets of consecutive parameters, each at most `bucket_bytes` of f32 (or one parameter, if larger), listed
+/// in `order`.
+fn layout(params: &[Param], bucket_bytes: usize, order: Order) -> Vec<Range<usize>> {
+    let limit = (bucket_bytes / std::mem::size_of::<f32>()).max(1);
+    let indices: Box<dyn Iterator<Item = usize>> = match order {
+        Order::FirstParametersFirst => Box::new(0..params.len()),
+        Order::LastParametersFirst => Box::new((0..params.len()).rev()),
+    };
+    let mut buckets: Vec<Range<usize>> = Vec::new();
+    let mut filled = 0;
+    for i in indices {
+        let n = params[i].tensor.numel();
+        match buckets.last_mut() {
+            Some(bucket) if filled + n <= limit || filled == 0 => {
+                *bucket = bucket.start.min(i)..bucket.end.max(i + 1);
+                filled += n;
+            }
+            _ => {
+                buckets.push(i..i + 1);
+                filled = n;
             }
         }
-        Ok(Reduced { grads, extras: summed_extras, comm_time })
     }
+    buckets
+}
+
+/// One bucket's local gradients, flattened into one f32 tensor where they live, in parameter order, with
+/// `extras` (if given) after them.
+fn flatten(params: &[Param], extras: Option<&Tensor>) -> Tensor {
+    let mut parts: Vec<Tensor> =
+        params.iter().map(|p| grad_or_zeros(&p.tensor).to_kind(Kind::Float).flatten(0, -1)).collect();
+    parts.extend(extras.map(Tensor::shallow_clone));
+    Tensor::cat(&parts, 0)
+}
+
+/// The summed buckets (`flats[b]` holds `buckets[b]`'s parameters, and bucket `carrier` `ride` extras after
+/// them) as the k-averaged gradients in parameter order, views of the buckets, and the extras, summed but
+/// not divided.
+fn split(
+    params: &[Param],
+    buckets: &[Range<usize>],
+    flats: &[Tensor],
+    carrier: usize,
+    ride: i64,
+    divisor: f64,
+) -> (Vec<Tensor>, Vec<f32>) {
+    let tail = flats.get(carrier).map_or(0, Tensor::numel) as i64 - ride;
+    let extras = match flats.get(carrier) {
+        Some(flat) if ride > 0 => Vec::<f32>::try_from(&flat.narrow(0, tail, ride)).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let mut in_order: Vec<usize> = (0..buckets.len()).collect();
+    in_order.sort_by_key(|&b| buckets[b].start);
+    let mut grads = Vec::with_capacity(params.len());
+    for b in in_order {
+        let flat = if b == carrier { flats[b].narrow(0, 0, tail) } else { flats[b].shallow_clone() };
+        let averaged = flat / divisor;
+        let mut offset = 0;
+        for p in &params[buckets[b].clone()] {
+            let numel = p.tensor.numel() as i64;
+            grads.push(averaged.narrow(0, offset, numel).view(p.tensor.size().as_slice()));
+            offset += numel;
+        }
+    }
+    (grads, extras)
 }
 
 /// One virtual rank's gradients, flattened in parameter order (f32): what [`reduce_in_rank_order`] takes.
@@ -135,8 +180,8 @@ pub fn reduce_in_rank_order(
     staging: &mut Vec<f32>,
     extras: &Tensor,
 ) -> CommResult<Reduced> {
-    let device = params.first().map_or(extras.device(), |p| p.tensor.device());
-    let extras = extras.to_kind(Kind::Float).to_device(device).flatten(0, -1);
+    let extras = extras_beside(params, extras);
+    let device = extras.device();
     let (ride, width) = (extras.numel() as i64, rows.first().map_or(0, Tensor::numel) as i64);
     let mut table = Tensor::zeros([k as i64, width + ride], (Kind::Float, device));
     for (j, row) in rows.iter().enumerate() {
