@@ -255,6 +255,46 @@ async fn a_server_restart_loses_nothing_and_running_jobs_go_on() {
     assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
 }
 
+/// An agent killed after it reported its rank 0's rendezvous address, before the rank ran (its files still
+/// coming): the other ranks were told that address. Its restarted successor runs rank 0 there again, so the
+/// placement goes on in its first attempt. (Rank 0 used to take a new port, and rank 1, told the old one,
+/// tried it until its 30 s join timeout and failed the placement: seen in the SQLite soak in CI.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_between_rank_0s_address_and_its_start_keeps_the_placement() {
+    use ringtrain_agent::{client::Client, devices::cpu_slots};
+    let db = fresh_postgres_database("successor").await;
+    let mut cluster = Cluster::serve("successor", &db, 0, 2).await;
+    let token = cluster.api.post("/v1/agent-tokens", json!({"label": "node0"})).await;
+    let token = token["token"].as_str().unwrap().to_string();
+
+    // the predecessor: registers node0, takes the job's two ranks, reports rank 0's address, and dies
+    let predecessor = Client::new(&cluster.url, &token, &Default::default()).unwrap();
+    let node = predecessor.register("node0", "127.0.0.1", &cpu_slots(2)).await.unwrap();
+    let id = cluster.api.submit(&fashion_mnist("e2e-successor", 2, 2000, 1)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let rank_0 = loop {
+        predecessor.heartbeat(node.id).await.unwrap();
+        let poll = predecessor.poll(node.id, None, Duration::ZERO).await.unwrap();
+        if let Some(work) = poll.work.iter().find(|w| w.assignment.rank == 0 && w.assignment.job_id.to_string() == id) {
+            break work.assignment.clone();
+        }
+        assert!(Instant::now() < deadline, "job {id} was not placed on node0: {:?}", cluster.api.job(&id).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let address = format!("127.0.0.1:{port}");
+    predecessor.report_endpoint(rank_0.id, &address).await.unwrap();
+
+    cluster.start_agent("node0", &token, 2);
+    let api = &cluster.api;
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    assert_eq!(job["attempt"], 1, "the placement failed: {events}");
+    let states: Vec<&str> =
+        events["events"].as_array().unwrap().iter().filter_map(|e| e["to_state"].as_str()).collect();
+    assert_eq!(states, ["queued", "scheduled", "running", "succeeded"], "{events}");
+}
+
 /// A job cancelled after its first checkpoint and resumed (`POST /v1/jobs/{id}/resume`) is placed again and
 /// starts from that checkpoint, not from the beginning, and succeeds with every iteration reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,7 +216,11 @@ async fn rank_process(
     if let Some(secret) = &work.rendezvous_secret {
         command.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, secret);
     }
-    let rendezvous = if a.rank == 0 {
+    let rendezvous = if let (0, Some(reported)) = (a.rank, &work.rendezvous) {
+        // This agent's predecessor reported rank 0's address and died before the rank ran: the other ranks
+        // were told that address and may be connecting to it already, so rank 0 listens there again.
+        listen_again_at(reported).await?
+    } else if a.rank == 0 {
         // A port free now on this node; rank 0 listens on it moments later.
         let port = std::net::TcpListener::bind((ctx.address, 0))?.local_addr()?.port();
         let endpoint = std::net::SocketAddr::new(ctx.address, port).to_string();
@@ -237,6 +241,32 @@ async fn rank_process(
     }
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     Ok((command, cgroup))
+}
+
+/// How long [`listen_again_at`] waits for a dead predecessor's rank to let go of its address.
+const REUSE_ENDPOINT_WAIT: Duration = Duration::from_secs(5);
+
+/// Rank 0's address as an earlier agent of this node reported it (`host:port`), once it can be bound again.
+/// A new address instead would fail the placement: the other ranks, told the old one, would try it until
+/// their join timeout (the soak saw a job lose an attempt so, 30 s later, after an agent kill). The old
+/// rank, if it ever ran, exits with its agent; a port taken for good is an error.
+async fn listen_again_at(reported: &str) -> Result<String> {
+    let address: std::net::SocketAddr =
+        reported.parse().with_context(|| format!("rank 0's reported address {reported:?} is not host:port"))?;
+    let deadline = tokio::time::Instant::now() + REUSE_ENDPOINT_WAIT;
+    loop {
+        match std::net::TcpListener::bind(address) {
+            Ok(_) => return Ok(reported.to_string()),
+            Err(err) if tokio::time::Instant::now() >= deadline => {
+                return Err(err).with_context(|| {
+                    format!(
+                        "rank 0's address {reported}, which its peers were told before this agent restarted, is taken"
+                    )
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 /// Runs the rank; returns how its assignment ended, and whether everything it left for the server got there
