@@ -85,7 +85,8 @@ const PARTITION: &str = "table inet partition {
 /// The host (1..) whose agent runs rank `rank` of `job`, from the rank process's folder.
 fn host_of_rank(job: &str, rank: u32) -> u32 {
     let pids = support::rank_pids(job, Some(rank));
-    let folder = std::fs::read_link(format!("/proc/{}/cwd", pids[0])).unwrap();
+    let pid = pids.first().unwrap_or_else(|| panic!("rank {rank} of {job} does not run (has the job ended?)"));
+    let folder = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap();
     let text = folder.to_string_lossy().into_owned();
     let host = text.split('/').find_map(|part| part.strip_prefix("host")).expect("a host folder");
     host.parse().unwrap()
@@ -115,7 +116,9 @@ async fn a_partitioned_host_is_written_off_its_job_resumes_elsewhere_and_the_hea
     let pool = Pool::start("partition", 4).await;
     let (hosts, api) = (&pool.hosts, &pool.api);
 
-    let id = api.submit(&fashion_mnist("partition", 2, 6000, 4)).await;
+    // long enough that rank 1 still trains when its host is cut after the first checkpoint (6,000 samples
+    // were done in about a second: the job had ended by then once)
+    let id = api.submit(&fashion_mnist("partition", 2, 30000, 4)).await;
     api.wait_first_checkpoint(&id, LONG).await;
     let cut = host_of_rank(&id, 1);
     nft(hosts, cut, &["-f", "-"], Some(PARTITION));

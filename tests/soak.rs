@@ -12,9 +12,12 @@ fn soak(database: &str) {
     let dir = std::env::temp_dir().join(format!("ringtrain-e2e-{}-soak-{database}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let output = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
-        .args(["bench", "soak", "--json", "--databases", database, "--jobs", "12", "--train-samples", "6000"])
+        .args(["bench", "soak", "--json", "--databases", database, "--jobs", "12", "--train-samples", "9000"])
         .args(["--rank-kills", "3", "--agent-kills", "1", "--server-restarts", "1", "--database-drops", "1"])
-        .args(["--fault-every-s", "2", "--seed", "7", "--timeout-s", "900", "--work-dir"])
+        // the faults must all land before the jobs end (the soak stops when they have): 6 faults 0.5-1.5 s
+        // apart plus their outages (up to 6 s a server restart, 5 s the database drop, 4 s an agent kill)
+        // take up to ~25 s; 12 jobs of 9,000 samples train longer than that here, with the restarts they cause
+        .args(["--fault-every-s", "1", "--seed", "7", "--timeout-s", "900", "--work-dir"])
         .arg(&dir)
         .output()
         .expect("run ringtrain bench soak");

@@ -46,6 +46,9 @@ pub struct Fault {
     pub detail: String,
     /// The jobs whose ranks it killed, with the newest iteration each had reported by then.
     pub hit: Vec<(String, Option<i64>)>,
+    /// The node an agent kill stopped the agent of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// The shuffle's generator: the same seed gives the same fault order, targets and waits.
@@ -88,7 +91,7 @@ pub async fn inject(
 ) -> Result<Option<Fault>> {
     let at = Utc::now();
     let at_s = started.elapsed().as_secs_f64();
-    let fault = |detail: String, hit| Fault { kind, at_s, at, detail, hit };
+    let fault = |detail: String, hit| Fault { kind, at_s, at, detail, hit, node: None };
     match kind {
         FaultKind::RankKill => {
             let ranks = cluster.ranks();
@@ -126,7 +129,8 @@ pub async fn inject(
             let down = Duration::from_millis(1000 + rng.below(3000) as u64);
             tokio::time::sleep(down).await;
             cluster.start_agent(index)?;
-            Ok(Some(fault(format!("{name} ({} job(s) on it), down {:.1} s", hit.len(), down.as_secs_f64()), hit)))
+            let detail = format!("{name} ({} job(s) on it), down {:.1} s", hit.len(), down.as_secs_f64());
+            Ok(Some(Fault { node: Some(name), ..fault(detail, hit) }))
         }
         FaultKind::ServerRestart => {
             let outage = Duration::from_millis(2000 + rng.below(4000) as u64);

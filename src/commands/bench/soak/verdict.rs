@@ -9,7 +9,7 @@ use anyhow::Result;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::faults::Fault;
+use super::faults::{Fault, FaultKind};
 use super::get_retrying;
 use ringtrain_client::ApiClient;
 
@@ -174,10 +174,14 @@ pub fn lost_iterations(id: &str, record: &JobRecord, faults: &[Fault]) -> i64 {
 
 /// A failed attempt no kill explains: only a rank or agent killed may cost a job an attempt (a server
 /// restart or a database outage must not, and neither may anything else in a soak of sound jobs). Each
-/// kill that hit the job explains one.
+/// kill that hit the job explains one, and so does each failure that says its rank was lost because the
+/// agent of a node an agent kill stopped restarted: an agent killed while it held an assignment it had not
+/// started yet (its files still coming) leaves no rank process for the kill to see, and the restarted agent
+/// reports that assignment lost, naming its node.
 pub fn unexplained_failures(id: &str, record: &JobRecord, faults: &[Fault]) -> Option<String> {
     let failures = (record.int("attempt") - 1).max(0);
-    let kills = faults.iter().filter(|f| f.hit.iter().any(|(job, _)| job == id)).count() as i64;
+    let hit_it = |f: &&Fault| f.hit.iter().any(|(job, _)| job == id);
+    let kills = faults.iter().filter(hit_it).count() as i64;
     if failures <= kills {
         return None;
     }
@@ -185,8 +189,20 @@ pub fn unexplained_failures(id: &str, record: &JobRecord, faults: &[Fault]) -> O
         .events
         .iter()
         .filter(|e| e["to_state"] == "queued" && e["from_state"].is_string())
-        .filter_map(|e| e["reason"].as_str().map(|r| r.lines().next().unwrap_or("").to_string()))
+        // every line: a failure's stderr tail is what tells an unexplained one apart (its first line alone
+        // said only "exited with status 1" in a CI run that could not be repeated)
+        .filter_map(|e| e["reason"].as_str().map(|r| r.lines().collect::<Vec<_>>().join(" | ")))
         .collect();
+    let agents_killed: Vec<&str> =
+        faults.iter().filter(|f| f.kind == FaultKind::AgentKill).filter_map(|f| f.node.as_deref()).collect();
+    let lost_with_an_agent = reasons
+        .iter()
+        .filter(|r| agents_killed.iter().any(|n| r.contains(&format!("on node {n} was lost: its agent restarted"))))
+        .count() as i64;
+    let rank_kills = faults.iter().filter(hit_it).filter(|f| f.kind == FaultKind::RankKill).count() as i64;
+    if failures <= rank_kills + lost_with_an_agent {
+        return None;
+    }
     Some(format!(
         "job {id}: {failures} failed attempt(s) but {kills} kill(s) hit it; the failures: {}",
         reasons.join(" / ")
@@ -196,4 +212,42 @@ pub fn unexplained_failures(id: &str, record: &JobRecord, faults: &[Fault]) -> O
 /// Attempts beyond the first, and preemptions.
 pub fn restarts(record: &JobRecord) -> (i64, i64) {
     ((record.int("attempt") - 1).max(0), record.int("preemptions"))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn fault(kind: FaultKind, hit: &[&str], node: Option<&str>) -> Fault {
+        let hit = hit.iter().map(|j| (j.to_string(), None)).collect();
+        Fault { kind, at_s: 1.0, at: Utc::now(), detail: String::new(), hit, node: node.map(String::from) }
+    }
+
+    fn failed_twice(reasons: [&str; 2]) -> JobRecord {
+        let events = reasons.iter().map(|r| json!({"from_state": "running", "to_state": "queued", "reason": r}));
+        JobRecord {
+            job: json!({"attempt": 3}),
+            events: events.collect(),
+            iterations: Vec::new(),
+            epochs: Vec::new(),
+            checkpoints: Vec::new(),
+        }
+    }
+
+    /// A rank kill explains the failure it caused; an agent kill explains a rank lost with its restarted
+    /// agent even when it saw no rank of the job (the assignment not started yet); nothing else does.
+    #[test]
+    fn each_failure_needs_a_kill_that_explains_it() {
+        let lost = "rank 0 on node node0 was lost: its agent restarted";
+        let record = failed_twice(["rank 1 exited: killed by signal 9", lost]);
+        let rank_kill = fault(FaultKind::RankKill, &["j"], None);
+        let agent_kill = |node| fault(FaultKind::AgentKill, &[], Some(node));
+        assert_eq!(unexplained_failures("j", &record, &[rank_kill.clone(), agent_kill("node0")]), None);
+        let elsewhere = unexplained_failures("j", &record, &[rank_kill.clone(), agent_kill("node1")]);
+        assert!(elsewhere.is_some_and(|v| v.contains("2 failed attempt(s) but 1 kill(s)")));
+        let restart = fault(FaultKind::ServerRestart, &[], None);
+        assert!(unexplained_failures("j", &record, &[rank_kill, restart]).is_some());
+    }
 }
