@@ -204,7 +204,10 @@ async fn an_elastic_borrower_shrinks_when_reclaimed_and_grows_back() {
     let cluster = Cluster::up("elastic", 4).await;
     let owner = cluster.team("owner", 2).await;
     let borrower = cluster.team("borrower", 2).await;
-    let mut spec = fashion_mnist("elastic-borrower", 4, 60000, 3);
+    // 6 epochs: alone on the machine 3 were trained on 2 devices before the owner's job had ended and freed
+    // its devices to grow back onto (the ranks' shared-memory all-reduce made them fast; the suite's load
+    // had hidden it)
+    let mut spec = fashion_mnist("elastic-borrower", 4, 60000, 6);
     spec["devices"] = json!({"min": 1});
     let elastic = borrower.submit(&spec).await;
     borrower.wait_first_iteration(&elastic, LONG).await;
@@ -301,7 +304,9 @@ async fn an_agent_restarted_between_rank_0s_address_and_its_start_keeps_the_plac
 async fn a_cancelled_job_resumes_from_its_checkpoint() {
     let cluster = Cluster::up("resume", 2).await;
     let api = &cluster.api;
-    let id = api.submit(&fashion_mnist("e2e-resume", 2, 4000, 4)).await;
+    // 8 epochs of 8,000: alone on the machine 4 of 4,000 had ended before the cancel that followed the first
+    // checkpoint (the suite's load had hidden it)
+    let id = api.submit(&fashion_mnist("e2e-resume", 2, 8000, 8)).await;
     api.wait_first_checkpoint(&id, LONG).await;
     api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
     api.wait_state(&id, "cancelled", LONG).await;
