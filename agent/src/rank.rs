@@ -248,7 +248,7 @@ const REUSE_ENDPOINT_WAIT: Duration = Duration::from_secs(5);
 
 /// Rank 0's address as an earlier agent of this node reported it (`host:port`), once it can be bound again.
 /// A new address instead would fail the placement: the other ranks, told the old one, would try it until
-/// their join timeout (the soak saw a job lose an attempt so, 30 s later, after an agent kill). The old
+/// their join timeout (the soak saw a job lose an attempt so, 120 s later, after an agent kill). The old
 /// rank, if it ever ran, exits with its agent; a port taken for good is an error.
 async fn listen_again_at(reported: &str) -> Result<String> {
     let address: std::net::SocketAddr =
