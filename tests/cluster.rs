@@ -416,7 +416,13 @@ async fn ringtrain_up_runs_the_main_path_on_sqlite() {
     // one, and as the rank user where the agent is root: its private folder is that user's
     let confined = logs(&id, &["--grep", "sandbox: Landlock"]);
     let text = String::from_utf8_lossy(&confined.stdout);
-    assert_eq!(text.lines().filter(|l| l.contains("seccomp on") && l.contains("TCP confined")).count(), 2, "{text}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("seccomp on") && l.contains("TCP confined") && l.contains("abstract sockets scoped"))
+            .count(),
+        2,
+        "{text}"
+    );
     if !matches!(
         ringtrain_sandbox::cgroup::Hierarchy::detect(),
         ringtrain_sandbox::cgroup::Hierarchy::Unavailable { .. }

@@ -34,6 +34,7 @@ impl RankSandbox {
         allow_unsandboxed: bool,
         exe: &Path,
         memory_bytes: Option<u64>,
+        offers_gpus: bool,
     ) -> Result<RankSandbox> {
         let support = ringtrain_sandbox::probe();
         if !support.can_confine() && !allow_unsandboxed {
@@ -41,6 +42,13 @@ impl RankSandbox {
                 "this node cannot confine tenant code (it lacks {}): ranks would run unconfined; on a \
                  single-team install pass --allow-unsandboxed",
                 support.missing().join(" and ")
+            );
+        }
+        if offers_gpus && !support.can_scope_sockets() && !allow_unsandboxed {
+            bail!(
+                "this node cannot confine GPU ranks: {}; offer only CPUs here, or on a single-team install \
+                 pass --allow-unsandboxed",
+                ringtrain_sandbox::support::NO_SOCKET_SCOPE
             );
         }
         let user = RankUser::for_tenant_code(support.root, rank_user).map_err(anyhow::Error::msg)?;

@@ -159,8 +159,14 @@ impl Agent {
         let exe = std::env::current_exe().context("cannot find the ringtrain executable")?;
         // each rank may use its device's share of this machine's memory (what the server admits jobs by)
         let memory_share = devices::memory_total().map(|total| total / offered.len().max(1) as u64);
-        let sandbox =
-            confine::RankSandbox::prepare(args.rank_user.as_deref(), args.allow_unsandboxed, &exe, memory_share)?;
+        let offers_gpus = offered.iter().any(|d| d.kind == ringtrain_core::spec::DeviceKind::Gpu.to_string());
+        let sandbox = confine::RankSandbox::prepare(
+            args.rank_user.as_deref(),
+            args.allow_unsandboxed,
+            &exe,
+            memory_share,
+            offers_gpus,
+        )?;
         let report = capabilities::ask(&exe).await;
         match &report {
             Ok(report) => tracing::info!(capabilities = %capabilities::summary(report), "ringtrain doctor"),

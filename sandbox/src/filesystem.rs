@@ -66,10 +66,11 @@ pub(crate) fn restrict(confinement: &Confinement, support: &Support) -> Result<O
         ruleset = ruleset.handle_access(AccessNet::from_all(ABI::V4)).map_err(|e| failed("Landlock", e))?;
     }
     if support.landlock_abi >= 6 {
-        // NCCL's proxies talk over abstract Unix sockets between the ranks (separate sandboxes) of one GPU
-        // host: only CPU ranks and checks are scoped.
-        let scope = if confinement.gpu { BitFlags::from(Scope::Signal) } else { Scope::from_all(ABI::V6) };
-        ruleset = ruleset.scope(scope).map_err(|e| failed("Landlock", e))?;
+        // Abstract Unix sockets and signals are scoped to this process's own domain, GPU ranks' too: each
+        // NCCL communicator binds an abstract socket for its proxy, but its peers send to it only when
+        // NCCL shares memory through cuMem handles, which the sandbox turns off (`crate::nccl`). So no
+        // rank reaches another's socket, of another job or of its own.
+        ruleset = ruleset.scope(Scope::from_all(ABI::V6)).map_err(|e| failed("Landlock", e))?;
     }
     let mut created = ruleset.create().map_err(|e| failed("Landlock", e))?;
 

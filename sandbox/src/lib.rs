@@ -8,6 +8,10 @@
 //!   `/proc/self` and a few device files; it writes only its private folder; it executes nothing;
 //! - **network** (Landlock TCP rules): a rank binds and connects only the ephemeral ports its all-reduce
 //!   ring uses and its rendezvous port (not Postgres, not the API); a model check has no network at all;
+//! - **Unix sockets** ([`syscalls`], Landlock scopes): a CPU rank or a check opens none, so no service
+//!   listening on a socket file (the node's Postgres, D-Bus, a container engine) is reachable; a GPU rank
+//!   opens only the datagram kind NCCL's proxy binds, reaches no other process's abstract socket, and its
+//!   NCCL is told to need none ([`nccl`]);
 //! - **system calls** ([`syscalls`], seccomp): what training never needs is refused (ptrace, mount, bpf,
 //!   perf events, keys, namespaces, kernel modules, exec, fork);
 //! - **resources** ([`limits`]): file size, open files, processes, CPU time, no core dumps;
@@ -24,6 +28,7 @@ pub mod environment;
 pub mod filesystem;
 pub mod launch;
 pub mod limits;
+pub mod nccl;
 pub mod support;
 pub mod syscalls;
 pub mod user;
@@ -50,7 +55,8 @@ pub struct Confinement {
     #[serde(default)]
     pub kept: Vec<PathBuf>,
     /// A GPU rank: the NVIDIA device files and what CUDA and NCCL read (`/sys`, `/proc/driver/nvidia`),
-    /// and `/dev/shm`, NCCL's transport between the GPUs of one machine.
+    /// `/dev/shm` (NCCL's transport between the GPUs of one machine), the datagram Unix socket and route
+    /// netlink NCCL opens, and NCCL told to share memory without Unix sockets ([`nccl`]).
     pub gpu: bool,
     pub network: Network,
     pub limits: Limits,
@@ -84,6 +90,8 @@ pub struct Applied {
     pub landlock_abi: Option<i32>,
     /// Whether TCP is confined (Landlock ABI 4 and later).
     pub network_confined: bool,
+    /// Whether abstract Unix sockets (and signals) are scoped to the process (Landlock ABI 6 and later).
+    pub sockets_scoped: bool,
     pub seccomp: bool,
     pub limits: Limits,
     /// Readable and writable paths, as given.
@@ -101,7 +109,8 @@ impl std::fmt::Display for Applied {
             }
             None => write!(f, "sandbox: NO Landlock (files are not confined")?,
         }
-        write!(f, "; TCP {})", if self.network_confined { "confined" } else { "NOT confined" })?;
+        write!(f, "; TCP {}", if self.network_confined { "confined" } else { "NOT confined" })?;
+        write!(f, ", abstract sockets {})", if self.sockets_scoped { "scoped" } else { "NOT scoped" })?;
         write!(f, ", seccomp {}", if self.seccomp { "on" } else { "OFF" })?;
         write!(f, ", limits: {}", self.limits)?;
         if self.closed_fds > 0 {
@@ -139,6 +148,12 @@ pub fn enter(confinement: &Confinement, enforcement: Enforcement) -> Result<Appl
         .map_err(|e| failed("not dumpable", e))?;
     rustix::thread::set_no_new_privs(true).map_err(|e| failed("no new privileges", e))?;
     let support = support::probe();
+    if confinement.gpu && !support.can_scope_sockets() && enforcement == Enforcement::Required {
+        return Err(SandboxError::Unsupported(support::NO_SOCKET_SCOPE.into()));
+    }
+    if confinement.gpu {
+        nccl::without_unix_sockets_between_ranks();
+    }
     let landlock = filesystem::restrict(confinement, &support)?;
     if landlock.is_none() && enforcement == Enforcement::Required {
         return Err(SandboxError::Unsupported("the kernel has no Landlock (Linux 5.13 or later)".into()));
@@ -154,6 +169,7 @@ pub fn enter(confinement: &Confinement, enforcement: Enforcement) -> Result<Appl
     Ok(Applied {
         landlock_abi: landlock,
         network_confined: landlock.is_some_and(|abi| abi >= 4),
+        sockets_scoped: landlock.is_some_and(|abi| abi >= 6),
         seccomp,
         limits: confinement.limits.clone(),
         read: confinement.read.len(),

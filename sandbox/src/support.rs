@@ -5,6 +5,11 @@
 
 use serde::Serialize;
 
+/// Why a GPU rank is refused where Landlock cannot scope abstract Unix sockets.
+pub const NO_SOCKET_SCOPE: &str =
+    "GPU ranks need Landlock ABI 6 (Linux 6.12 or later) to keep them from other processes' \
+     abstract Unix sockets; this kernel's Landlock is older";
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Support {
     /// The kernel's Landlock ABI version; 0 when it has none (or it is disabled).
@@ -21,6 +26,13 @@ impl Support {
     /// Everything [`crate::enter`] needs in order to confine.
     pub fn can_confine(&self) -> bool {
         self.landlock_abi > 0 && self.seccomp
+    }
+
+    /// Whether Landlock can scope abstract Unix sockets (ABI 6, Linux 6.12): what keeps a GPU rank, which
+    /// may open datagram Unix sockets for NCCL, from reaching another process's abstract socket. CPU ranks
+    /// and checks open no Unix socket at all and do not need it.
+    pub fn can_scope_sockets(&self) -> bool {
+        self.landlock_abi >= 6
     }
 
     /// What is missing, in words.
@@ -40,7 +52,12 @@ impl std::fmt::Display for Support {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.landlock_abi {
             abi if abi > 0 => {
-                write!(f, "Landlock ABI {abi}{}", if abi >= 4 { " (files and TCP)" } else { " (files only)" })?
+                let covers = match abi {
+                    6.. => " (files, TCP, abstract sockets)",
+                    4 | 5 => " (files and TCP)",
+                    _ => " (files only)",
+                };
+                write!(f, "Landlock ABI {abi}{covers}")?
             }
             _ => write!(f, "no Landlock")?,
         }

@@ -84,9 +84,25 @@ const CLONE_NAMESPACES: &[u64] = &[
     libc::CLONE_NEWCGROUP as u64,
 ];
 
-/// The socket families a rank's all-reduce uses (TCP over IPv4 or IPv6; NCCL's Unix sockets); a check
-/// opens none.
-const RING_FAMILIES: &[u64] = &[libc::AF_UNIX as u64, libc::AF_INET as u64, libc::AF_INET6 as u64];
+/// The socket families a rank's all-reduce uses: TCP over IPv4 or IPv6. A CPU rank opens no Unix socket at
+/// all (its peers on the same machine share memory through a passed `memfd`), so none can reach a service
+/// listening on a socket file (Postgres's `/var/run/postgresql/.s.PGSQL.5432`, D-Bus, a container engine)
+/// or an abstract socket: Landlock's file rules do not cover connecting to a socket file, this does.
+const RING_FAMILIES: &[u64] = &[libc::AF_INET as u64, libc::AF_INET6 as u64];
+
+/// What a GPU rank's NCCL needs beyond TCP, and nothing more:
+/// - `AF_UNIX` of type `SOCK_DGRAM` only: every NCCL communicator binds one abstract datagram socket for
+///   its proxy thread (`ncclProxyInit`). Peers would send it file descriptors only when NCCL shares GPU
+///   memory through cuMem handles, which the sandbox turns off ([`crate::nccl`]); Landlock scopes abstract
+///   sockets to the rank's own domain. Stream and seqpacket sockets (what Postgres, D-Bus, container
+///   engines and ssh agents listen on) are refused.
+/// - `AF_NETLINK` with `NETLINK_ROUTE` only: NCCL lists the host's interfaces with `getifaddrs(3)` before
+///   its bootstrap, and fails without them. Unprivileged, that protocol reads addresses and routes; it
+///   changes nothing.
+const GPU_UNIX_STREAM_TYPES: &[u64] = &[libc::SOCK_STREAM as u64, libc::SOCK_SEQPACKET as u64];
+
+/// The low bits of socket(2)'s type argument: the type without `SOCK_NONBLOCK` and `SOCK_CLOEXEC`.
+const SOCKET_TYPE_MASK: u64 = 0xf;
 
 /// The names of the calls refused outright (for the documentation and `doctor`).
 pub fn denied_names() -> impl Iterator<Item = &'static str> {
@@ -119,17 +135,48 @@ fn denials(confinement: &Confinement) -> Result<BpfProgram, String> {
     // socket(2) of another family than the ring's (or any, for a check)
     let socket_rule = match confinement.network {
         Network::None => Vec::new(),
-        Network::Ring { .. } => vec![rule(
-            RING_FAMILIES
-                .iter()
-                .map(|&family| condition(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family))
-                .collect::<Result<Vec<_>, _>>()?,
-        )?],
+        Network::Ring { .. } => refused_sockets(confinement.gpu)?,
     };
     rules.insert(libc::SYS_socket, socket_rule);
+    // socketpair(2) makes Unix sockets, and a datagram one may still send to any socket file by name
+    // (sendto with an address): refused where Unix sockets are. A GPU rank may make datagram Unix
+    // sockets anyway, so a pair gives it nothing more; it is left to CUDA's closed driver, whose needs
+    // are not all documented.
+    if !confinement.gpu {
+        rules.insert(libc::SYS_socketpair, Vec::new());
+    }
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch()?)
         .map_err(|e| e.to_string())?;
     filter.try_into().map_err(|e: seccompiler::BackendError| e.to_string())
+}
+
+/// The rules (any one matches) of a socket(2) call a rank may not make: a family other than TCP's, and
+/// for a GPU rank other than NCCL's datagram Unix socket and route netlink.
+fn refused_sockets(gpu: bool) -> Result<Vec<SeccompRule>, String> {
+    let family = |op, value: i32| condition(0, SeccompCmpArgLen::Dword, op, value as u64);
+    let (unix, netlink) = (libc::AF_UNIX, libc::AF_NETLINK);
+    let mut allowed: Vec<u64> = RING_FAMILIES.to_vec();
+    if gpu {
+        allowed.extend([unix as u64, netlink as u64]);
+    }
+    let other_family = allowed
+        .iter()
+        .map(|&f| condition(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, f))
+        .collect::<Result<_, _>>()?;
+    let mut rules = vec![rule(other_family)?];
+    if gpu {
+        for &kind in GPU_UNIX_STREAM_TYPES {
+            rules.push(rule(vec![
+                family(SeccompCmpOp::Eq, unix)?,
+                condition(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(SOCKET_TYPE_MASK), kind)?,
+            ])?);
+        }
+        rules.push(rule(vec![
+            family(SeccompCmpOp::Eq, netlink)?,
+            condition(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, libc::NETLINK_ROUTE as u64)?,
+        ])?);
+    }
+    Ok(rules)
 }
 
 /// clone3(2) takes its flags in memory, where seccomp cannot look: it answers ENOSYS, and glibc falls back
@@ -158,6 +205,8 @@ mod tests {
         assert!(denials(&Confinement::default()).is_ok());
         let ring = Confinement { network: Network::Ring { ports: vec![] }, ..Default::default() };
         assert!(denials(&ring).is_ok());
+        let gpu = Confinement { gpu: true, ..ring };
+        assert!(denials(&gpu).is_ok());
         assert!(no_clone3().is_ok());
         assert!(denied_names().any(|n| n == "ptrace"));
     }

@@ -5,15 +5,17 @@
 #   bash scripts/device/check.sh
 #
 # It needs .device/ringtrain, built on a CPU machine by scripts/device/build-gpu-binary.sh. Every step is
-# bounded, logs under $OUT (7 small files: env, nccl, faults, equivalence, resnet50, up logs and table.md), and
-# the script ends by printing the table of all steps (also $OUT/table.md). A failed step never stops the
-# others. Steps, cheapest and most telling first:
+# bounded, logs under $OUT (8 small files: env, nccl, faults, equivalence, sandbox, resnet50 and up logs, and
+# table.md), and the script ends by printing the table of all steps (also $OUT/table.md). A failed step never
+# stops the others. Steps, cheapest and most telling first:
 #   env          GPU, python torch/NCCL/cuDNN versions, every library of the binary resolves
 #   doctor       `ringtrain doctor` and `doctor --json`: CUDA available, NCCL loadable
 #   nccl-world1  NCCL all-reduce, world 1: 1, 16 and 256 MB exact
 #   nccl-dup     two ranks on the one GPU without NCCL_HOSTID: both fail fast with "Duplicate GPU"
 #   nccl-hostid  two ranks on the one GPU as two NCCL "hosts" (--share-gpu-for-tests): 1 and 64 MB exact
 #   equivalence  LeNet-5 k=2, one epoch: NCCL and the ring against --virtual-ranks 2, loss within 1e-4 rel.
+#   sandbox      the same NCCL run with both ranks confined as agents confine them (--sandbox-dir): NCCL
+#                initialises and trains under the sandbox's Unix-socket rules (issue 53)
 #   crash        rank 1 aborts at iteration 20: rank 0 exits non-zero within the comm timeout, saying why
 #   sigstop      rank 1 is stopped (SIGSTOP) mid-training: the same
 #   resnet50     ResNet-50 img/s, bf16 and fp32, batch 64 and 128: ringtrain against PyTorch eager
@@ -44,7 +46,7 @@ RESULTS="$WORK/results.tsv"
 R50="$WORK/resnet50.tsv"
 : >"$RESULTS"
 : >"$R50"
-rm -f "$OUT"/{env,nccl,faults,equivalence,resnet50,up}.log "$OUT/table.md"
+rm -f "$OUT"/{env,nccl,faults,equivalence,sandbox,resnet50,up}.log "$OUT/table.md"
 ulimit -c 0 # an aborted rank (the crash step) must not write a core dump of a CUDA process
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 export RUST_BACKTRACE=0
@@ -275,6 +277,27 @@ step_equivalence() {
   judge equivalence "$WORK/eq-nccl.out" "$WORK/eq-virtual.out" "$WORK/eq-ring.out"
   FIG="rc$rcs; $FIG"
   [[ "$rcs" == " nccl=0 virtual=0 ring=0" ]] || STATUS=FAIL
+}
+
+# Both ranks confined as an agent confines them (--sandbox-dir; issue 53): Unix sockets only of the datagram
+# kind NCCL's proxy binds, scoped to each rank; route netlink for NCCL's interface list; NCCL_CUMEM_ENABLE=0
+# and NCCL_NVLS_ENABLE=0 set by the sandbox. LeNet-5 k = 2 over NCCL on the one GPU, one epoch.
+step_sandbox() {
+  local spec="$WORK/sandbox.json" private="$WORK/sandbox-private" out="$WORK/sandbox-out" rc confined
+  lenet_spec 1 50 4096 >"$spec"
+  mkdir -p "$private"
+  timeout "$(bound 60)" "$B" train --spec "$spec" --local 2 --share-gpu-for-tests --collective nccl \
+    --sandbox-dir "$private" --out "$out" >"$WORK/sandbox.out" 2>"$WORK/sandbox.err"
+  rc=$?
+  append sandbox "train --local 2 --share-gpu-for-tests --collective nccl --sandbox-dir (rc $rc): stderr" \
+    "$WORK/sandbox.err"
+  confined=$(grep -c 'abstract sockets scoped' "$WORK/sandbox.err")
+  FIG="rc $rc; $confined of 2 ranks confined with their sockets scoped"
+  if [ "$rc" -eq 0 ] && [ "$confined" -eq 2 ] && [ -f "$out/result.json" ]; then
+    STATUS=PASS
+  else
+    FIG="$FIG; $(first_error "$WORK/sandbox.err")"
+  fi
 }
 
 # Starts ranks 0 and 1 of $1 (a spec) by hand as two NCCL hosts on the one GPU; extra VAR=VALUE in $2.
@@ -546,6 +569,7 @@ else
   run_step nccl-dup 20 step_nccl_dup
   run_step nccl-hostid 25 step_nccl_hostid
   run_step equivalence 45 step_equivalence
+  run_step sandbox 30 step_sandbox
   run_step crash 30 step_crash
   run_step sigstop 35 step_sigstop
   run_step resnet50-data 15 step_resnet50_data

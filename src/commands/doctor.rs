@@ -41,6 +41,10 @@ fn sandbox_table(s: &ringtrain_sandbox::Support) -> String {
             format!("REFUSED: lacks {}; --allow-unsandboxed runs it unconfined", s.missing().join(" and ")),
         ));
     }
+    if s.can_confine() && !s.can_scope_sockets() {
+        rows.push(("  GPU ranks".into(), format!("REFUSED: {}", ringtrain_sandbox::support::NO_SOCKET_SCOPE)));
+    }
+    rows.push(("  Unix sockets".into(), unix_socket_rule(s).into()));
     if s.root {
         let user = ringtrain_sandbox::user::DEFAULT_RANK_USER;
         let found = ringtrain_sandbox::RankUser::lookup(user);
@@ -56,6 +60,15 @@ fn sandbox_table(s: &ringtrain_sandbox::Support) -> String {
     rows.push(("  system calls refused".into(), format!("{} ({}, ...)", denied.len(), denied[..6].join(", "))));
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0).max(24);
     rows.iter().map(|(k, v)| format!("{k:width$}  {v}\n")).collect()
+}
+
+/// What tenant code may do with Unix sockets here (see `ringtrain_sandbox::syscalls`).
+fn unix_socket_rule(s: &ringtrain_sandbox::Support) -> &'static str {
+    match (s.seccomp, s.can_scope_sockets()) {
+        (false, _) => "NOT confined (no seccomp)",
+        (true, true) => "none for CPU ranks and checks; GPU ranks: NCCL's datagram kind, scoped to the rank",
+        (true, false) => "none for CPU ranks and checks; GPU ranks refused (abstract sockets cannot be scoped)",
+    }
 }
 
 fn yes_no(b: bool) -> &'static str {
