@@ -191,6 +191,27 @@ pub struct ModelSpec {
     /// An uploaded TorchScript model of the team (trained on an uploaded dataset holding its inputs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uploaded: Option<ModelId>,
+    /// `mlp` and `lenet5` only: how their weights start (default `goyal`, the best measured; see
+    /// [`InitScheme`]). The ResNets always start by Goyal's rule; an uploaded model from its own weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<InitScheme>,
+}
+
+/// How a built-in model without BatchNorm (LeNet-5, the MLP) initialises its weights. Measured over five
+/// seeds each on Fashion-MNIST (docs/user-guide.md, "Accuracy over several seeds"): `goyal` ends best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitScheme {
+    /// Goyal et al. §5.1: He-normal weights (convolutions by fan-out, as the ResNets; hidden fully
+    /// connected layers by fan-in), the last fully connected layer N(0, 0.01), every bias 0. The default.
+    #[default]
+    Goyal,
+    /// PyTorch's own layer defaults (weights and biases uniform in ±1/√fan_in): the same starting
+    /// distributions as a plain PyTorch script of the same model, for comparing against one.
+    Pytorch,
+    /// tch's defaults (Kaiming-uniform weights with the ReLU gain, ±√(6/fan_in); convolution biases 0,
+    /// linear biases ±1/√fan_in): what ringtrain used before 2026-12-06, to re-run a spec from then.
+    Tch,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,12 +231,12 @@ pub enum ModelName {
 
 impl ModelSpec {
     pub fn new(name: ModelName) -> Self {
-        ModelSpec { name: Some(name), hidden: None, uploaded: None }
+        ModelSpec { name: Some(name), hidden: None, uploaded: None, init: None }
     }
 
     /// An uploaded model.
     pub fn uploaded(id: ModelId) -> Self {
-        ModelSpec { name: None, hidden: None, uploaded: Some(id) }
+        ModelSpec { name: None, hidden: None, uploaded: Some(id), init: None }
     }
 
     /// The MLP's hidden widths once the default is applied (empty for other models).
@@ -224,6 +245,11 @@ impl ModelSpec {
             Some(ModelName::Mlp) => self.hidden.clone().unwrap_or_else(defaults::mlp_hidden),
             _ => Vec::new(),
         }
+    }
+
+    /// Whether `init` applies: the built-in models without BatchNorm.
+    pub fn takes_init(&self) -> bool {
+        matches!(self.name, Some(ModelName::Mlp | ModelName::Lenet5))
     }
 
     /// Whether a built-in model has BatchNorm layers (and so per-rank statistics); an uploaded model's

@@ -105,6 +105,19 @@ impl JobSpec {
             }
             (None, _) => {}
         }
+        if self.model.init.is_some() && !self.model.takes_init() {
+            p.check(false, "model.init", || {
+                format!(
+                    "only applies to mlp and lenet5 (model is {}: {})",
+                    self.model.label(),
+                    if self.model.uploaded.is_some() {
+                        "an uploaded model starts from its own weights"
+                    } else {
+                        "the ResNets start by Goyal's rule"
+                    }
+                )
+            })
+        }
         if let Some(n) = self.train_samples {
             p.check(n >= 1, "train_samples", || "must be at least 1 (got 0)".into());
         }

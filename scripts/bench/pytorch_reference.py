@@ -5,7 +5,7 @@ object on stdout (progress on stderr); ranks are processes started by torch.mult
 
   allreduce --world K --bytes B [--iters N]          as `ringtrain bench allreduce`
   steps --model lenet5|resnet20 --world K --batch n --steps S --threads T      as `ringtrain bench train`
-  recipe --spec SPEC.json --world K --out DIR [--data DIR] [--threads T]
+  recipe --spec SPEC.json --world K --out DIR [--data DIR] [--threads T] [--init pytorch|goyal|tch]
                                                      as `ringtrain train --spec SPEC --local K --out DIR`
 
 Run it with the PyTorch venv, e.g. /var/cache/ringtrain/torch-2.11.0-venv/bin/python.
@@ -16,7 +16,8 @@ Where it does NOT match ringtrain (deliberately: these are what a plain PyTorch 
 - DDP overlaps the bucket all-reduces with backward; ringtrain all-reduces after backward (same 25 MB buckets).
 - steps: no per-step loss/error tally (ringtrain sums them inside its all-reduce and checks the loss each step).
 - recipe: the epoch permutation is torch.randperm(seed + epoch), not ringtrain's SplitMix64 (same semantics);
-  weights come from torch's RNG (same distributions, other values); training loss/error are summed once per
+  weights come from torch's RNG (with --init as the spec's model.init: the same distributions, other values;
+  by default PyTorch's own layer initialisation, what a user's script gets); training loss/error are summed once per
   epoch; the non-finite-loss check is per epoch; no collapse guard; checkpoints are one torch.save by rank 0
   (ringtrain: safetensors written atomically, every rank's BatchNorm statistics gathered); no virtual ranks.
 """
@@ -102,10 +103,35 @@ class Normalizer:
         return (x.float() * (1.0 / 255.0) - self.mean) / self.std
 
 # ---- models: worker/src/models/mod.rs (LeNet5), resnet.rs, layers.rs ---------------------------------------
+def initialise(model, scheme):
+    """The built-in models' initialisations (worker/src/models/init.rs), for LeNet-5 and the MLP:
+    - "pytorch": PyTorch's own layer defaults (weights and biases U(±1/sqrt(fan_in))): what a user's script gets;
+    - "goyal": He-normal weights (convolutions fan-out, as the ResNets; hidden fully connected layers fan-in),
+      the last fully connected layer N(0, 0.01), biases 0 (Goyal et al. §5.1);
+    - "tch": tch's defaults, ringtrain's before 2026-12-06: weights Kaiming-uniform with the ReLU gain
+      (±sqrt(6/fan_in)), convolution biases 0, linear biases U(±1/sqrt(fan_in))."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    for m in layers:
+        if scheme == "pytorch":
+            m.reset_parameters()
+        elif scheme == "tch":
+            nn.init.kaiming_uniform_(m.weight, nonlinearity="relu")
+            if isinstance(m, nn.Conv2d):
+                nn.init.zeros_(m.bias)
+        elif scheme == "goyal":
+            if m is layers[-1]:
+                nn.init.normal_(m.weight, 0.0, 0.01)
+            else:
+                mode = "fan_out" if isinstance(m, nn.Conv2d) else "fan_in"
+                nn.init.kaiming_normal_(m.weight, mode=mode, nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+        else:
+            raise SystemExit(f"init {scheme!r}: use pytorch, goyal or tch")
+    return model
+
 class LeNet5(nn.Module):
     """conv 5×5 pad 2 → 6, ReLU, max-pool 2; conv 5×5 → 16, ReLU, max-pool 2; fc 120, ReLU; 84, ReLU; classes.
-    No BatchNorm. tch's default initialisation: weights Kaiming-uniform with the ReLU gain (±sqrt(6/fan_in);
-    PyTorch's default is ±1/sqrt(fan_in)), convolution biases 0, linear biases U(±1/sqrt(fan_in))."""
+    No BatchNorm. Initialised by `initialise`."""
 
     def __init__(self, c, h, w, classes):
         super().__init__()
@@ -113,15 +139,25 @@ class LeNet5(nn.Module):
         side = lambda s: (s // 2 - 4) // 2
         self.fc1 = nn.Linear(16 * side(h) * side(w), 120)
         self.fc2, self.fc3 = nn.Linear(120, 84), nn.Linear(84, classes)
-        for m in self.modules():
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
-                nn.init.kaiming_uniform_(m.weight, nonlinearity="relu")
-            if isinstance(m, nn.Conv2d):
-                nn.init.zeros_(m.bias)
 
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv2(F.max_pool2d(F.relu(self.conv1(x)), 2))), 2).flatten(1)
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+class Mlp(nn.Module):
+    """Mlp: flatten, hidden fully connected layers with ReLU (default 256, 128), a linear classifier."""
+
+    def __init__(self, inputs, hidden, classes):
+        super().__init__()
+        widths = [inputs, *hidden, classes]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+
+    def forward(self, x):
+        x = x.flatten(1)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            x = F.relu(x) if i + 1 < len(self.layers) else x
+        return x
 
 def conv(c_in, c_out, k, stride):
     """layers::conv: no bias, padding k/2, He-normal fan-out."""
@@ -169,13 +205,19 @@ class CifarResNet(nn.Module):
         x = self.blocks(F.relu(self.bn1(self.conv1(x))))
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
-def build_model(name, shape, classes, zero_last=True):
+MLP_HIDDEN = [256, 128]  # core/src/spec.rs defaults::mlp_hidden
+
+def build_model(name, shape, classes, zero_last=True, init="pytorch", hidden=None):
+    """The model a spec names; LeNet-5 and the MLP initialised by `init` (the ResNets always by Goyal's rule, as
+    ringtrain's)."""
     blocks = {"resnet8": 1, "resnet20": 3, "resnet56": 9}
     if name == "lenet5":
-        return LeNet5(*shape, classes)
+        return initialise(LeNet5(*shape, classes), init)
+    if name == "mlp":
+        return initialise(Mlp(math.prod(shape), hidden or MLP_HIDDEN, classes), init)
     if name in blocks:
         return CifarResNet(shape[0], blocks[name], classes, zero_last)
-    raise SystemExit(f"model {name!r}: this reference builds lenet5, resnet8, resnet20 and resnet56 only")
+    raise SystemExit(f"model {name!r}: this reference builds mlp, lenet5, resnet8, resnet20 and resnet56 only")
 
 def sgd(model, lr, opt):
     """optim.rs: g += wd·w (not on BN gamma/beta unless bn_weight_decay; on biases unless bias_weight_decay off),
@@ -296,11 +338,11 @@ def load_spec(path):
     refuse += ["devices (no virtual ranks)"] * (s.get("devices", s.get("workers", 1)) != s.get("workers", 1))
     refuse += [f"{k} (only {v})" for k, v in (("device", "cpu"), ("precision", "fp32"), ("loss", "cross_entropy"))
                if s.get(k, v) != v]
-    refuse += ["model (built-in lenet5/resnet* only)"] * (set(s.get("model", {})) != {"name"})
+    refuse += ["model (built-in mlp/lenet5/resnet* only)"] * ("name" not in s.get("model", {}))
     if refuse:
         raise SystemExit(f"{path}: not supported by this reference: " + ", ".join(refuse))
     lr = s.get("lr", {})
-    spec = {"model": s["model"]["name"], "dataset": dataset, "train_samples": s.get("train_samples"),
+    spec = {"model": s["model"]["name"], "hidden": s["model"].get("hidden"), "dataset": dataset, "train_samples": s.get("train_samples"),
             "test_samples": s.get("test_samples"), "workers": s.get("workers", 1), "n": s.get("per_worker_batch", 32),
             "epochs": s.get("epochs", 90), "seed": s.get("seed", 0),
             "checkpoint_every": s.get("checkpoint_every_epochs", 1),
@@ -389,7 +431,8 @@ def recipe_rank(rank, world, spec, a, launched, port, queue):
     if sched.ipe == 0:
         raise SystemExit(f"{len(x)} training samples make no step of {sched.global_batch}")
     torch.manual_seed(seed)
-    model = build_model(spec["model"], tuple(x.shape[1:]), int(max(y.max(), yt.max())) + 1, spec["zero_last"])
+    classes = int(max(y.max(), yt.max())) + 1
+    model = build_model(spec["model"], tuple(x.shape[1:]), classes, spec["zero_last"], a.init, spec["hidden"])
     net = wrap(model, world)  # DDP gives every rank rank 0's weights (ringtrain: agree_on_start)
     opt = sgd(model, sched.lr_at(0), spec["optimizer"])
     os.makedirs(os.path.join(a.out, "checkpoints"), exist_ok=True)
@@ -468,6 +511,9 @@ def main():
     rc.add_argument("--out", required=True)
     rc.add_argument("--data", help=f"IDX folder (default {FASHION_MNIST_DIR}, or the spec's idx:PATH)")
     rc.add_argument("--threads", type=int, default=1)
+    rc.add_argument("--init", default="pytorch", choices=["pytorch", "goyal", "tch"],
+                    help="how LeNet-5 and the MLP start (default: PyTorch's own layer defaults; the spec's "
+                    "model.init is ringtrain's and is not read here)")
     a = p.parse_args()
     if a.command == "allreduce":
         out = launch(allreduce_rank, a.world, a.bytes, a.iters)

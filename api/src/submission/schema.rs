@@ -161,6 +161,8 @@ fn job_spec() -> Value {
                     "hidden": {"type": ["array", "null"], "maxItems": MAX_MLP_LAYERS,
                                "items": {"type": "integer", "minimum": 1, "maximum": MAX_MLP_WIDTH},
                                "description": "mlp only: the hidden layer widths (default [256, 128])."},
+                    "init": {"type": ["string", "null"], "enum": ["goyal", "pytorch", "tch", null],
+                             "description": "mlp and lenet5 only: how the weights start. goyal (default): He-normal, the last layer N(0, 0.01), biases 0; pytorch: PyTorch's layer defaults; tch: ringtrain's before 2026-12-06."},
                     "uploaded": {"type": "string", "format": "uuid",
                                  "description": "An uploaded model's id (POST /v1/models); it trains on an uploaded dataset holding its inputs."}
                 }

@@ -10,6 +10,7 @@
 //! - `submit`: submit -> first iteration through the platform, next to the ranks alone.
 //! - `elastic`: a borrower reclaimed by the owner of half the pool, elastic next to stop-and-requeue.
 //! - `scale-search`: the lr scaling search next to the full grid of multipliers it prunes.
+//! - `pytorch`, `seeds`: ringtrain against plain PyTorch figure by figure, and accuracy over several seeds.
 //! - `soak`: the platform under injected faults (kill -9 of ranks, agents and the server; the database
 //!   taken away), checked for lost or doubled work, with its restarts, lost iterations and API latency.
 
@@ -17,6 +18,7 @@ mod allreduce;
 mod elastic;
 mod pytorch;
 mod scale_search;
+mod seeds;
 mod services;
 mod soak;
 mod store_scale;
@@ -34,6 +36,7 @@ pub use allreduce::AllreduceArgs;
 pub use elastic::ElasticArgs;
 pub use pytorch::PytorchArgs;
 pub use scale_search::ScaleSearchArgs;
+pub use seeds::SeedsArgs;
 pub use services::{ApiArgs, SchedulerArgs};
 pub use soak::SoakArgs;
 pub use store_scale::{HistoryArgs, MetricsArgs};
@@ -68,6 +71,9 @@ pub enum Bench {
     /// ringtrain against plain PyTorch on this machine, figure by figure in one run: the all-reduce against
     /// Gloo, a training step against eager and DDP, and a spec end to end against the same recipe in PyTorch.
     Pytorch(PytorchArgs),
+    /// Accuracy over several seeds: a spec's final test error per seed and as mean ± sd, ringtrain (each
+    /// initialisation asked for) against the same recipe in plain PyTorch, with the paired difference.
+    Seeds(SeedsArgs),
     /// Fault-injection soak: a server and agents on this machine, jobs of several teams, random kill -9 of
     /// ranks, agents and the server, and the database taken away; checks nothing was lost or done twice.
     Soak(SoakArgs),
@@ -86,6 +92,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::Elastic(args) => elastic::run(&args),
         Bench::ScaleSearch(args) => scale_search::run(&args),
         Bench::Pytorch(args) => pytorch::run(&args),
+        Bench::Seeds(args) => seeds::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -65,7 +65,7 @@ impl Figure {
 }
 
 pub fn run(args: &PytorchArgs) -> Result<()> {
-    check_python(args)?;
+    check_python(&args.python)?;
     let scratch = match &args.out {
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
@@ -90,23 +90,23 @@ pub fn run(args: &PytorchArgs) -> Result<()> {
     Ok(())
 }
 
-fn check_python(args: &PytorchArgs) -> Result<()> {
-    let probe = Command::new(&args.python).args(["-c", "import torch; print(torch.__version__)"]).output();
+pub(super) fn check_python(python: &Path) -> Result<()> {
+    let probe = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output();
     match probe {
         Ok(out) if out.status.success() => {
             let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            eprintln!("PyTorch {version} ({})", args.python.display());
+            eprintln!("PyTorch {version} ({})", python.display());
             Ok(())
         }
         _ => bail!(
             "{} has no torch: pass --python (scripts/bench/pytorch-venv.sh installs one and prints its path)",
-            args.python.display()
+            python.display()
         ),
     }
 }
 
 /// Runs a command to its end and returns the JSON objects it printed on stdout, one per line.
-fn json_lines(command: &mut Command, what: &str) -> Result<Vec<Value>> {
+pub(super) fn json_lines(command: &mut Command, what: &str) -> Result<Vec<Value>> {
     eprintln!("{what} ...");
     let output = command.output().with_context(|| format!("cannot start {what}"))?;
     if !output.status.success() {
@@ -116,7 +116,7 @@ fn json_lines(command: &mut Command, what: &str) -> Result<Vec<Value>> {
     Ok(text.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()).filter(Value::is_object).collect())
 }
 
-fn ringtrain(args: &[&str]) -> Result<Command> {
+pub(super) fn ringtrain(args: &[&str]) -> Result<Command> {
     let mut command = Command::new(std::env::current_exe().context("cannot find this executable")?);
     command.args(args);
     Ok(command)
@@ -128,7 +128,7 @@ fn python(args: &PytorchArgs, rest: &[&str]) -> Command {
     command
 }
 
-fn number(value: &Value, key: &str) -> Result<f64> {
+pub(super) fn number(value: &Value, key: &str) -> Result<f64> {
     value[key].as_f64().with_context(|| format!("no {key} in {value}"))
 }
 

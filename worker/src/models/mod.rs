@@ -1,12 +1,13 @@
 //! The built-in models, shaped like tch-rs's examples: a struct with `new(&nn::Path, ...)` and `ModuleT`.
 
+pub mod init;
 pub mod layers;
 pub mod operators;
 mod resnet;
 pub mod scripted;
 
 use anyhow::{bail, Result};
-use ringtrain_core::spec::{ModelName, ModelSpec};
+use ringtrain_core::spec::{InitScheme, ModelName, ModelSpec};
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
@@ -54,14 +55,15 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn new(p: &nn::Path, inputs: i64, hidden: &[i64], classes: i64) -> Mlp {
+    pub fn new(p: &nn::Path, inputs: i64, hidden: &[i64], classes: i64, scheme: InitScheme) -> Mlp {
         let mut widths = vec![inputs];
         widths.extend_from_slice(hidden);
         widths.push(classes);
+        let last = widths.len() - 2;
         let layers = widths
             .windows(2)
             .enumerate()
-            .map(|(i, w)| nn::linear(p / format!("fc{i}"), w[0], w[1], Default::default()))
+            .map(|(i, w)| init::linear(p / format!("fc{i}"), w[0], w[1], scheme, i == last))
             .collect();
         Mlp { layers }
     }
@@ -92,19 +94,18 @@ pub struct LeNet5 {
 }
 
 impl LeNet5 {
-    pub fn new(p: &nn::Path, channels: i64, height: i64, width: i64, classes: i64) -> LeNet5 {
-        let padded = nn::ConvConfig { padding: 2, ..Default::default() };
-        let conv1 = nn::conv2d(p / "conv1", channels, 6, 5, padded);
-        let conv2 = nn::conv2d(p / "conv2", 6, 16, 5, Default::default());
+    pub fn new(p: &nn::Path, channels: i64, height: i64, width: i64, classes: i64, scheme: InitScheme) -> LeNet5 {
+        let conv1 = init::conv2d(p / "conv1", channels, 6, 5, 2, scheme);
+        let conv2 = init::conv2d(p / "conv2", 6, 16, 5, 0, scheme);
         // spatial size: same (padding 2) → /2 → -4 → /2
         let side = |s: i64| (s / 2 - 4) / 2;
         let features = 16 * side(height) * side(width);
         LeNet5 {
             conv1,
             conv2,
-            fc1: nn::linear(p / "fc1", features, 120, Default::default()),
-            fc2: nn::linear(p / "fc2", 120, 84, Default::default()),
-            fc3: nn::linear(p / "fc3", 84, classes, Default::default()),
+            fc1: init::linear(p / "fc1", features, 120, scheme, false),
+            fc2: init::linear(p / "fc2", 120, 84, scheme, false),
+            fc3: init::linear(p / "fc3", 84, classes, scheme, true),
         }
     }
 }
@@ -141,17 +142,18 @@ pub fn build(
         }
     };
     let Some(name) = spec.name else { bail!("no built-in model named: an uploaded model is loaded, not built") };
+    let scheme = spec.init.unwrap_or_default();
     Ok(match name {
         ModelName::Mlp => {
             let hidden: Vec<i64> = spec.hidden_widths().into_iter().map(i64::from).collect();
-            Box::new(Mlp::new(p, sample_shape.iter().product(), &hidden, classes))
+            Box::new(Mlp::new(p, sample_shape.iter().product(), &hidden, classes, scheme))
         }
         ModelName::Lenet5 => {
             let (c, h, w) = image("lenet5")?;
             if h < 12 || w < 12 {
                 bail!("lenet5 needs inputs of at least 12×12, got {h}×{w}");
             }
-            Box::new(LeNet5::new(p, c, h, w, classes))
+            Box::new(LeNet5::new(p, c, h, w, classes, scheme))
         }
         ModelName::Resnet8 => Box::new(ResNet::cifar(p, image("resnet8")?.0, 1, classes, bn_zero_init_last)),
         ModelName::Resnet20 => Box::new(ResNet::cifar(p, image("resnet20")?.0, 3, classes, bn_zero_init_last)),
