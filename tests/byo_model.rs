@@ -124,17 +124,17 @@ fn example_test_split() -> (Vec<Tensor>, Tensor) {
 /// forward pass of the scripted module over all kn samples of the step (the union of the k ranks' batches),
 /// with ringtrain's schedule and optimizer.
 fn reference_large_batch(spec: &JobSpec, model: &Path, data: &Path, inputs: &[String]) -> Vec<(String, Tensor)> {
-    let data = Dataset::load_safetensors(data, Some(inputs), spec.train_samples, None).unwrap();
-    let eff = Effective::new(spec, data.train.len() as u64).unwrap();
+    let mut data = Dataset::load_safetensors(data, Some(inputs), spec.train_samples, None).unwrap();
+    let eff = Effective::new(spec, data.train_len() as u64).unwrap();
     let vs = VarStore::new(Device::Cpu);
     let mut network = Network::Scripted(Scripted::load(model, &vs.root()).unwrap());
     let mut opt = Sgd::with_rules(&vs, SgdConfig::from_effective(&eff), &|name, t| network.param_kind(name, t));
     let (k, n) = (spec.workers as usize, spec.per_worker_batch as usize);
     for epoch in 0..u64::from(eff.epochs) {
-        let perm = epoch_permutation(spec.seed, epoch, data.train.len());
+        let perm = epoch_permutation(spec.seed, epoch, data.train_len());
         for t in 0..eff.iterations_per_epoch as usize {
             let indices: Vec<i64> = (0..k).flat_map(|r| batch_indices(&perm, k, r, t, n).to_vec()).collect();
-            let (x, y) = data.train_batch(&indices, Device::Cpu);
+            let (x, y) = data.train_batch(&indices, Device::Cpu).unwrap();
             opt.zero_grad();
             network.forward(&x, true).unwrap().log_softmax(-1, Kind::Float).nll_loss(&y).backward();
             let grads = opt.local_gradients();

@@ -101,18 +101,18 @@ fn mlp_spec(workers: usize, batch: usize, form: &str) -> Value {
 /// Large-batch SGD written out directly: one process, one forward pass over all kn samples of each
 /// iteration (the union of the k ranks' batches), the same schedule and optimizer.
 fn reference_large_batch(spec: &JobSpec) -> Vec<(String, Tensor)> {
-    let data = Dataset::load(&spec.dataset, None, None).unwrap();
-    let eff = Effective::new(spec, data.train.len() as u64).unwrap();
+    let mut data = Dataset::load(&spec.dataset, None, None).unwrap();
+    let eff = Effective::new(spec, data.train_len() as u64).unwrap();
     tch::manual_seed(spec.seed as i64);
     let vs = VarStore::new(Device::Cpu);
     let model = models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes(), true).unwrap();
     let mut opt = Sgd::new(&vs, SgdConfig::from_effective(&eff));
     let (k, n) = (spec.workers as usize, spec.per_worker_batch as usize);
     for epoch in 0..u64::from(eff.epochs) {
-        let perm = epoch_permutation(spec.seed, epoch, data.train.len());
+        let perm = epoch_permutation(spec.seed, epoch, data.train_len());
         for t in 0..eff.iterations_per_epoch as usize {
             let indices: Vec<i64> = (0..k).flat_map(|r| batch_indices(&perm, k, r, t, n).to_vec()).collect();
-            let (x, y) = data.train_batch(&indices, Device::Cpu);
+            let (x, y) = data.train_batch(&indices, Device::Cpu).unwrap();
             opt.zero_grad();
             model.forward_t(&x[0], true).cross_entropy_for_logits(&y).backward();
             let grads = opt.local_gradients();

@@ -486,11 +486,12 @@ fn describe(status: std::process::ExitStatus) -> String {
 #[error("{0}")]
 pub(crate) struct NotRunnable(String);
 
-/// An `idx:` dataset must resolve (links followed) inside one of this node's `--idx-root` folders: a job
-/// must not make a worker read another team's data or the host's files.
+/// An `idx:` or `shards:` dataset must resolve (links followed) inside one of this node's `--idx-root`
+/// folders: a job must not make a worker read another team's data or the host's files. (A shard that is a
+/// link out of its folder is refused by the rank's sandbox, which grants the folder alone.)
 pub(crate) fn check_idx_dataset(dataset: &DatasetRef, roots: &[PathBuf]) -> Result<(), NotRunnable> {
-    let DatasetRef::Idx { path } = dataset else { return Ok(()) };
-    let refused = || NotRunnable(format!("idx:{path} is not inside this node's --idx-root folders"));
+    let Some(path) = dataset.node_path() else { return Ok(()) };
+    let refused = || NotRunnable(format!("{dataset} is not inside this node's --idx-root folders"));
     let resolved = std::fs::canonicalize(path).map_err(|_| refused())?;
     let inside = roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|root| resolved.starts_with(root));
     if inside {

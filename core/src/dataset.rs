@@ -17,6 +17,9 @@ pub enum DatasetRef {
     Synthetic { train_size: u64 },
     /// A directory of MNIST-format IDX files (gzipped or not).
     Idx { path: String },
+    /// A sharded data set on a filesystem every node mounts: its folder, with `index.json` and the shards
+    /// `ringtrain datasets pack` writes; streamed, never held whole (issue 55).
+    Shards { path: String },
     /// A safetensors dataset uploaded through the API.
     Uploaded(DatasetId),
 }
@@ -37,19 +40,29 @@ impl DatasetRef {
         match self {
             DatasetRef::FashionMnist => Some(FASHION_MNIST_TRAIN_SIZE),
             DatasetRef::Synthetic { train_size } => Some(*train_size),
-            DatasetRef::Idx { .. } | DatasetRef::Uploaded(_) => None,
+            DatasetRef::Idx { .. } | DatasetRef::Shards { .. } | DatasetRef::Uploaded(_) => None,
+        }
+    }
+
+    /// A folder on the nodes' filesystems (`idx:` or `shards:`), which only granted roots may hold.
+    pub fn node_path(&self) -> Option<&str> {
+        match self {
+            DatasetRef::Idx { path } | DatasetRef::Shards { path } => Some(path),
+            _ => None,
         }
     }
 }
 
-/// Whether an `idx:` path may be read: an absolute path, without `.` or `..` parts, inside one of `roots`
+/// Whether an `idx:` or `shards:` path may be read: an absolute path, without `.` or `..` parts, inside one of `roots`
 /// (the folders a platform admin allowed). Lexical only: the server cannot see the workers' file systems;
 /// each agent checks the resolved path (links followed) against its own roots before a rank reads it.
 /// The reason never describes the file system.
 pub fn check_idx_path(path: &str, roots: &[std::path::PathBuf]) -> Result<(), String> {
     use std::path::{Component, Path};
     if roots.is_empty() {
-        return Err("idx: datasets are not enabled here (a platform admin allows folders with --idx-root)".into());
+        return Err(
+            "idx: and shards: datasets are not enabled here (a platform admin allows folders with --idx-root)".into()
+        );
     }
     let path = Path::new(path);
     let plain = path.is_absolute() && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
@@ -57,7 +70,7 @@ pub fn check_idx_path(path: &str, roots: &[std::path::PathBuf]) -> Result<(), St
         Ok(())
     } else {
         let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-        Err(format!("idx: paths must be absolute, without . or .., inside {}", allowed.join(" or ")))
+        Err(format!("idx: and shards: paths must be absolute, without . or .., inside {}", allowed.join(" or ")))
     }
 }
 
@@ -91,11 +104,20 @@ impl FromStr for DatasetRef {
                 Ok(DatasetRef::Idx { path: path.to_string() })
             };
         }
+        if let Some(path) = text.strip_prefix("shards:") {
+            return if path.is_empty() {
+                Err(DatasetParseError(
+                    "shards: needs the folder of a packed data set, e.g. shards:/data/imagenet".into(),
+                ))
+            } else {
+                Ok(DatasetRef::Shards { path: path.to_string() })
+            };
+        }
         if let Ok(id) = Uuid::parse_str(text) {
             return Ok(DatasetRef::Uploaded(DatasetId(id)));
         }
         Err(DatasetParseError(format!(
-            "unknown dataset {text:?}; expected fashion-mnist, synthetic[:N], idx:PATH or the id of an uploaded dataset"
+            "unknown dataset {text:?}; expected fashion-mnist, synthetic[:N], idx:PATH, shards:PATH or the id of an uploaded dataset"
         )))
     }
 }
@@ -107,6 +129,7 @@ impl fmt::Display for DatasetRef {
             DatasetRef::Synthetic { train_size } if *train_size == SYNTHETIC_DEFAULT_SIZE => f.write_str("synthetic"),
             DatasetRef::Synthetic { train_size } => write!(f, "synthetic:{train_size}"),
             DatasetRef::Idx { path } => write!(f, "idx:{path}"),
+            DatasetRef::Shards { path } => write!(f, "shards:{path}"),
             DatasetRef::Uploaded(id) => write!(f, "{id}"),
         }
     }

@@ -67,7 +67,7 @@ pub fn builtin_data(dataset: &DatasetRef) -> Option<(SampleShape, u64)> {
             let bytes = train_size.saturating_add(test).saturating_mul(16 * 16 * FLOAT * 2);
             Some((SampleShape { dims: vec![1, 16, 16], classes: 10 }, bytes))
         }
-        DatasetRef::Idx { .. } | DatasetRef::Uploaded(_) => None,
+        DatasetRef::Idx { .. } | DatasetRef::Shards { .. } | DatasetRef::Uploaded(_) => None,
     }
 }
 

@@ -22,8 +22,12 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub model: ModelSpec,
-    /// `fashion-mnist`, `synthetic[:N]`, `idx:PATH`, or the id of an uploaded dataset.
+    /// `fashion-mnist`, `synthetic[:N]`, `idx:PATH`, `shards:PATH`, or the id of an uploaded dataset.
     pub dataset: DatasetRef,
+    /// `shards:` data sets only: the side, in pixels, every image is cropped and resized to (training:
+    /// Goyal's random-resized crop and flip; evaluation: the centre crop). Default 224, ImageNet's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_size: Option<u32>,
     /// Use only the first N training samples (before the per-epoch shuffle); all of them when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_samples: Option<u64>,

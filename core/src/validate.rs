@@ -105,6 +105,11 @@ impl JobSpec {
             }
             (None, _) => {}
         }
+        match (self.image_size, &self.dataset) {
+            (Some(size), crate::DatasetRef::Shards { .. }) => p.int_range("image_size", size, 8, 1024),
+            (Some(_), _) => p.check(false, "image_size", || "only applies to shards: data sets".into()),
+            (None, _) => {}
+        }
         if self.model.init.is_some() && !self.model.takes_init() {
             p.check(false, "model.init", || {
                 format!(

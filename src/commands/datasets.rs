@@ -1,6 +1,8 @@
 //! `ringtrain datasets upload | list | delete`: the team's uploaded data sets (safetensors), as
-//! `POST /v1/datasets`, `GET /v1/datasets` and `DELETE /v1/datasets/{id}` handle them.
+//! `POST /v1/datasets`, `GET /v1/datasets` and `DELETE /v1/datasets/{id}` handle them; and
+//! `ringtrain datasets pack`, which makes a sharded data set from an image folder on this machine.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -18,6 +20,33 @@ pub enum Datasets {
     List(ListArgs),
     /// Delete a data set that no queued or running job trains on.
     Delete(DeleteArgs),
+    /// Pack an image folder (one sub-folder per class: the torchvision and ImageNet layout) into shards and
+    /// their index.json (the shard format: docs/user-guide.md, "Your own data at scale"). Every image is
+    /// decoded once; a file that is not a readable JPEG or PNG is named and left out.
+    Pack(PackArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PackArgs {
+    /// The training images: DIR/CLASS/*.jpg|png.
+    train: PathBuf,
+    /// Where the shards and index.json go (made if missing).
+    out: PathBuf,
+    /// The test images, in class folders named as the training ones (e.g. ImageNet's val/ sorted into them).
+    #[arg(long)]
+    test: Option<PathBuf>,
+    /// Close a shard once it holds this many MiB.
+    #[arg(long, default_value_t = 64)]
+    shard_mib: u64,
+    /// Seeds the shuffle of the images before they are cut into shards.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Decoding threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(datasets: Datasets) -> ExitCode {
@@ -25,6 +54,51 @@ pub fn run(datasets: Datasets) -> ExitCode {
         Datasets::Upload(args) => block_on("datasets upload", args.upload("/v1/datasets", summary)),
         Datasets::List(args) => block_on("datasets list", list(&args)),
         Datasets::Delete(args) => block_on("datasets delete", artifacts::delete(&args, "/v1/datasets", "dataset")),
+        Datasets::Pack(args) => pack(&args),
+    }
+}
+
+fn pack(args: &PackArgs) -> ExitCode {
+    let mut options = ringtrain_data::pack::PackOptions {
+        shard_bytes: args.shard_mib.max(1) << 20,
+        seed: args.seed,
+        ..Default::default()
+    };
+    if let Some(threads) = args.threads {
+        options.threads = threads.max(1);
+    }
+    eprintln!(
+        "packing {} into {} (every image is decoded once, on {} threads)...",
+        args.train.display(),
+        args.out.display(),
+        options.threads
+    );
+    match ringtrain_data::pack::pack(&args.train, args.test.as_deref(), &args.out, &options) {
+        Ok(report) if args.json => {
+            println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Ok(report) => {
+            for skipped in &report.skipped {
+                println!("left out {}: {}", skipped.path.display(), skipped.why);
+            }
+            println!(
+                "packed {} classes: {} training images in {} shards, {} test images in {} shards, {:.1} MiB; {} file(s) left out; index {}",
+                report.classes,
+                report.train_samples,
+                report.train_shards,
+                report.test_samples,
+                report.test_shards,
+                report.bytes as f64 / f64::from(1u32 << 20),
+                report.skipped.len(),
+                report.index.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("datasets pack: error: {err}");
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -255,6 +255,8 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         stop_file: args.stop_file.clone(),
         operator_check: args.sandbox.operator_check(),
         started: Some(began),
+        // a sharded data set's images are decoded on as many threads as the rank computes with
+        loader_threads: threads.max(1) as usize,
         ..Default::default()
     };
     let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));
@@ -291,7 +293,7 @@ fn rank_confinement(args: &Args, spec: &JobSpec, private: &std::path::Path) -> r
     read.extend(args.init_from.iter().cloned());
     read.extend(args.stop_file.as_ref().and_then(|f| f.parent()).map(std::path::Path::to_path_buf));
     match &spec.dataset {
-        DatasetRef::Idx { path } => read.push(PathBuf::from(path)),
+        DatasetRef::Idx { path } | DatasetRef::Shards { path } => read.push(PathBuf::from(path)),
         DatasetRef::FashionMnist => read.push(PathBuf::from(ringtrain_worker::data::FASHION_MNIST_DIR)),
         DatasetRef::Synthetic { .. } | DatasetRef::Uploaded(_) => {}
     }

@@ -62,7 +62,7 @@ pub fn check_with(
     meter: Option<PeakMeter>,
 ) -> Result<ModelReport, ModelRefusal> {
     let named = (!inputs.is_empty()).then_some(inputs);
-    let data = Dataset::load_safetensors(dataset, named, None, None)
+    let mut data = Dataset::load_safetensors(dataset, named, None, None)
         .map_err(|e| refuse("inputs", format!("the data set does not hold the inputs named: {e:#}")))?;
     let vs = VarStore::new(Device::Cpu);
     let mut scripted =
@@ -71,8 +71,8 @@ pub fn check_with(
     let trainable: Vec<&Tensor> =
         tensors.iter().filter(|t| !t.buffer && t.tensor.requires_grad()).map(|t| &t.tensor).collect();
     let loss = training_loss(None, data.labels).map_err(|e| refuse("dataset", e))?;
-    let batch: Vec<i64> = (0..data.train.len().min(2) as i64).collect();
-    let (x, y) = data.train_batch(&batch, Device::Cpu);
+    let batch: Vec<i64> = (0..data.train_len().min(2) as i64).collect();
+    let (x, y) = data.train_batch(&batch, Device::Cpu).map_err(|e| refuse("dataset", format!("{e:#}")))?;
 
     let out = tch::no_grad(|| {
         scripted.module.set_training(false)?;
@@ -91,7 +91,7 @@ pub fn check_with(
         return Err(refuse("body", "the loss does not reach any of the model's parameters: nothing would train"));
     }
     let memory = match meter {
-        Some(meter) => measure_steps(&mut scripted, &data, loss, meter, &tensors)?,
+        Some(meter) => measure_steps(&mut scripted, &mut data, loss, meter, &tensors)?,
         None => None,
     };
     let input_names = if inputs.is_empty() { vec!["x".to_string()] } else { inputs.to_vec() };
@@ -120,17 +120,17 @@ fn bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> u64 {
 /// (memory, most likely) is the model's refusal; a meter the kernel stops answering is no measure.
 fn measure_steps(
     scripted: &mut Scripted,
-    data: &Dataset,
+    data: &mut Dataset,
     loss: ringtrain_core::spec::Loss,
     mut meter: PeakMeter,
     tensors: &[crate::models::scripted::ScriptTensor],
 ) -> Result<Option<ModelMemory>, ModelRefusal> {
-    let samples = data.train.len().max(1) as i64;
+    let samples = data.train_len().max(1) as i64;
     let mut step = |batch: u64| -> Result<Option<MeasuredStep>, ModelRefusal> {
         // the data set may hold fewer samples than the batch: they repeat
         let indices: Vec<i64> = (0..batch as i64).map(|i| i % samples).collect();
         let measured = meter.measure(|| -> anyhow::Result<()> {
-            let (x, y) = data.train_batch(&indices, Device::Cpu);
+            let (x, y) = data.train_batch(&indices, Device::Cpu)?;
             let out = scripted.module.forward(&x)?;
             let (value, _) = loss_and_tally(loss, data.classes(), &out, &y)?;
             value.backward();

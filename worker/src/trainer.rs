@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use ringtrain_core::spec::Loss;
-use ringtrain_core::{Effective, JobSpec};
+use ringtrain_core::{DatasetRef, Effective, JobSpec};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -26,7 +26,7 @@ use crate::batch_norm::BatchNormState;
 use crate::checkpoint::{PartialEpoch, Replica, StartPoint};
 use crate::collective::Collective;
 use crate::data::shuffle::batch_indices;
-use crate::data::{Dataset, Labels, ON_DEVICE_MAX_BYTES};
+use crate::data::{Dataset, Labels, ShardOptions, ON_DEVICE_MAX_BYTES};
 use crate::faults::FaultInjection;
 use crate::gradients::{
     flat_gradients, reduce_in_rank_order, GradientReducer, OverlappedReducer, DEFAULT_BUCKET_BYTES,
@@ -111,7 +111,12 @@ pub struct TrainOptions {
     /// batch there (default [`ON_DEVICE_MAX_BYTES`]); 0: each batch is gathered on the host and copied
     /// (`bench train --data host` compares the two). No effect on CPU ranks.
     pub data_on_device_max_bytes: u64,
+    /// Threads that decode a sharded data set's images ahead of the steps (`shards:` data sets).
+    pub loader_threads: usize,
 }
+
+/// The side images of a `shards:` data set are cropped to when the spec names none (ImageNet's ResNets').
+pub const DEFAULT_IMAGE_SIZE: u32 = 224;
 
 impl Default for TrainOptions {
     fn default() -> Self {
@@ -133,6 +138,7 @@ impl Default for TrainOptions {
             operator_check: OperatorCheck::Enforced,
             started: None,
             fused_optimizer: true,
+            loader_threads: 1,
             data_on_device_max_bytes: ON_DEVICE_MAX_BYTES,
         }
     }
@@ -234,11 +240,23 @@ impl<'c> Trainer<'c> {
             Some(path) => {
                 Dataset::load_safetensors(path, options.model_inputs.as_deref(), spec.train_samples, spec.test_samples)
             }
-            None => Dataset::load(&spec.dataset, spec.train_samples, spec.test_samples),
+            None => match &spec.dataset {
+                DatasetRef::Shards { path } => {
+                    let shards = ShardOptions {
+                        image_size: spec.image_size.unwrap_or(DEFAULT_IMAGE_SIZE),
+                        threads: options.loader_threads,
+                        seed: spec.seed,
+                        train_samples: spec.train_samples,
+                        test_samples: spec.test_samples,
+                    };
+                    Dataset::load_shards(std::path::Path::new(path), &shards)
+                }
+                other => Dataset::load(other, spec.train_samples, spec.test_samples),
+            },
         };
         let mut data = loaded.map_err(|e| JobError(format!("the data set cannot be used: {e:#}")))?;
         data.place_on(options.device, options.data_on_device_max_bytes);
-        let effective = Effective::new(spec, data.train.len() as u64)
+        let effective = Effective::new(spec, data.train_len() as u64)
             .map_err(|errors| JobError(format!("invalid spec for this dataset: {}", join(&errors))))?;
 
         let loss = training_loss(spec.loss, data.labels).map_err(JobError)?;
@@ -428,7 +446,7 @@ impl<'c> Trainer<'c> {
         let n = self.spec.per_worker_batch as usize;
         let indices = batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n);
         let device = self.options.device;
-        let (mut x, y) = self.data.train_batch(indices, device);
+        let (mut x, y) = self.data.train_batch(indices, device).map_err(|e| JobError(format!("{e:#}")))?;
         self.faults.poison_if_due(iteration, &mut x[0]);
         let started = self.clock();
         let (model, loss_kind, classes) = (&mut self.model, self.loss, self.data.classes());
@@ -469,7 +487,7 @@ impl<'c> Trainer<'c> {
         let own = self.bn.snapshot();
         self.bn.load_rank0(&mut *self.comm)?;
         let (p, world) = (self.comm.rank(), self.comm.world_size());
-        let len = self.data.test.len();
+        let len = self.data.test_len();
         let range = p * len / world..(p + 1) * len / world;
         let mut mine = EvalTally::default();
         let evaluated = tch::no_grad(|| -> Result<()> {
@@ -479,7 +497,8 @@ impl<'c> Trainer<'c> {
             let mut start = range.start;
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
-                let (x, y) = self.data.test_batch(start, size, self.options.device);
+                let (x, y) =
+                    self.data.test_batch(start, size, self.options.device).map_err(|e| JobError(format!("{e:#}")))?;
                 let (model, loss_kind, classes) = (&mut self.model, self.loss, self.data.classes());
                 let (loss, tally) = precision::forward_in(self.spec.precision, self.options.device, || {
                     loss_and_tally(loss_kind, classes, &model.forward(&x, false)?, &y)

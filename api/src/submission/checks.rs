@@ -48,18 +48,20 @@ impl Problems {
 }
 
 /// The number of training samples of the spec's dataset: built in, or an uploaded dataset of the caller's
-/// team (another team's is "no such dataset"), or None for `idx:` paths that only the worker can read
-/// (which must lie inside the server's `idx_roots`).
+/// team (another team's is "no such dataset"), or None for `idx:` and `shards:` paths that only the
+/// workers can read (which must lie inside the server's `idx_roots`).
 pub async fn dataset_size(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<Option<u64>> {
     match &spec.dataset {
         DatasetRef::Uploaded(id) => match state.store.get_dataset(*id).await? {
             Some(dataset) if user.owns(dataset.team_id) => Ok(Some(dataset.train_samples.max(0) as u64)),
             _ => Err(ApiError::validation(vec![FieldError::new("dataset", format!("no uploaded dataset {id}"))])),
         },
-        DatasetRef::Idx { path } => match ringtrain_core::dataset::check_idx_path(path, &state.config.idx_roots) {
-            Ok(()) => Ok(None),
-            Err(reason) => Err(ApiError::validation(vec![FieldError::new("dataset", reason)])),
-        },
+        DatasetRef::Idx { path } | DatasetRef::Shards { path } => {
+            match ringtrain_core::dataset::check_idx_path(path, &state.config.idx_roots) {
+                Ok(()) => Ok(None),
+                Err(reason) => Err(ApiError::validation(vec![FieldError::new("dataset", reason)])),
+            }
+        }
         other => Ok(other.known_train_size()),
     }
 }

@@ -137,7 +137,7 @@ fn one_of(values: &[&str], default: &str, description: &str) -> Value {
 const NO_CONTROL: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
 
 /// `fashion-mnist`, `synthetic[:N]`, `idx:PATH`, or an uploaded dataset's id (any form a UUID is read in).
-const DATASET: &str = "^(fashion-mnist|synthetic(:[0-9]+)?|idx:.+|(urn:uuid:)?\\{?[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}\\}?)$";
+const DATASET: &str = "^(fashion-mnist|synthetic(:[0-9]+)?|idx:.+|shards:.+|(urn:uuid:)?\\{?[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}\\}?)$";
 
 const U32: i128 = u32::MAX as i128;
 const U64: i128 = u64::MAX as i128;
@@ -170,7 +170,9 @@ fn job_spec() -> Value {
             "loss": {"type": ["string", "null"], "enum": ["cross_entropy", "mse", "huber", null],
                      "description": "Default: cross_entropy for class labels, mse for value labels (reported as RMSE); the built-in models classify."},
             "dataset": {"type": "string", "pattern": DATASET,
-                        "description": "fashion-mnist, synthetic[:N] (N from 1 to 10,000,000), idx:PATH, or the id of an uploaded dataset."},
+                        "description": "fashion-mnist, synthetic[:N] (N from 1 to 10,000,000), idx:PATH, shards:PATH (a packed data set's folder, streamed), or the id of an uploaded dataset."},
+            "image_size": {"type": ["integer", "null"], "minimum": 8, "maximum": 1024,
+                           "description": "shards: data sets only: the side images are cropped and resized to (default 224)."},
             "train_samples": {"type": ["integer", "null"], "minimum": 1, "maximum": U64,
                               "description": "Use only the first N training samples."},
             "test_samples": {"type": ["integer", "null"], "minimum": 1, "maximum": U64,

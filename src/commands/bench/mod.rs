@@ -11,10 +11,12 @@
 //! - `elastic`: a borrower reclaimed by the owner of half the pool, elastic next to stop-and-requeue.
 //! - `scale-search`: the lr scaling search next to the full grid of multipliers it prunes.
 //! - `pytorch`, `seeds`: ringtrain against plain PyTorch figure by figure, and accuracy over several seeds.
+//! - `data`: the input pipeline from JPEG shards against PyTorch's DataLoader with torchvision.
 //! - `soak`: the platform under injected faults (kill -9 of ranks, agents and the server; the database
 //!   taken away), checked for lost or doubled work, with its restarts, lost iterations and API latency.
 
 mod allreduce;
+mod data;
 mod elastic;
 mod pytorch;
 mod scale_search;
@@ -33,6 +35,7 @@ use anyhow::{Context, Result};
 use ringtrain_worker::{Collective, RendezvousConfig, RingCollective, ShmCollective, ShmSegment};
 
 pub use allreduce::AllreduceArgs;
+pub use data::DataArgs;
 pub use elastic::ElasticArgs;
 pub use pytorch::PytorchArgs;
 pub use scale_search::ScaleSearchArgs;
@@ -74,6 +77,9 @@ pub enum Bench {
     /// Accuracy over several seeds: a spec's final test error per seed and as mean ± sd, ringtrain (each
     /// initialisation asked for) against the same recipe in plain PyTorch, with the paired difference.
     Seeds(SeedsArgs),
+    /// The input pipeline: images/s per core decoded and augmented into batches from JPEG shards, ringtrain's
+    /// loader against PyTorch's DataLoader with torchvision on the same shards.
+    Data(DataArgs),
     /// Fault-injection soak: a server and agents on this machine, jobs of several teams, random kill -9 of
     /// ranks, agents and the server, and the database taken away; checks nothing was lost or done twice.
     Soak(SoakArgs),
@@ -93,6 +99,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::ScaleSearch(args) => scale_search::run(&args),
         Bench::Pytorch(args) => pytorch::run(&args),
         Bench::Seeds(args) => seeds::run(&args),
+        Bench::Data(args) => data::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

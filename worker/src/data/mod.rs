@@ -1,6 +1,8 @@
-//! Training and test data: loaders (IDX, safetensors, synthetic), normalisation, and the per-epoch shuffle.
+//! Training and test data: loaders (IDX, safetensors, synthetic; sharded data sets streamed, in
+//! [`sharded`]), normalisation, and the per-epoch shuffle.
 
 pub mod idx;
+pub mod sharded;
 pub mod shuffle;
 
 use std::path::Path;
@@ -109,9 +111,9 @@ pub enum Labels {
 /// scale = 1/255 for u8 data. The same numbers on every rank, since every rank loads the same files.
 #[derive(Debug)]
 pub struct Normalizer {
-    scale: f64,
-    mean: Tensor,
-    std: Tensor,
+    pub(crate) scale: f64,
+    pub(crate) mean: Tensor,
+    pub(crate) std: Tensor,
 }
 
 impl Normalizer {
@@ -166,11 +168,20 @@ impl Normalizer {
 /// A loaded dataset with its normalisation.
 #[derive(Debug)]
 pub struct Dataset {
-    pub train: Split,
-    pub test: Split,
+    samples: Samples,
     pub labels: Labels,
-    /// Fitted on the one input `x` of the built-in models' data; named inputs go to the model as stored.
+    /// Fitted on the one input `x` of the built-in models' data (a sharded data set's comes with its
+    /// index); named inputs go to the model as stored.
     pub normalizer: Option<Normalizer>,
+}
+
+/// Where the samples are.
+#[derive(Debug)]
+enum Samples {
+    /// Both splits whole, in memory (or on the GPU: [`Dataset::place_on`]).
+    Memory { train: Split, test: Split },
+    /// Streamed from shards, a few batches ahead.
+    Sharded(Box<sharded::Sharded>),
 }
 
 impl Dataset {
@@ -178,6 +189,10 @@ impl Dataset {
     /// on the whole training split (before truncation), so it does not depend on the slice used.
     pub fn load(dataset: &DatasetRef, train_samples: Option<u64>, test_samples: Option<u64>) -> Result<Dataset> {
         let (train, test) = match dataset {
+            DatasetRef::Shards { path } => {
+                let options = ShardOptions { train_samples, test_samples, ..Default::default() };
+                return Self::load_shards(Path::new(path), &options);
+            }
             DatasetRef::FashionMnist => idx::load_dir(Path::new(FASHION_MNIST_DIR)).with_context(|| {
                 format!("Fashion-MNIST is read from {FASHION_MNIST_DIR}: install Debian's dataset-fashion-mnist")
             })?,
@@ -235,6 +250,21 @@ impl Dataset {
         Self::from_splits(train, test, train_samples, test_samples)
     }
 
+    /// Opens a sharded data set (streamed: see [`sharded`]).
+    pub fn load_shards(folder: &Path, options: &ShardOptions) -> Result<Dataset> {
+        let shards = sharded::Sharded::open(
+            folder,
+            options.image_size,
+            options.threads,
+            options.seed,
+            options.train_samples,
+            options.test_samples,
+        )?;
+        let labels = Labels::Classes(shards.classes());
+        let normalizer = Some(shards.normalizer());
+        Ok(Dataset { samples: Samples::Sharded(Box::new(shards)), labels, normalizer })
+    }
+
     fn from_splits(
         train: Split,
         test: Split,
@@ -259,7 +289,8 @@ impl Dataset {
             }
             _ => None,
         };
-        Ok(Dataset { train: train.truncated(train_samples), test: test.truncated(test_samples), labels, normalizer })
+        let samples = Samples::Memory { train: train.truncated(train_samples), test: test.truncated(test_samples) };
+        Ok(Dataset { samples, labels, normalizer })
     }
 
     /// The number of classes (0 when the labels are values).
@@ -274,22 +305,66 @@ impl Dataset {
     /// do both splits, as stored, when `device` is a GPU and they fit in `on_device_max_bytes` (issue 32,
     /// item 4). Then a step gathers its batch with an index select on the device, and nothing but the
     /// indices crosses from the host: no per-step copy of the samples for the step to wait on, which is what
-    /// a prefetching loader would hide. Returns whether the splits are on the device.
+    /// a prefetching loader would hide. Returns whether the splits are on the device (a sharded data set's
+    /// never are: its batches are decoded on the host, ahead of the step).
     pub fn place_on(&mut self, device: Device, on_device_max_bytes: u64) -> bool {
         if let Some(n) = &mut self.normalizer {
             n.move_to(device);
         }
-        if !device.is_cuda() || self.train.bytes() + self.test.bytes() > on_device_max_bytes {
+        let Samples::Memory { train, test } = &mut self.samples else { return false };
+        if !device.is_cuda() || train.bytes() + test.bytes() > on_device_max_bytes {
             return false;
         }
-        self.train = self.train.copied_to(device);
-        self.test = self.test.copied_to(device);
+        *train = train.copied_to(device);
+        *test = test.copied_to(device);
         true
+    }
+
+    pub fn train_len(&self) -> usize {
+        match &self.samples {
+            Samples::Memory { train, .. } => train.len(),
+            Samples::Sharded(shards) => shards.train_len(),
+        }
+    }
+
+    pub fn test_len(&self) -> usize {
+        match &self.samples {
+            Samples::Memory { test, .. } => test.len(),
+            Samples::Sharded(shards) => shards.test_len(),
+        }
+    }
+
+    /// The splits held whole in memory; `None` for a sharded data set.
+    pub fn in_memory(&self) -> Option<(&Split, &Split)> {
+        match &self.samples {
+            Samples::Memory { train, test } => Some((train, test)),
+            Samples::Sharded(_) => None,
+        }
     }
 
     /// The shape of one sample of the first input (C×H×W or D).
     pub fn sample_shape(&self) -> Vec<i64> {
-        self.train.inputs[0].size()[1..].to_vec()
+        match &self.samples {
+            Samples::Memory { train, .. } => train.inputs[0].size()[1..].to_vec(),
+            Samples::Sharded(shards) => vec![3, i64::from(shards.size), i64::from(shards.size)],
+        }
+    }
+
+    /// The order of the training samples in `epoch`: one permutation from (seed, epoch) for data in
+    /// memory, the shard-window order for a sharded data set; cut between the workers the same way.
+    pub fn epoch_order(&self, seed: u64, epoch: u64) -> Vec<i64> {
+        match &self.samples {
+            Samples::Memory { train, .. } => shuffle::epoch_permutation(seed, epoch, train.len()),
+            Samples::Sharded(shards) => shards.epoch_order(epoch),
+        }
+    }
+
+    /// Tells a sharded data set the batches this rank will ask for in `epoch`, in order, so that it decodes
+    /// them ahead; nothing to do for data in memory.
+    pub fn begin_epoch(&mut self, epoch: u64, plan: impl FnOnce() -> Vec<Vec<i64>>) {
+        if let Samples::Sharded(shards) = &mut self.samples {
+            shards.begin_epoch(epoch, plan());
+        }
     }
 
     fn prepare(&self, inputs: Vec<Tensor>, device: Device) -> Vec<Tensor> {
@@ -300,17 +375,53 @@ impl Dataset {
     }
 
     /// A (normalised) batch of training samples and their labels.
-    pub fn train_batch(&self, indices: &[i64], device: Device) -> (Vec<Tensor>, Tensor) {
-        // gathered where the split is (the device when `place_on` put it there), then moved if it is not
-        let idx = Tensor::from_slice(indices).to_device(self.train.y.device());
-        let inputs = self.train.inputs.iter().map(|x| x.index_select(0, &idx)).collect();
-        (self.prepare(inputs, device), self.train.y.index_select(0, &idx).to_device(device))
+    pub fn train_batch(&mut self, indices: &[i64], device: Device) -> Result<(Vec<Tensor>, Tensor)> {
+        let (inputs, y) = match &mut self.samples {
+            Samples::Memory { train, .. } => {
+                // gathered where the split is (the device when `place_on` put it there), then moved if it is not
+                let idx = Tensor::from_slice(indices).to_device(train.y.device());
+                (train.inputs.iter().map(|x| x.index_select(0, &idx)).collect(), train.y.index_select(0, &idx))
+            }
+            Samples::Sharded(shards) => {
+                let (x, y) = shards.next_train(indices)?;
+                (vec![x], y)
+            }
+        };
+        Ok((self.prepare(inputs, device), y.to_device(device)))
     }
 
     /// A (normalised) contiguous range of test samples and their labels.
-    pub fn test_batch(&self, start: usize, len: usize, device: Device) -> (Vec<Tensor>, Tensor) {
-        let part = self.test.narrow(start as i64, len as i64);
-        (self.prepare(part.inputs, device), part.y.to_device(device))
+    pub fn test_batch(&self, start: usize, len: usize, device: Device) -> Result<(Vec<Tensor>, Tensor)> {
+        let (inputs, y) = match &self.samples {
+            Samples::Memory { test, .. } => {
+                let part = test.narrow(start as i64, len as i64);
+                (part.inputs, part.y)
+            }
+            Samples::Sharded(shards) => {
+                let (x, y) = shards.test_batch(start, len)?;
+                (vec![x], y)
+            }
+        };
+        Ok((self.prepare(inputs, device), y.to_device(device)))
+    }
+}
+
+/// How a sharded data set is read (see [`sharded`]).
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    /// The side images are cropped and resized to.
+    pub image_size: u32,
+    /// Decoding threads.
+    pub threads: usize,
+    /// The run's seed: with the epoch, it orders the samples and keys their augmentation.
+    pub seed: u64,
+    pub train_samples: Option<u64>,
+    pub test_samples: Option<u64>,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions { image_size: 224, threads: 1, seed: 0, train_samples: None, test_samples: None }
     }
 }
 
@@ -358,7 +469,8 @@ mod tests {
     fn normalised_training_inputs_have_zero_mean_and_unit_std() {
         let data = Dataset::load(&DatasetRef::Synthetic { train_size: 2000 }, None, None).unwrap();
         let all: Vec<i64> = (0..2000).collect();
-        let (x, _) = data.train_batch(&all, Device::Cpu);
+        let mut data = data;
+        let (x, _) = data.train_batch(&all, Device::Cpu).unwrap();
         let x = &x[0];
         assert!(x.mean(Kind::Double).double_value(&[]).abs() < 1e-4);
         assert!((x.std(false).double_value(&[]) - 1.0).abs() < 1e-3);
@@ -368,7 +480,7 @@ mod tests {
     fn fashion_mnist_loads_with_its_known_statistics() {
         // Fashion-MNIST's pixel mean and standard deviation are 0.2860 and 0.3530 (over the training split)
         let data = Dataset::load(&DatasetRef::FashionMnist, None, None).unwrap();
-        assert_eq!((data.train.len(), data.test.len(), data.classes()), (60_000, 10_000, 10));
+        assert_eq!((data.train_len(), data.test_len(), data.classes()), (60_000, 10_000, 10));
         assert_eq!(data.sample_shape(), vec![1, 28, 28]);
         let normalizer = data.normalizer.as_ref().unwrap();
         let mean = normalizer.mean.double_value(&[0, 0, 0, 0]);
@@ -380,18 +492,18 @@ mod tests {
     fn a_split_counts_its_bytes_as_stored_and_a_cpu_rank_keeps_it_where_it_is() {
         let mut data = Dataset::load(&DatasetRef::Synthetic { train_size: 300 }, None, None).unwrap();
         // synthetic inputs are f32 1×16×16, labels i64
-        assert_eq!(data.train.bytes(), 300 * (256 * 4 + 8));
-        let (before, _) = data.train_batch(&[5, 7, 11], Device::Cpu);
+        assert_eq!(data.in_memory().unwrap().0.bytes(), 300 * (256 * 4 + 8));
+        let (before, _) = data.train_batch(&[5, 7, 11], Device::Cpu).unwrap();
         assert!(!data.place_on(Device::Cpu, u64::MAX), "a CPU rank's data is already where its step runs");
-        let (after, _) = data.train_batch(&[5, 7, 11], Device::Cpu);
+        let (after, _) = data.train_batch(&[5, 7, 11], Device::Cpu).unwrap();
         assert!(before[0].equal(&after[0]));
     }
 
     #[test]
     fn truncation_keeps_the_first_samples() {
         let data = Dataset::load(&DatasetRef::Synthetic { train_size: 300 }, Some(100), Some(10)).unwrap();
-        assert_eq!(data.train.len(), 100);
-        assert_eq!(data.test.len(), 10);
+        assert_eq!(data.train_len(), 100);
+        assert_eq!(data.test_len(), 10);
     }
 
     #[test]
@@ -403,7 +515,7 @@ mod tests {
         let y = Tensor::arange(100, (Kind::Int64, Device::Cpu)).remainder(3);
         Tensor::write_safetensors(&[("x", &x), ("y", &y)], &path).unwrap();
         let data = Dataset::load_safetensors(&path, None, None, None).unwrap();
-        assert_eq!((data.train.len(), data.test.len(), data.classes()), (90, 10, 3));
+        assert_eq!((data.train_len(), data.test_len(), data.classes()), (90, 10, 3));
         assert_eq!(data.sample_shape(), vec![4]);
         std::fs::remove_dir_all(dir).unwrap();
     }

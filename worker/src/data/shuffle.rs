@@ -4,46 +4,7 @@
 
 use std::ops::Range;
 
-/// SplitMix64: a tiny, well-mixed generator; plenty for shuffling and synthetic data.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, bound) without modulo bias (rejection sampling).
-    pub fn below(&mut self, bound: u64) -> u64 {
-        let zone = u64::MAX - (u64::MAX % bound);
-        loop {
-            let x = self.next_u64();
-            if x < zone {
-                return x % bound;
-            }
-        }
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box-Muller).
-    pub fn normal(&mut self) -> f64 {
-        let u1 = self.unit().max(f64::MIN_POSITIVE);
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-}
+pub use ringtrain_core::random::SplitMix64;
 
 /// The permutation of `0..len` for `epoch` of a run seeded with `seed` (Fisher-Yates).
 pub fn epoch_permutation(seed: u64, epoch: u64, len: usize) -> Vec<i64> {
@@ -116,16 +77,6 @@ mod tests {
         for (len, world, batch) in [(60_000, 8, 32), (1000, 3, 32), (1_281_167, 256, 32), (7, 1, 7)] {
             let expected = len as u64 / (world as u64 * batch as u64);
             assert_eq!(steps_per_epoch(len, world, batch) as u64, expected);
-        }
-    }
-
-    #[test]
-    fn below_is_in_range() {
-        let mut rng = SplitMix64::new(3);
-        for bound in [1, 2, 7, 1000] {
-            for _ in 0..100 {
-                assert!(rng.below(bound) < bound);
-            }
         }
     }
 }

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::{guard, JobError, StepOutcome, Stopped, Trainer};
 use crate::checkpoint::{self, PartialEpoch};
-use crate::data::shuffle::epoch_permutation;
+use crate::data::shuffle::batch_indices;
 use crate::data::Labels;
 use crate::metrics::{EpochRecord, ErrorMetric, Metric, RunResult, Timeline};
 use crate::process_usage::ProcessUsage;
@@ -51,8 +51,17 @@ impl Trainer<'_> {
     fn train_epoch(&mut self, epoch: u64, started: Instant, sink: &mut dyn FnMut(&Metric)) -> Result<EpochProgress> {
         let ipe = self.effective.iterations_per_epoch;
         let log_every = u64::from(self.spec.log_every_iterations.max(1));
-        let permutation = epoch_permutation(self.spec.seed, epoch, self.data.train.len());
+        let permutation = self.data.epoch_order(self.spec.seed, epoch);
         let mut progress = self.epoch_start(epoch);
+        let (first_step, n) = (progress.first_step as usize, self.spec.per_worker_batch as usize);
+        let (rank, virtual_ranks, total_ranks) = (self.comm.rank(), self.virtual_ranks(), self.total_ranks);
+        // the batches this process will ask for, in order: each step, each of its virtual ranks
+        self.data.begin_epoch(epoch, || {
+            (first_step..ipe as usize)
+                .flat_map(|t| (0..virtual_ranks).map(move |j| (t, rank * virtual_ranks + j)))
+                .map(|(t, worker)| batch_indices(&permutation, total_ranks, worker, t, n).to_vec())
+                .collect()
+        });
         let mut window = LogWindow::new();
         for t in progress.first_step..ipe {
             let iteration = epoch * ipe + t;

@@ -1,0 +1,246 @@
+//! Decoding an image (JPEG with zune-jpeg, PNG with png: pure Rust, no system library to install or carry
+//! to a GPU machine) and Goyal's augmentation, into the CHW bytes a batch is made of.
+//!
+//! - Training: a random-resized crop (Szegedy et al.'s scale augmentation, as torchvision's
+//!   `RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3))` draws it), resized to `size`×`size`
+//!   with a bilinear filter that widens as it shrinks (antialiased, as torchvision v2 and Pillow), and a
+//!   horizontal flip half of the time. The draws come from a generator seeded per sample and epoch
+//!   (`order::augmentation_seed`): the same crop whichever thread or process makes it.
+//! - Evaluation: the shorter side resized to `size`·256/224 and the centre `size`×`size` kept (torchvision's
+//!   `Resize(256)` + `CenterCrop(224)` at 224), as one crop-and-resize.
+//!
+//! Normalisation (per-channel mean and std) is left to the trainer, on the device: a batch of bytes is a
+//! quarter of the floats it becomes.
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use ringtrain_core::random::SplitMix64;
+
+use crate::shard::ImageFormat;
+
+/// A decoded image, RGB, row by row.
+#[derive(Debug, Clone)]
+pub struct Rgb {
+    pub width: u32,
+    pub height: u32,
+    pub pixels: Vec<u8>,
+}
+
+/// The largest image decoded (about 16k × 16k): a hostile file cannot ask for unbounded memory.
+pub const MAX_PIXELS: u64 = 1 << 28;
+
+/// Decodes `bytes` stored as `format` into RGB.
+pub fn decode(bytes: &[u8], format: ImageFormat) -> Result<Rgb, String> {
+    match format {
+        ImageFormat::Jpeg => decode_jpeg(bytes),
+        ImageFormat::Png => decode_png(bytes),
+    }
+}
+
+fn decode_jpeg(bytes: &[u8]) -> Result<Rgb, String> {
+    use zune_core::bytestream::ZCursor;
+    use zune_core::colorspace::ColorSpace;
+    use zune_core::options::DecoderOptions;
+    let options = DecoderOptions::default()
+        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .set_max_width(1 << 16)
+        .set_max_height(1 << 16);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder.decode_headers().map_err(|e| format!("not a readable JPEG: {e:?}"))?;
+    let (width, height) = decoder.dimensions().ok_or("not a readable JPEG: no size")?;
+    check_size(width as u64, height as u64)?;
+    let pixels = decoder.decode().map_err(|e| format!("not a readable JPEG: {e:?}"))?;
+    let rgb = Rgb { width: width as u32, height: height as u32, pixels };
+    expect_rgb(rgb)
+}
+
+fn decode_png(bytes: &[u8]) -> Result<Rgb, String> {
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = decoder.read_info().map_err(|e| format!("not a readable PNG: {e}"))?;
+    let (width, height) = (reader.info().width, reader.info().height);
+    check_size(u64::from(width), u64::from(height))?;
+    let size = reader.output_buffer_size().ok_or("not a readable PNG: too large")?;
+    let mut buffer = vec![0u8; size];
+    let frame = reader.next_frame(&mut buffer).map_err(|e| format!("not a readable PNG: {e}"))?;
+    let channels = frame.color_type.samples();
+    let data = &buffer[..frame.buffer_size()];
+    let pixels: Vec<u8> = match channels {
+        3 => data.to_vec(),
+        4 => data.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
+        1 => data.iter().flat_map(|&g| [g, g, g]).collect(),
+        2 => data.chunks_exact(2).flat_map(|p| [p[0], p[0], p[0]]).collect(),
+        other => return Err(format!("not a readable PNG: {other} channels")),
+    };
+    expect_rgb(Rgb { width, height, pixels })
+}
+
+fn check_size(width: u64, height: u64) -> Result<(), String> {
+    if width == 0 || height == 0 || width * height > MAX_PIXELS {
+        return Err(format!("an image of {width}×{height} pixels (at most {MAX_PIXELS} are decoded)"));
+    }
+    Ok(())
+}
+
+fn expect_rgb(rgb: Rgb) -> Result<Rgb, String> {
+    let expected = rgb.width as usize * rgb.height as usize * 3;
+    if rgb.pixels.len() != expected {
+        return Err(format!("decoded {} bytes for {}×{} RGB", rgb.pixels.len(), rgb.width, rgb.height));
+    }
+    Ok(rgb)
+}
+
+/// A crop of the source image, in its pixels (fractions allowed).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Crop {
+    pub left: f64,
+    pub top: f64,
+    pub width: f64,
+    pub height: f64,
+    pub flip: bool,
+}
+
+/// torchvision's `RandomResizedCrop.get_params` with scale (0.08, 1) and ratio (3/4, 4/3), and a flip.
+pub fn random_resized_crop(width: u32, height: u32, rng: &mut SplitMix64) -> Crop {
+    let (w_img, h_img) = (f64::from(width), f64::from(height));
+    let area = w_img * h_img;
+    let (log_low, log_high) = ((3.0f64 / 4.0).ln(), (4.0f64 / 3.0).ln());
+    let uniform = |rng: &mut SplitMix64, low: f64, high: f64| low + (high - low) * rng.unit();
+    let mut chosen = None;
+    for _ in 0..10 {
+        let target = area * uniform(rng, 0.08, 1.0);
+        let aspect = uniform(rng, log_low, log_high).exp();
+        let w = (target * aspect).sqrt().round();
+        let h = (target / aspect).sqrt().round();
+        if w > 0.0 && w <= w_img && h > 0.0 && h <= h_img {
+            let top = rng.below((h_img - h) as u64 + 1) as f64;
+            let left = rng.below((w_img - w) as u64 + 1) as f64;
+            chosen = Some((left, top, w, h));
+            break;
+        }
+    }
+    let (left, top, w, h) = chosen.unwrap_or_else(|| {
+        // the central crop, its ratio clamped into the range
+        let ratio = w_img / h_img;
+        let (w, h) = if ratio < 3.0 / 4.0 {
+            (w_img, (w_img / (3.0 / 4.0)).round())
+        } else if ratio > 4.0 / 3.0 {
+            ((h_img * (4.0 / 3.0)).round(), h_img)
+        } else {
+            (w_img, h_img)
+        };
+        (((w_img - w) / 2.0).floor(), ((h_img - h) / 2.0).floor(), w, h)
+    });
+    Crop { left, top, width: w, height: h, flip: rng.unit() < 0.5 }
+}
+
+/// The evaluation crop: the shorter side resized to `size`·256/224, the centre `size`×`size` kept.
+pub fn centre_crop(width: u32, height: u32, size: u32) -> Crop {
+    let resized_short = (f64::from(size) * 256.0 / 224.0).round();
+    let scale = resized_short / f64::from(width.min(height));
+    let side = (f64::from(size) / scale).min(f64::from(width.min(height)));
+    Crop {
+        left: (f64::from(width) - side) / 2.0,
+        top: (f64::from(height) - side) / 2.0,
+        width: side,
+        height: side,
+        flip: false,
+    }
+}
+
+/// Crops, resizes to `size`×`size` and flips `rgb` as `crop` says, writing channel-major bytes (3×size×size)
+/// into `out`. `resizer` and `scratch` are the calling thread's, reused from one image to the next.
+pub fn crop_into(
+    rgb: &Rgb,
+    crop: Crop,
+    size: u32,
+    resizer: &mut Resizer,
+    scratch: &mut Option<Image<'static>>,
+    out: &mut [u8],
+) -> Result<(), String> {
+    let src = ImageRef::new(rgb.width, rgb.height, &rgb.pixels, PixelType::U8x3).map_err(|e| e.to_string())?;
+    let dst = scratch.get_or_insert_with(|| Image::new(size, size, PixelType::U8x3));
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)).crop(
+        crop.left,
+        crop.top,
+        crop.width,
+        crop.height,
+    );
+    resizer.resize(&src, dst, &options).map_err(|e| e.to_string())?;
+    let (size, plane) = (size as usize, size as usize * size as usize);
+    let hwc = dst.buffer();
+    for y in 0..size {
+        for x in 0..size {
+            let from = (y * size + if crop.flip { size - 1 - x } else { x }) * 3;
+            let to = y * size + x;
+            out[to] = hwc[from];
+            out[plane + to] = hwc[from + 1];
+            out[2 * plane + to] = hwc[from + 2];
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 3-channel test picture: red grows to the right, green downwards, blue is constant.
+    pub(crate) fn gradient(width: u32, height: u32) -> Rgb {
+        let mut pixels = Vec::with_capacity((width * height * 3) as usize);
+        for y in 0..height {
+            for x in 0..width {
+                pixels.extend([(x * 255 / (width - 1)) as u8, (y * 255 / (height - 1)) as u8, 77]);
+            }
+        }
+        Rgb { width, height, pixels }
+    }
+
+    #[test]
+    fn random_crops_stay_inside_the_image_within_scale_and_ratio() {
+        let mut rng = SplitMix64::new(5);
+        let mut flips = 0;
+        for _ in 0..2000 {
+            let c = random_resized_crop(400, 350, &mut rng);
+            assert!(c.left >= 0.0 && c.top >= 0.0 && c.left + c.width <= 400.0 && c.top + c.height <= 350.0, "{c:?}");
+            let share = c.width * c.height / (400.0 * 350.0);
+            assert!((0.07..=1.0).contains(&share), "{c:?}");
+            let ratio = c.width / c.height;
+            assert!((0.74..=1.36).contains(&ratio), "{c:?}");
+            flips += usize::from(c.flip);
+        }
+        assert!((900..1100).contains(&flips), "{flips} flips of 2000");
+        // a strip too thin for any draw falls back to a central crop of the widest allowed ratio
+        let c = random_resized_crop(1000, 10, &mut SplitMix64::new(1));
+        assert_eq!((c.width, c.height), (13.0, 10.0));
+    }
+
+    #[test]
+    fn evaluation_keeps_the_centre_at_the_resized_scale() {
+        let c = centre_crop(500, 375, 224);
+        // 375 → 256: scale 0.6827; 224 output pixels are 328.1 source pixels
+        assert!((c.width - 328.125).abs() < 1e-9 && (c.left - 85.9375).abs() < 1e-9, "{c:?}");
+    }
+
+    #[test]
+    fn a_crop_is_resized_flipped_and_laid_out_by_channel() {
+        let rgb = gradient(64, 48);
+        let (mut resizer, mut scratch) = (Resizer::new(), None);
+        let mut out = vec![0u8; 3 * 16 * 16];
+        let whole = Crop { left: 0.0, top: 0.0, width: 64.0, height: 48.0, flip: false };
+        crop_into(&rgb, whole, 16, &mut resizer, &mut scratch, &mut out).unwrap();
+        let (red, green, blue) = (&out[..256], &out[256..512], &out[512..]);
+        assert!(red[0] < 20 && red[15] > 235, "red grows to the right: {} {}", red[0], red[15]);
+        assert!(green[0] < 20 && green[15 * 16] > 235, "green grows downwards");
+        assert!(blue.iter().all(|&b| b == 77));
+        let mut flipped = vec![0u8; 3 * 16 * 16];
+        crop_into(&rgb, Crop { flip: true, ..whole }, 16, &mut resizer, &mut scratch, &mut flipped).unwrap();
+        assert_eq!(flipped[0], out[15], "the flip mirrors each row");
+    }
+
+    #[test]
+    fn what_is_not_an_image_is_refused_with_a_reason() {
+        assert!(decode(b"\xFF\xD8\xFFgarbage", ImageFormat::Jpeg).unwrap_err().contains("not a readable JPEG"));
+        assert!(decode(b"\x89PNGgarbage", ImageFormat::Png).unwrap_err().contains("not a readable PNG"));
+    }
+}

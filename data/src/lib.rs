@@ -1,0 +1,22 @@
+//! Sharded data sets, for training on data larger than memory (issue 55).
+//!
+//! - [`index`]: the shard format's index (`index.json`: the splits, their shards with sizes, sample counts
+//!   and checksums, the class names, the per-channel statistics) and its checks;
+//! - [`shard`]: one shard, a POSIX tar of WebDataset-style samples (`KEY.jpg` or `KEY.png` beside
+//!   `KEY.cls`), read by member offsets so a reader takes only the samples it needs;
+//! - [`pack`]: an image folder (one sub-folder per class, the torchvision and ImageNet layout) into shards;
+//! - [`order`]: which sample comes when in an epoch, a function of the seed and the epoch alone;
+//! - [`image`]: decoding (JPEG, PNG) and Goyal's augmentation, into CHW bytes;
+//! - [`loader`]: a rank's batches, decoded ahead on a pool of threads, in the order the epoch asks for;
+//! - [`synthetic`]: seeded synthetic photographs as JPEGs, for the benchmark and the tests.
+
+pub mod image;
+pub mod index;
+pub mod loader;
+pub mod order;
+pub mod pack;
+pub mod shard;
+pub mod synthetic;
+
+pub use index::{DatasetIndex, ShardInfo, SplitIndex};
+pub use order::EpochOrder;

@@ -1,0 +1,266 @@
+//! A rank's batches from a sharded split: the samples it will ask for, decoded and augmented ahead on a pool
+//! of threads, handed out in the order asked. Memory is bounded by `ahead` batches and the shards' maps
+//! (offsets only: a sample's bytes are read by offset when it is decoded), whatever the split's size.
+//!
+//! A shard that is missing, truncated, or holds what its index does not say, and a sample that does not
+//! decode, fail the loader with the shard, the byte offset and the sample named: the trainer stops with
+//! that error rather than skip the sample or wait.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use fast_image_resize::Resizer;
+use ringtrain_core::random::SplitMix64;
+
+use crate::image::{centre_crop, crop_into, decode, random_resized_crop};
+use crate::index::SplitIndex;
+use crate::order::{augmentation_seed, locate};
+use crate::shard::{ShardError, ShardMap};
+
+/// One split of a data set whose shards are files in one folder (a shared filesystem, or the node's cache).
+#[derive(Debug)]
+pub struct SplitReader {
+    folder: PathBuf,
+    split: SplitIndex,
+    firsts: Vec<u64>,
+    classes: u32,
+    /// The shards scanned so far, most recently used last; at most `max_open`.
+    open: Mutex<VecDeque<(usize, Arc<ShardMap>)>>,
+    max_open: usize,
+}
+
+/// A sample as stored: its bytes, how they are encoded, its class.
+pub type StoredSample = (Vec<u8>, crate::shard::ImageFormat, u32);
+
+impl SplitReader {
+    pub fn new(folder: PathBuf, split: SplitIndex, classes: u32, max_open: usize) -> SplitReader {
+        let firsts = split.first_samples();
+        SplitReader { folder, split, firsts, classes, open: Mutex::new(VecDeque::new()), max_open: max_open.max(1) }
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.split.samples
+    }
+
+    /// Sample `id` (numbered through the split) as stored.
+    pub fn sample(&self, id: u64) -> Result<StoredSample, ShardError> {
+        if id >= self.split.samples {
+            return Err(ShardError {
+                shard: "-".into(),
+                at: None,
+                reason: format!("no sample {id}: the split holds {}", self.split.samples),
+            });
+        }
+        let (shard, member) = locate(&self.firsts, id);
+        let map = self.shard(shard)?;
+        let bytes = map.read(member as usize)?;
+        let entry = &map.samples[member as usize];
+        Ok((bytes, entry.format, entry.class))
+    }
+
+    /// The scanned map of shard `i`, checked against the index.
+    fn shard(&self, i: usize) -> Result<Arc<ShardMap>, ShardError> {
+        if let Ok(mut open) = self.open.lock() {
+            if let Some(at) = open.iter().position(|(shard, _)| *shard == i) {
+                let entry = open.remove(at).expect("found above");
+                let map = entry.1.clone();
+                open.push_back(entry);
+                return Ok(map);
+            }
+        }
+        let info = &self.split.shards[i];
+        let path = self.folder.join(&info.name);
+        let fail = |at: Option<u64>, reason: String| ShardError { shard: info.name.clone(), at, reason };
+        let bytes =
+            std::fs::metadata(&path).map_err(|e| fail(None, format!("missing: {}: {e}", path.display())))?.len();
+        if bytes != info.bytes {
+            return Err(fail(Some(bytes.min(info.bytes)), format!("is {bytes} bytes, the index says {}", info.bytes)));
+        }
+        let map = ShardMap::scan(&path, &info.name, self.classes)?;
+        if map.samples.len() as u64 != info.samples {
+            return Err(fail(None, format!("holds {} samples, the index says {}", map.samples.len(), info.samples)));
+        }
+        let map = Arc::new(map);
+        if let Ok(mut open) = self.open.lock() {
+            if open.len() >= self.max_open {
+                open.pop_front();
+            }
+            open.push_back((i, map.clone()));
+        }
+        Ok(map)
+    }
+}
+
+/// How samples become a batch's bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Transform {
+    /// Output side, in pixels (224 for ImageNet's ResNets).
+    pub size: u32,
+    /// Random-resized crop and flip (training) or the centre crop (evaluation).
+    pub train: bool,
+    /// The run's seed and the epoch: with the sample, they key its augmentation.
+    pub seed: u64,
+    pub epoch: u64,
+}
+
+/// One batch: `labels.len()` images of 3×size×size bytes, channel-major, in the order asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub images: Vec<u8>,
+    pub labels: Vec<i64>,
+    pub size: u32,
+}
+
+/// Decodes one sample as `transform` says into `out` (3×size×size bytes); returns its class.
+pub fn load_sample(
+    reader: &SplitReader,
+    id: u64,
+    transform: Transform,
+    resizer: &mut Resizer,
+    scratch: &mut Option<fast_image_resize::images::Image<'static>>,
+    out: &mut [u8],
+) -> Result<u32, String> {
+    let (bytes, format, class) = reader.sample(id).map_err(|e| e.to_string())?;
+    let name = |reason: String| {
+        let (shard, member) = locate(&reader.firsts, id);
+        let info = &reader.split.shards[shard];
+        format!("shard {} sample {member} (sample {id} of the split): {reason}", info.name)
+    };
+    let rgb = decode(&bytes, format).map_err(name)?;
+    let crop = if transform.train {
+        random_resized_crop(
+            rgb.width,
+            rgb.height,
+            &mut SplitMix64::new(augmentation_seed(transform.seed, transform.epoch, id)),
+        )
+    } else {
+        centre_crop(rgb.width, rgb.height, transform.size)
+    };
+    crop_into(&rgb, crop, transform.size, resizer, scratch, out).map_err(name)?;
+    Ok(class)
+}
+
+/// What the threads and the consumer share.
+#[derive(Debug, Default)]
+struct State {
+    /// The next sample to decode: (batch, position in it).
+    next: (usize, usize),
+    /// Batches handed out so far.
+    consumed: usize,
+    /// Batches being filled: their bytes, labels and samples still to come.
+    filling: HashMap<usize, (Vec<u8>, Vec<i64>, usize)>,
+    ready: BTreeMap<usize, Batch>,
+    failed: Option<String>,
+    stop: bool,
+}
+
+/// Batches decoded ahead on threads (see the module's doc).
+#[derive(Debug)]
+pub struct Batches {
+    shared: Arc<(Mutex<State>, Condvar)>,
+    threads: Vec<JoinHandle<()>>,
+    total: usize,
+}
+
+impl Batches {
+    /// Starts `threads` threads decoding `plan` (each batch's sample ids, in order), at most `ahead` batches
+    /// beyond the one the consumer waits for.
+    pub fn start(
+        reader: Arc<SplitReader>,
+        plan: Vec<Vec<u64>>,
+        transform: Transform,
+        threads: usize,
+        ahead: usize,
+    ) -> Batches {
+        let shared = Arc::new((Mutex::new(State::default()), Condvar::new()));
+        let plan = Arc::new(plan);
+        let total = plan.len();
+        let threads = (0..threads.max(1))
+            .map(|_| {
+                let (shared, plan, reader) = (shared.clone(), plan.clone(), reader.clone());
+                std::thread::spawn(move || work(&shared, &plan, &reader, transform, ahead.max(1)))
+            })
+            .collect();
+        Batches { shared, threads, total }
+    }
+
+    /// The next batch in the plan's order; `None` after the last.
+    pub fn next_batch(&mut self) -> Option<Result<Batch, String>> {
+        let (lock, ready) = &*self.shared;
+        let mut state = lock.lock().ok()?;
+        if state.consumed >= self.total {
+            return None;
+        }
+        loop {
+            if let Some(failed) = &state.failed {
+                return Some(Err(failed.clone()));
+            }
+            let wanted = state.consumed;
+            if let Some(batch) = state.ready.remove(&wanted) {
+                state.consumed += 1;
+                ready.notify_all();
+                return Some(Ok(batch));
+            }
+            state = ready.wait(state).ok()?;
+        }
+    }
+}
+
+impl Drop for Batches {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.shared.0.lock() {
+            state.stop = true;
+        }
+        self.shared.1.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One thread: take the next sample (not more than `ahead` batches beyond the consumer), decode it, put it
+/// in its batch.
+fn work(shared: &(Mutex<State>, Condvar), plan: &[Vec<u64>], reader: &SplitReader, transform: Transform, ahead: usize) {
+    let (lock, changed) = shared;
+    let sample_bytes = 3 * transform.size as usize * transform.size as usize;
+    let (mut resizer, mut scratch, mut out) = (Resizer::new(), None, vec![0u8; sample_bytes]);
+    loop {
+        let (batch, position) = {
+            let Ok(mut state) = lock.lock() else { return };
+            loop {
+                if state.stop || state.failed.is_some() || state.next.0 >= plan.len() {
+                    return;
+                }
+                if state.next.0 <= state.consumed + ahead {
+                    break;
+                }
+                let Ok(next) = changed.wait(state) else { return };
+                state = next;
+            }
+            let taken = state.next;
+            state.next = if taken.1 + 1 < plan[taken.0].len() { (taken.0, taken.1 + 1) } else { (taken.0 + 1, 0) };
+            taken
+        };
+        let loaded = load_sample(reader, plan[batch][position], transform, &mut resizer, &mut scratch, &mut out);
+        let Ok(mut state) = lock.lock() else { return };
+        match loaded {
+            Err(why) => state.failed = Some(why),
+            Ok(class) => {
+                let size = plan[batch].len();
+                let (images, labels, left) =
+                    state.filling.entry(batch).or_insert_with(|| (vec![0u8; size * sample_bytes], vec![0; size], size));
+                images[position * sample_bytes..(position + 1) * sample_bytes].copy_from_slice(&out);
+                labels[position] = i64::from(class);
+                *left -= 1;
+                if *left == 0 {
+                    if let Some((images, labels, _)) = state.filling.remove(&batch) {
+                        state.ready.insert(batch, Batch { images, labels, size: transform.size });
+                    }
+                }
+            }
+        }
+        changed.notify_all();
+    }
+}

@@ -1,0 +1,169 @@
+//! `bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision on the same shards
+//! (issue 55), in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
+//! draw a random-resized crop and a flip, resize to `size` and collate uint8 batches; the figure is images
+//! per second per core. Without `--shards` it makes ImageNet-sized synthetic photographs (about 400×350,
+//! ~110 KB, quality 90: `ringtrain_data::synthetic`) and packs them first.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use ringtrain_data::index::DatasetIndex;
+use ringtrain_data::loader::{Batches, SplitReader, Transform};
+use ringtrain_data::order::{EpochOrder, WINDOW_SHARDS};
+use serde_json::{json, Value};
+
+use super::pytorch::{check_python, json_lines};
+
+#[derive(Debug, clap::Args)]
+pub struct DataArgs {
+    /// A sharded data set (its folder, with index.json). Default: synthetic photographs, made and packed here.
+    #[arg(long)]
+    shards: Option<PathBuf>,
+    /// How many synthetic photographs to make when no --shards is given (10 classes).
+    #[arg(long, default_value_t = 2000)]
+    images: u32,
+    /// Output side of the crop.
+    #[arg(long, default_value_t = 224)]
+    size: u32,
+    /// Images per batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Timed batches per figure (after two warm-up batches).
+    #[arg(long, default_value_t = 25)]
+    batches: usize,
+    /// Decoding threads of ringtrain's loader, and worker processes of PyTorch's DataLoader: a figure each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    cores: Vec<usize>,
+    /// A Python with torch and torchvision (scripts/bench/pytorch-venv.sh; `pip install torchvision` in it).
+    #[arg(long, env = "RINGTRAIN_PYTORCH_PYTHON", default_value = "python3")]
+    python: PathBuf,
+    /// The PyTorch side.
+    #[arg(long, default_value = "scripts/bench/pytorch_data.py")]
+    script: PathBuf,
+    /// Only ringtrain's figures.
+    #[arg(long)]
+    no_pytorch: bool,
+    /// One JSON object per figure instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &DataArgs) -> Result<()> {
+    if !args.no_pytorch {
+        check_python(&args.python)?;
+    }
+    let scratch = tempfile::Builder::new().prefix("ringtrain-bench-data-").tempdir()?;
+    let shards = match &args.shards {
+        Some(dir) => dir.clone(),
+        None => make_shards(args, scratch.path())?,
+    };
+    let index = DatasetIndex::from_json(&std::fs::read_to_string(shards.join("index.json"))?)
+        .map_err(|problems| anyhow::anyhow!("{}: {}", shards.display(), problems[0]))?;
+    let needed = (args.batches + 2) * args.batch;
+    if (index.train.samples as usize) < needed {
+        bail!(
+            "{} holds {} training images; {} batches of {} need {needed}",
+            shards.display(),
+            index.train.samples,
+            args.batches + 2,
+            args.batch
+        );
+    }
+    let mut rows = Vec::new();
+    for &cores in &args.cores {
+        let ours = ringtrain_rate(args, &shards, &index, cores)?;
+        let theirs = if args.no_pytorch { None } else { Some(pytorch_rate(args, &shards, cores)?) };
+        rows.push((cores, ours, theirs));
+    }
+    print(args, &rows);
+    Ok(())
+}
+
+/// Synthetic photographs, packed.
+fn make_shards(args: &DataArgs, scratch: &Path) -> Result<PathBuf> {
+    let (images, shards) = (scratch.join("images"), scratch.join("shards"));
+    let classes = 10;
+    eprintln!("making {} synthetic photographs of about 400×350 ...", args.images);
+    let bytes = ringtrain_data::synthetic::image_folder(&images, classes, args.images.div_ceil(classes), 400, 350, 1)?;
+    eprintln!(
+        "  {:.1} MB, {:.0} KB each; packing them ...",
+        bytes as f64 / 1e6,
+        bytes as f64 / 1e3 / f64::from(args.images)
+    );
+    let report = ringtrain_data::pack::pack(&images, None, &shards, &Default::default())?;
+    eprintln!("  {} shards", report.train_shards);
+    Ok(shards)
+}
+
+/// Images/s of ringtrain's loader with `threads` decoding threads over the first batches of epoch 0.
+fn ringtrain_rate(args: &DataArgs, shards: &Path, index: &DatasetIndex, threads: usize) -> Result<Value> {
+    let order = EpochOrder::new(&index.train.shard_samples(), WINDOW_SHARDS, 1, 0);
+    let plan: Vec<Vec<u64>> = order
+        .samples()
+        .chunks_exact(args.batch)
+        .take(args.batches + 2)
+        .map(|c| c.iter().map(|&s| s as u64).collect())
+        .collect();
+    let reader = Arc::new(SplitReader::new(
+        shards.to_path_buf(),
+        index.train.clone(),
+        index.classes.len() as u32,
+        2 * WINDOW_SHARDS,
+    ));
+    let transform = Transform { size: args.size, train: true, seed: 1, epoch: 0 };
+    eprintln!("ringtrain's loader, {threads} thread(s) ...");
+    let mut batches = Batches::start(reader, plan, transform, threads, 4);
+    let mut started = Instant::now();
+    for i in 0..args.batches + 2 {
+        let batch = batches.next_batch().context("the loader ended early")?.map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(batch.labels.len() == args.batch);
+        if i == 1 {
+            started = Instant::now();
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let rate = (args.batches * args.batch) as f64 / seconds;
+    Ok(
+        json!({"impl": "ringtrain", "threads": threads, "seconds": seconds, "images_per_s": rate, "per_core": rate / threads as f64}),
+    )
+}
+
+fn pytorch_rate(args: &DataArgs, shards: &Path, workers: usize) -> Result<Value> {
+    let mut script = Command::new(&args.python);
+    script.arg(&args.script).arg("--shards").arg(shards);
+    script.args(["--size", &args.size.to_string(), "--batch", &args.batch.to_string()]);
+    script.args(["--workers", &workers.to_string(), "--batches", &args.batches.to_string()]);
+    let printed = json_lines(&mut script, &format!("PyTorch's DataLoader, {workers} worker(s)"))?;
+    printed.last().cloned().context("the PyTorch side printed nothing")
+}
+
+fn print(args: &DataArgs, rows: &[(usize, Value, Option<Value>)]) {
+    let rate = |v: &Value, key: &str| v[key].as_f64().unwrap_or(f64::NAN);
+    if args.json {
+        for (cores, ours, theirs) in rows {
+            println!(
+                "{}",
+                json!({"bench": "data", "cores": cores, "size": args.size, "batch": args.batch, "ringtrain": ours, "pytorch": theirs})
+            );
+        }
+        return;
+    }
+    println!(
+        "decoded and augmented into batches of {} at {}×{} (random-resized crop + flip), images/s per core",
+        args.batch, args.size, args.size
+    );
+    println!("{:>6} {:>16} {:>16} {:>10}", "cores", "ringtrain", "PyTorch", "lead");
+    for (cores, ours, theirs) in rows {
+        let mine = rate(ours, "per_core");
+        match theirs {
+            Some(theirs) => {
+                let other = rate(theirs, "per_core");
+                println!("{cores:>6} {mine:>16.0} {other:>16.0} {:>9.2}×", mine / other);
+            }
+            None => println!("{cores:>6} {mine:>16.0} {:>16} {:>10}", "-", "-"),
+        }
+    }
+}

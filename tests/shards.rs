@@ -1,0 +1,166 @@
+//! Training from a sharded data set (issue 55) with real `ringtrain train` rank processes: Debian's
+//! Fashion-MNIST written as an image folder of JPEGs, packed by `ringtrain datasets pack`, streamed by the
+//! ranks. The same 4-worker job on 1, 2 and 4 processes takes the same samples in the same order (every
+//! iteration's loss equal within 1e-5 relative), a stop mid-epoch resumed on another number of processes
+//! continues it, and a damaged shard fails the job naming the shard.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ringtrain_worker::metrics::Metric;
+use serde_json::{json, Value};
+
+const FASHION_MNIST: &str = "/usr/share/datasets/fashion-mnist";
+
+/// Images (N×28×28) and labels of a gzipped Fashion-MNIST IDX pair.
+fn fashion_mnist(images: &str, labels: &str) -> (Vec<[u8; 784]>, Vec<u8>) {
+    let read = |name: &str| {
+        let mut bytes = Vec::new();
+        let file = std::fs::File::open(Path::new(FASHION_MNIST).join(name)).unwrap_or_else(|e| {
+            panic!("{FASHION_MNIST}/{name}: {e} (scripts/setup.sh installs dataset-fashion-mnist)")
+        });
+        flate2::read::GzDecoder::new(file).read_to_end(&mut bytes).unwrap();
+        bytes
+    };
+    let (x, y) = (read(images), read(labels));
+    let images = x[16..].chunks_exact(784).map(|c| c.try_into().unwrap()).collect();
+    (images, y[8..].to_vec())
+}
+
+/// The first `n` images of a split as `dir/CLASS/NNNNN.jpg` (grey as RGB, quality 95).
+fn image_folder(dir: &Path, images: &[[u8; 784]], labels: &[u8], n: usize) {
+    for (i, (image, label)) in images.iter().zip(labels).take(n).enumerate() {
+        let folder = dir.join(format!("class-{label}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        let rgb: Vec<u8> = image.iter().flat_map(|&g| [g, g, g]).collect();
+        let jpeg = ringtrain_data::synthetic::jpeg(&rgb, 28, 28, 95).unwrap();
+        std::fs::write(folder.join(format!("{i:05}.jpg")), jpeg).unwrap();
+    }
+}
+
+fn ringtrain() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+}
+
+/// Fashion-MNIST's first 2,400 training and 400 test images, packed into shards of ~40 KB.
+fn packed(dir: &Path) -> PathBuf {
+    let (train, train_labels) = fashion_mnist("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
+    let (test, test_labels) = fashion_mnist("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz");
+    image_folder(&dir.join("train"), &train, &train_labels, 2400);
+    image_folder(&dir.join("test"), &test, &test_labels, 400);
+    let shards = dir.join("shards");
+    let output = ringtrain()
+        .args(["datasets", "pack", "--shard-mib", "1", "--json", "--test"])
+        .arg(dir.join("test"))
+        .arg(dir.join("train"))
+        .arg(&shards)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!((report["train_samples"].as_u64(), report["test_samples"].as_u64()), (Some(2400), Some(400)));
+    assert!(report["train_shards"].as_u64().unwrap() >= 3, "{report}");
+    shards
+}
+
+/// LeNet-5 on the shards, 4 workers; elastic, so its gradients are summed in worker order on any number of
+/// processes (a fixed job may sum them in another order, which moves the losses in their last bits).
+fn spec(dir: &Path, shards: &Path, epochs: u32) -> PathBuf {
+    let spec = json!({
+        "model": {"name": "lenet5"}, "dataset": format!("shards:{}", shards.display()), "image_size": 28,
+        "workers": 4, "devices": {"min": 1}, "per_worker_batch": 16, "epochs": epochs, "seed": 3,
+        "log_every_iterations": 1,
+        "lr": {"base": 0.05, "reference_batch": 64, "warmup": {"kind": "none"}, "decay": {"kind": "none"}}
+    });
+    let path = dir.join(format!("spec-{epochs}.json"));
+    std::fs::write(&path, spec.to_string()).unwrap();
+    path
+}
+
+fn train(spec: &Path, processes: usize, extra: &[&str], out: &Path) -> Output {
+    ringtrain()
+        .arg("train")
+        .arg("--spec")
+        .arg(spec)
+        .args(["--local", &processes.to_string(), "--comm-timeout-s", "60", "--out"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// (iteration, loss) of rank 0's lines.
+fn losses(output: &Output) -> Vec<(u64, f64)> {
+    assert!(output.status.success(), "training failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Metric>(l).ok())
+        .filter_map(|m| match m {
+            Metric::Iteration { rank: 0, iteration, loss, .. } => Some((iteration, loss)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn assert_close(a: &[(u64, f64)], b: &[(u64, f64)], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: {} against {} iterations", a.len(), b.len());
+    for ((i, x), (j, y)) in a.iter().zip(b) {
+        assert_eq!(i, j, "{what}");
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(y.abs()), "{what}: iteration {i}: {x} against {y}");
+    }
+}
+
+#[test]
+fn the_same_job_on_1_2_and_4_processes_takes_the_same_samples_and_a_resume_continues_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = packed(dir.path());
+    let spec = spec(dir.path(), &shards, 2);
+    let one = losses(&train(&spec, 1, &["--virtual-ranks", "4"], &dir.path().join("one")));
+    assert_eq!(one.len(), 2 * (2400 / 64), "every iteration of both epochs");
+    assert!(one.last().unwrap().1 < one[0].1, "it learns: {:?} → {:?}", one[0], one.last());
+    let two = losses(&train(&spec, 2, &[], &dir.path().join("two")));
+    assert_close(&one, &two, "2 processes of 2 virtual ranks against 1 of 4");
+    let four = losses(&train(&spec, 4, &[], &dir.path().join("four")));
+    assert_close(&one, &four, "4 processes against 1 of 4 virtual ranks");
+
+    // stopped on request at iteration 50 (mid-epoch 2) on 2 processes, resumed on 4 from that checkpoint (an
+    // elastic resize mid-epoch): the rest of the same run, its shards not read again from the epoch's start
+    let stopped = dir.path().join("stopped");
+    let mut first = Command::new(env!("CARGO_BIN_EXE_ringtrain"));
+    first.arg("train").arg("--spec").arg(&spec).args(["--local", "2", "--comm-timeout-s", "60", "--out"]).arg(&stopped);
+    let first = first.env("RINGTRAIN_STOP", "0:50").output().unwrap();
+    assert_eq!(first.status.code(), Some(4), "a stop on request:\n{}", String::from_utf8_lossy(&first.stderr));
+    let mut stitched: Vec<(u64, f64)> = String::from_utf8_lossy(&first.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Metric>(l).ok())
+        .filter_map(|m| match m {
+            Metric::Iteration { rank: 0, iteration, loss, .. } => Some((iteration, loss)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stitched.last().map(|l| l.0), Some(50));
+    let checkpoints = stopped.join("checkpoints");
+    stitched.extend(losses(&train(
+        &spec,
+        4,
+        &["--resume", checkpoints.to_str().unwrap()],
+        &dir.path().join("resumed"),
+    )));
+    assert_close(&stitched, &one, "stopped on 2 processes and resumed on 4, against the uninterrupted run");
+}
+
+#[test]
+fn a_damaged_shard_fails_the_job_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = packed(dir.path());
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();
+    let name = index["train"]["shards"][1]["name"].as_str().unwrap().to_string();
+    let path = shards.join(&name);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 4096]).unwrap();
+    let output = train(&spec(dir.path(), &shards, 1), 1, &["--virtual-ranks", "4"], &dir.path().join("out"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "a job error, not retried:\n{stderr}");
+    assert!(stderr.contains(&format!("shard {name} at byte")) && stderr.contains("the index says"), "{stderr}");
+}
