@@ -68,7 +68,9 @@ fn invalid_spec_exits_2_with_every_field_error() {
 fn unknown_dataset_size_asks_for_it() {
     let out = ringtrain(&["schedule", "--spec", "examples/goyal-resnet50-imagenet.json"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("dataset: the size of idx:/data/imagenet is not known"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("dataset: the size of shards:/data/imagenet-shards is not known")
+    );
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! Fashion-MNIST written as an image folder of JPEGs, packed by `ringtrain datasets pack`, streamed by the
 //! ranks. The same 4-worker job on 1, 2 and 4 processes takes the same samples in the same order (every
 //! iteration's loss equal within 1e-5 relative), a stop mid-epoch resumed on another number of processes
-//! continues it, and a damaged shard fails the job naming the shard.
+//! continues it, and a damaged shard fails the job naming the shard. Through the API (`ringtrain up`), a
+//! job trains from shards inside an allowed root, its ranks confined, and a folder outside it is refused.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,8 @@ use std::process::{Command, Output};
 
 use ringtrain_worker::metrics::Metric;
 use serde_json::{json, Value};
+
+mod support;
 
 const FASHION_MNIST: &str = "/usr/share/datasets/fashion-mnist";
 
@@ -163,4 +166,54 @@ fn a_damaged_shard_fails_the_job_naming_it() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "a job error, not retried:\n{stderr}");
     assert!(stderr.contains(&format!("shard {name} at byte")) && stderr.contains("the index says"), "{stderr}");
+}
+
+/// Readable by every user (the rank user, where the test runs as root): the shards and the folders above.
+fn open_to_ranks(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in walk(dir) {
+        let mode = if entry.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut all = vec![dir.to_path_buf()];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            all.extend(walk(&path));
+        } else {
+            all.push(path);
+        }
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_trains_through_the_api_from_shards_inside_an_allowed_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = packed(dir.path());
+    open_to_ranks(dir.path());
+    // the server's and the agent's --idx-root (nextest runs each test in a process of its own)
+    std::env::set_var("RINGTRAIN_IDX_ROOTS", dir.path());
+    let cluster = support::Cluster::up("shards-api", 2).await;
+    let api = cluster.team("shards", 2).await;
+    let spec = json!({
+        "name": "lenet5 from shards", "model": {"name": "lenet5"}, "dataset": format!("shards:{}", shards.display()),
+        "image_size": 28, "workers": 2, "per_worker_batch": 32, "epochs": 2, "seed": 1,
+        "lr": {"base": 0.05, "reference_batch": 64, "warmup": {"kind": "none"}, "decay": {"kind": "none"}}
+    });
+    let id = api.submit(&spec).await;
+    let job = api.wait_state(&id, "succeeded", std::time::Duration::from_secs(240)).await;
+    let error = job["result"]["final_test_error"].as_f64().unwrap();
+    assert!(error < 0.6, "it learned from the shards: final test error {error}");
+    let logs = api.get(&format!("/v1/jobs/{id}/logs?q=sandbox")).await;
+    assert!(logs.to_string().contains("seccomp on"), "its ranks were confined: {logs}");
+
+    let mut outside = spec.clone();
+    outside["dataset"] = json!("shards:/etc");
+    let (status, problem) = api.request(reqwest::Method::POST, "/v1/jobs", Some(outside)).await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(problem.to_string().contains("dataset") && problem.to_string().contains("inside"), "{problem}");
 }

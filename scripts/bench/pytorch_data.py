@@ -8,8 +8,9 @@ num_workers processes each with one torch thread (0: in the main process). What 
 
   pytorch_data.py --shards DIR [--size 224] [--batch 64] [--workers 2] [--batches 40]
 
-Prints one JSON object: images/s over the timed batches (after two warm-up batches) and per core (the main
-process counts as the one core when --workers is 0; otherwise each worker process is a core).
+Prints one JSON object: images/s over the timed batches (after two warm-up batches) and per core, counting
+max(workers, 1) cores: `ringtrain bench data` runs it under `taskset` on that many cores, so the main
+process's collating shares them.
 """
 
 import argparse

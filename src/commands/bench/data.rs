@@ -1,7 +1,7 @@
 //! `bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision on the same shards
 //! (issue 55), in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
 //! draw a random-resized crop and a flip, resize to `size` and collate uint8 batches; the figure is images
-//! per second per core. Without `--shards` it makes ImageNet-sized synthetic photographs (about 400×350,
+//! per second per core, each side pinned to as many cores as it has threads or workers (`taskset`). Without `--shards` it makes ImageNet-sized synthetic photographs (about 400×350,
 //! ~110 KB, quality 90: `ringtrain_data::synthetic`) and packs them first.
 
 use std::path::{Path, PathBuf};
@@ -49,9 +49,18 @@ pub struct DataArgs {
     /// One JSON object per figure instead of a table.
     #[arg(long)]
     json: bool,
+    /// (Internal) measure ringtrain's loader alone with this many threads and print one JSON object: how
+    /// the bench runs its own side under `taskset`, as it runs PyTorch's.
+    #[arg(long, hide = true)]
+    loader_only: Option<usize>,
 }
 
 pub fn run(args: &DataArgs) -> Result<()> {
+    if let (Some(threads), Some(shards)) = (args.loader_only, &args.shards) {
+        let index = read_index(shards)?;
+        println!("{}", ringtrain_rate(args, shards, &index, threads)?);
+        return Ok(());
+    }
     if !args.no_pytorch {
         check_python(&args.python)?;
     }
@@ -60,8 +69,7 @@ pub fn run(args: &DataArgs) -> Result<()> {
         Some(dir) => dir.clone(),
         None => make_shards(args, scratch.path())?,
     };
-    let index = DatasetIndex::from_json(&std::fs::read_to_string(shards.join("index.json"))?)
-        .map_err(|problems| anyhow::anyhow!("{}: {}", shards.display(), problems[0]))?;
+    let index = read_index(&shards)?;
     let needed = (args.batches + 2) * args.batch;
     if (index.train.samples as usize) < needed {
         bail!(
@@ -74,12 +82,37 @@ pub fn run(args: &DataArgs) -> Result<()> {
     }
     let mut rows = Vec::new();
     for &cores in &args.cores {
-        let ours = ringtrain_rate(args, &shards, &index, cores)?;
+        let ours = ringtrain_pinned(args, &shards, cores)?;
         let theirs = if args.no_pytorch { None } else { Some(pytorch_rate(args, &shards, cores)?) };
         rows.push((cores, ours, theirs));
     }
     print(args, &rows);
     Ok(())
+}
+
+fn read_index(shards: &Path) -> Result<DatasetIndex> {
+    let text = std::fs::read_to_string(shards.join("index.json"))
+        .with_context(|| format!("{} has no index.json", shards.display()))?;
+    DatasetIndex::from_json(&text).map_err(|problems| anyhow::anyhow!("{}: {}", shards.display(), problems[0]))
+}
+
+/// Both sides run confined to their first `cores` CPUs (`taskset`), every thread and process they start
+/// included, so images per second per core are images per second over `cores`, whatever else the side
+/// does (PyTorch's main process collating, ringtrain's consumer thread).
+fn pinned(cores: usize, program: &Path) -> Command {
+    let mut command = Command::new("taskset");
+    command.args(["-c", &format!("0-{}", cores.max(1) - 1)]).arg(program);
+    command
+}
+
+/// ringtrain's side, pinned: this binary again with `--loader-only`.
+fn ringtrain_pinned(args: &DataArgs, shards: &Path, threads: usize) -> Result<Value> {
+    let mut command = pinned(threads, &std::env::current_exe()?);
+    command.args(["bench", "data", "--loader-only", &threads.to_string(), "--shards"]).arg(shards);
+    command.args(["--size", &args.size.to_string(), "--batch", &args.batch.to_string()]);
+    command.args(["--batches", &args.batches.to_string()]);
+    let printed = json_lines(&mut command, &format!("ringtrain's loader, {threads} thread(s) on {threads} core(s)"))?;
+    printed.last().cloned().context("the loader printed nothing")
 }
 
 /// Synthetic photographs, packed.
@@ -114,7 +147,6 @@ fn ringtrain_rate(args: &DataArgs, shards: &Path, index: &DatasetIndex, threads:
         2 * WINDOW_SHARDS,
     ));
     let transform = Transform { size: args.size, train: true, seed: 1, epoch: 0 };
-    eprintln!("ringtrain's loader, {threads} thread(s) ...");
     let mut batches = Batches::start(reader, plan, transform, threads, 4);
     let mut started = Instant::now();
     for i in 0..args.batches + 2 {
@@ -132,11 +164,11 @@ fn ringtrain_rate(args: &DataArgs, shards: &Path, index: &DatasetIndex, threads:
 }
 
 fn pytorch_rate(args: &DataArgs, shards: &Path, workers: usize) -> Result<Value> {
-    let mut script = Command::new(&args.python);
+    let mut script = pinned(workers, &args.python);
     script.arg(&args.script).arg("--shards").arg(shards);
     script.args(["--size", &args.size.to_string(), "--batch", &args.batch.to_string()]);
     script.args(["--workers", &workers.to_string(), "--batches", &args.batches.to_string()]);
-    let printed = json_lines(&mut script, &format!("PyTorch's DataLoader, {workers} worker(s)"))?;
+    let printed = json_lines(&mut script, &format!("PyTorch's DataLoader, {workers} worker(s) on {workers} core(s)"))?;
     printed.last().cloned().context("the PyTorch side printed nothing")
 }
 
