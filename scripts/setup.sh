@@ -77,6 +77,9 @@ fi
 # --- data sets and tools ----------------------------------------------------------------------------------
 # Real Fashion-MNIST (60k/10k, gzip IDX) under /usr/share/datasets/fashion-mnist, trained on by the tests.
 apt_install dataset-fashion-mnist
+# libjpeg-turbo's static library and headers: sharded data sets' JPEGs are decoded by it, linked into the
+# binary (data/build.rs), so nothing is installed on a worker or carried to a GPU machine.
+apt_install libjpeg62-turbo-dev
 # The web page's tests drive a real headless Chromium over WebDriver.
 apt_install chromium chromium-driver
 # tests/deploy.rs checks the systemd units with systemd-analyze (kubectl, for the Kubernetes manifests, is not

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use fast_image_resize::Resizer;
 use ringtrain_core::random::SplitMix64;
 
-use crate::image::{centre_crop, crop_into, decode, random_resized_crop};
+use crate::image::{centre_crop, crop_into, decode_for, random_resized_crop, size};
 use crate::index::SplitIndex;
 use crate::order::{augmentation_seed, locate};
 use crate::shard::{ShardError, ShardMap};
@@ -128,17 +128,15 @@ pub fn load_sample(
         let info = &reader.split.shards[shard];
         format!("shard {} sample {member} (sample {id} of the split): {reason}", info.name)
     };
-    let rgb = decode(&bytes, format).map_err(name)?;
+    let (width, height) = size(&bytes, format).map_err(name)?;
     let crop = if transform.train {
-        random_resized_crop(
-            rgb.width,
-            rgb.height,
-            &mut SplitMix64::new(augmentation_seed(transform.seed, transform.epoch, id)),
-        )
+        let mut rng = SplitMix64::new(augmentation_seed(transform.seed, transform.epoch, id));
+        random_resized_crop(width, height, &mut rng)
     } else {
-        centre_crop(rgb.width, rgb.height, transform.size)
+        centre_crop(width, height, transform.size)
     };
-    crop_into(&rgb, crop, transform.size, resizer, scratch, out).map_err(name)?;
+    let (pixels, within) = decode_for(&bytes, format, crop, transform.size).map_err(name)?;
+    crop_into(&pixels, within, transform.size, resizer, scratch, out).map_err(name)?;
     Ok(class)
 }
 

@@ -20,7 +20,7 @@ pub fn picture(class: u32, classes: u32, width: u32, height: u32, seed: u64) -> 
     let (cx, cy) =
         (along * f64::from(width) + jitter(&mut rng, 20.0), along * f64::from(height) + jitter(&mut rng, 20.0));
     let (rx, ry) = (f64::from(width) * (0.15 + 0.1 * rng.unit()), f64::from(height) * (0.15 + 0.1 * rng.unit()));
-    let grain = 18.0 + 10.0 * rng.unit();
+    let grain = 38.0 + 12.0 * rng.unit();
     let mut pixels = Vec::with_capacity(width as usize * height as usize * 3);
     for y in 0..height {
         for x in 0..width {

@@ -83,7 +83,12 @@ pub fn run(args: &DataArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &cores in &args.cores {
         let ours = ringtrain_pinned(args, &shards, cores)?;
-        let theirs = if args.no_pytorch { None } else { Some(pytorch_rate(args, &shards, cores)?) };
+        let theirs = match args.no_pytorch {
+            true => None,
+            false => {
+                Some((pytorch_rate(args, &shards, cores, "torchvision")?, pytorch_rate(args, &shards, cores, "pil")?))
+            }
+        };
         rows.push((cores, ours, theirs));
     }
     print(args, &rows);
@@ -163,39 +168,50 @@ fn ringtrain_rate(args: &DataArgs, shards: &Path, index: &DatasetIndex, threads:
     )
 }
 
-fn pytorch_rate(args: &DataArgs, shards: &Path, workers: usize) -> Result<Value> {
+/// PyTorch's DataLoader with `decoder` (torchvision.io, or PIL as ImageFolder loads images), pinned.
+fn pytorch_rate(args: &DataArgs, shards: &Path, workers: usize, decoder: &str) -> Result<Value> {
     let mut script = pinned(workers, &args.python);
-    script.arg(&args.script).arg("--shards").arg(shards);
+    script.arg(&args.script).arg("--shards").arg(shards).args(["--decoder", decoder]);
     script.args(["--size", &args.size.to_string(), "--batch", &args.batch.to_string()]);
     script.args(["--workers", &workers.to_string(), "--batches", &args.batches.to_string()]);
-    let printed = json_lines(&mut script, &format!("PyTorch's DataLoader, {workers} worker(s) on {workers} core(s)"))?;
+    let what = format!("PyTorch's DataLoader ({decoder}), {workers} worker(s) on {workers} core(s)");
+    let printed = json_lines(&mut script, &what)?;
     printed.last().cloned().context("the PyTorch side printed nothing")
 }
 
-fn print(args: &DataArgs, rows: &[(usize, Value, Option<Value>)]) {
-    let rate = |v: &Value, key: &str| v[key].as_f64().unwrap_or(f64::NAN);
+/// Per cores: ringtrain's figure, and PyTorch's with torchvision.io and with PIL.
+type Row = (usize, Value, Option<(Value, Value)>);
+
+fn print(args: &DataArgs, rows: &[Row]) {
+    let rate = |v: &Value| v["per_core"].as_f64().unwrap_or(f64::NAN);
     if args.json {
         for (cores, ours, theirs) in rows {
+            let (torchvision, pil) = theirs.clone().unzip();
             println!(
                 "{}",
-                json!({"bench": "data", "cores": cores, "size": args.size, "batch": args.batch, "ringtrain": ours, "pytorch": theirs})
+                json!({"bench": "data", "cores": cores, "size": args.size, "batch": args.batch, "ringtrain": ours,
+                    "pytorch_torchvision": torchvision, "pytorch_pil": pil})
             );
         }
         return;
     }
     println!(
-        "decoded and augmented into batches of {} at {}×{} (random-resized crop + flip), images/s per core",
+        "decoded and augmented into batches of {} at {}×{} (random-resized crop + flip), images/s per core; \
+         PyTorch's DataLoader decoding with torchvision.io (its fastest) and with PIL (ImageFolder's loader)",
         args.batch, args.size, args.size
     );
-    println!("{:>6} {:>16} {:>16} {:>10}", "cores", "ringtrain", "PyTorch", "lead");
+    println!("{:>6} {:>12} {:>16} {:>8} {:>12} {:>8}", "cores", "ringtrain", "torchvision.io", "lead", "PIL", "lead");
     for (cores, ours, theirs) in rows {
-        let mine = rate(ours, "per_core");
+        let mine = rate(ours);
         match theirs {
-            Some(theirs) => {
-                let other = rate(theirs, "per_core");
-                println!("{cores:>6} {mine:>16.0} {other:>16.0} {:>9.2}×", mine / other);
-            }
-            None => println!("{cores:>6} {mine:>16.0} {:>16} {:>10}", "-", "-"),
+            Some((torchvision, pil)) => println!(
+                "{cores:>6} {mine:>12.0} {:>16.0} {:>7.2}× {:>12.0} {:>7.2}×",
+                rate(torchvision),
+                mine / rate(torchvision),
+                rate(pil),
+                mine / rate(pil)
+            ),
+            None => println!("{cores:>6} {mine:>12.0} {:>16} {:>8} {:>12} {:>8}", "-", "-", "-", "-"),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Decoding an image (JPEG with zune-jpeg, PNG with png: pure Rust, no system library to install or carry
-//! to a GPU machine) and Goyal's augmentation, into the CHW bytes a batch is made of.
+//! Decoding an image and Goyal's augmentation, into the CHW bytes a batch is made of. A JPEG is decoded by
+//! libjpeg-turbo, only as far as its crop needs ([`jpeg`]: the rows and columns of the crop, at the
+//! smallest DCT scale that keeps its resolution at least the output's); a PNG whole, by the png crate.
 //!
 //! - Training: a random-resized crop (Szegedy et al.'s scale augmentation, as torchvision's
 //!   `RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3))` draws it), resized to `size`×`size`
@@ -17,6 +18,8 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use ringtrain_core::random::SplitMix64;
 
 use crate::shard::ImageFormat;
+
+pub mod jpeg;
 
 /// A decoded image, RGB, row by row.
 #[derive(Debug, Clone)]
@@ -38,20 +41,50 @@ pub fn decode(bytes: &[u8], format: ImageFormat) -> Result<Rgb, String> {
 }
 
 fn decode_jpeg(bytes: &[u8]) -> Result<Rgb, String> {
-    use zune_core::bytestream::ZCursor;
-    use zune_core::colorspace::ColorSpace;
-    use zune_core::options::DecoderOptions;
-    let options = DecoderOptions::default()
-        .jpeg_set_out_colorspace(ColorSpace::RGB)
-        .set_max_width(1 << 16)
-        .set_max_height(1 << 16);
-    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    decoder.decode_headers().map_err(|e| format!("not a readable JPEG: {e:?}"))?;
-    let (width, height) = decoder.dimensions().ok_or("not a readable JPEG: no size")?;
-    check_size(width as u64, height as u64)?;
-    let pixels = decoder.decode().map_err(|e| format!("not a readable JPEG: {e:?}"))?;
-    let rgb = Rgb { width: width as u32, height: height as u32, pixels };
-    expect_rgb(rgb)
+    let (width, height) = jpeg::size(bytes)?;
+    check_size(u64::from(width), u64::from(height))?;
+    let whole = jpeg::region(bytes, 0.0, 0.0, f64::from(width), f64::from(height), width.max(height))?;
+    expect_rgb(Rgb { width: whole.width, height: whole.height, pixels: whole.pixels })
+}
+
+/// The image's width and height, from its header.
+pub fn size(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
+    let (width, height) = match format {
+        ImageFormat::Jpeg => jpeg::size(bytes)?,
+        ImageFormat::Png => {
+            let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+            let reader = decoder.read_info().map_err(|e| format!("not a readable PNG: {e}"))?;
+            (reader.info().width, reader.info().height)
+        }
+    };
+    check_size(u64::from(width), u64::from(height))?;
+    Ok((width, height))
+}
+
+/// Decodes what `crop` needs of the image for an output of `out`×`out`: the decoded pixels and the crop
+/// in their coordinates (a JPEG's crop region at a reduced scale; a PNG whole, the crop as it was).
+pub fn decode_for(bytes: &[u8], format: ImageFormat, crop: Crop, out: u32) -> Result<(Rgb, Crop), String> {
+    match format {
+        ImageFormat::Png => Ok((decode_png(bytes)?, crop)),
+        ImageFormat::Jpeg => {
+            let region = jpeg::region(bytes, crop.left, crop.top, crop.width, crop.height, out)?;
+            let scale = f64::from(region.scale) / 8.0;
+            let rgb = expect_rgb(Rgb { width: region.width, height: region.height, pixels: region.pixels })?;
+            let within = Crop {
+                left: (crop.left * scale - f64::from(region.left)).max(0.0),
+                top: (crop.top * scale - f64::from(region.top)).max(0.0),
+                width: (crop.width * scale).min(f64::from(rgb.width)),
+                height: (crop.height * scale).min(f64::from(rgb.height)),
+                flip: crop.flip,
+            };
+            let within = Crop {
+                width: within.width.min(f64::from(rgb.width) - within.left),
+                height: within.height.min(f64::from(rgb.height) - within.top),
+                ..within
+            };
+            Ok((rgb, within))
+        }
+    }
 }
 
 fn decode_png(bytes: &[u8]) -> Result<Rgb, String> {
@@ -236,6 +269,30 @@ mod tests {
         let mut flipped = vec![0u8; 3 * 16 * 16];
         crop_into(&rgb, Crop { flip: true, ..whole }, 16, &mut resizer, &mut scratch, &mut flipped).unwrap();
         assert_eq!(flipped[0], out[15], "the flip mirrors each row");
+    }
+
+    /// Decoding only a crop's region, at a reduced DCT scale, gives the picture that decoding the whole
+    /// image and cropping it gives (up to the scaled IDCT's rounding).
+    #[test]
+    fn a_crop_decoded_alone_is_the_crop_of_the_whole_image() {
+        let (width, height) = (400, 350);
+        let pixels = crate::synthetic::picture(3, 10, width, height, 9);
+        let bytes = crate::synthetic::jpeg(&pixels, width, height, 90).unwrap();
+        let whole = decode(&bytes, ImageFormat::Jpeg).unwrap();
+        assert_eq!((whole.width, whole.height), (width, height));
+        let (mut resizer, mut scratch) = (Resizer::new(), None);
+        let mut rng = SplitMix64::new(4);
+        for _ in 0..20 {
+            let crop = random_resized_crop(width, height, &mut rng);
+            let (mut expected, mut got) = (vec![0u8; 3 * 64 * 64], vec![0u8; 3 * 64 * 64]);
+            crop_into(&whole, crop, 64, &mut resizer, &mut scratch, &mut expected).unwrap();
+            let (region, within) = decode_for(&bytes, ImageFormat::Jpeg, crop, 64).unwrap();
+            assert!(region.pixels.len() < whole.pixels.len() || crop.width * crop.height >= 0.9 * 400.0 * 350.0);
+            crop_into(&region, within, 64, &mut resizer, &mut scratch, &mut got).unwrap();
+            let mean: f64 =
+                expected.iter().zip(&got).map(|(a, b)| f64::from(a.abs_diff(*b))).sum::<f64>() / expected.len() as f64;
+            assert!(mean < 4.0, "{crop:?}: the region's crop differs by {mean:.2} levels on average");
+        }
     }
 
     #[test]
