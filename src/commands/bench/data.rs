@@ -22,6 +22,10 @@ pub struct DataArgs {
     /// A sharded data set (its folder, with index.json). Default: synthetic photographs, made and packed here.
     #[arg(long)]
     shards: Option<PathBuf>,
+    /// Keep the synthetic photographs' shards here (made if missing) instead of in a temporary folder: a
+    /// later `--shards` or a `shards:` job can use them (the device check trains ResNet-50 on them).
+    #[arg(long, conflicts_with = "shards")]
+    keep: Option<PathBuf>,
     /// How many synthetic photographs to make when no --shards is given (10 classes).
     #[arg(long, default_value_t = 2000)]
     images: u32,
@@ -49,6 +53,16 @@ pub struct DataArgs {
     /// One JSON object per figure instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also train this built-in model (e.g. resnet20) on one rank from the shards and from the same images
+    /// held in memory (decoded once, centre-cropped), and compare samples/s.
+    #[arg(long)]
+    train: Option<String>,
+    /// The side of the training images (--train).
+    #[arg(long, default_value_t = 64)]
+    train_size: u32,
+    /// Timed training steps (--train), after 3 warm-up steps, at --batch.
+    #[arg(long, default_value_t = 20)]
+    train_steps: u32,
     /// (Internal) measure ringtrain's loader alone with this many threads and print one JSON object: how
     /// the bench runs its own side under `taskset`, as it runs PyTorch's.
     #[arg(long, hide = true)]
@@ -65,9 +79,10 @@ pub fn run(args: &DataArgs) -> Result<()> {
         check_python(&args.python)?;
     }
     let scratch = tempfile::Builder::new().prefix("ringtrain-bench-data-").tempdir()?;
-    let shards = match &args.shards {
-        Some(dir) => dir.clone(),
-        None => make_shards(args, scratch.path())?,
+    let shards = match (&args.shards, &args.keep) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(keep)) => make_shards(args, keep)?,
+        (None, None) => make_shards(args, scratch.path())?,
     };
     let index = read_index(&shards)?;
     let needed = (args.batches + 2) * args.batch;
@@ -92,6 +107,86 @@ pub fn run(args: &DataArgs) -> Result<()> {
         rows.push((cores, ours, theirs));
     }
     print(args, &rows);
+    if let Some(model) = &args.train {
+        train_from_shards_and_memory(args, model, &shards, &index, scratch.path())?;
+    }
+    Ok(())
+}
+
+/// One rank training `model` from the shards (its images decoded and augmented by one loader thread beside
+/// the step) and from the same images decoded once and held in memory: samples/s of each.
+fn train_from_shards_and_memory(
+    args: &DataArgs,
+    model: &str,
+    shards: &Path,
+    index: &DatasetIndex,
+    scratch: &Path,
+) -> Result<()> {
+    use ringtrain_worker::{SoloCollective, TrainOptions};
+    tch::set_num_threads(1);
+    let samples = (args.train_steps + 3) as usize * args.batch;
+    anyhow::ensure!(samples <= index.train.samples as usize, "--train needs {samples} training images");
+    let spec = |dataset: &str| -> Result<ringtrain_core::JobSpec> {
+        let mut spec = json!({"model": {"name": model}, "dataset": dataset, "workers": 1, "per_worker_batch": args.batch,
+            "epochs": 1, "train_samples": samples, "test_samples": 1,
+            "lr": {"warmup": {"kind": "none"}, "decay": {"kind": "none"}}});
+        if dataset.starts_with("shards:") {
+            spec["image_size"] = json!(args.train_size);
+        }
+        ringtrain_core::JobSpec::from_json(&spec.to_string()).map_err(|e| anyhow::anyhow!("{}", e[0]))
+    };
+    eprintln!("training {model} from the shards ...");
+    let options = TrainOptions { loader_threads: 1, ..Default::default() };
+    let from_shards = super::train::measure(
+        &spec(&format!("shards:{}", shards.display()))?,
+        args.train_steps,
+        &mut SoloCollective,
+        options,
+    )?;
+    eprintln!("decoding {samples} images once into memory ...");
+    let file = scratch.join("in-memory.safetensors");
+    write_decoded(shards, index, samples, args.train_size, &file)?;
+    eprintln!("training {model} from memory ...");
+    let options = TrainOptions { dataset_file: Some(file), ..Default::default() };
+    let from_memory = super::train::measure(&spec("synthetic")?, args.train_steps, &mut SoloCollective, options)?;
+    let rate = |wall: f64| f64::from(args.train_steps) * args.batch as f64 / wall;
+    let (shards_rate, memory_rate) = (rate(from_shards.wall), rate(from_memory.wall));
+    if args.json {
+        println!(
+            "{}",
+            json!({"bench": "data", "train": model, "size": args.train_size, "batch": args.batch,
+            "from_shards_samples_per_s": shards_rate, "from_memory_samples_per_s": memory_rate})
+        );
+    } else {
+        println!(
+            "training {model} at {size}×{size}, batch {batch}, one rank (one compute thread; one loader thread \
+             beside it): {shards_rate:.1} samples/s from the shards, {memory_rate:.1} from memory ({change:+.1}%)",
+            size = args.train_size,
+            batch = args.batch,
+            change = 100.0 * (shards_rate / memory_rate - 1.0)
+        );
+    }
+    Ok(())
+}
+
+/// The first `samples` training images, centre-cropped to `size`, and their labels, as a safetensors data
+/// set (x, y, and a one-sample test split).
+fn write_decoded(shards: &Path, index: &DatasetIndex, samples: usize, size: u32, file: &Path) -> Result<()> {
+    let reader = Arc::new(SplitReader::new(
+        shards.to_path_buf(),
+        index.train.clone(),
+        index.classes.len() as u32,
+        2 * WINDOW_SHARDS,
+    ));
+    let plan = vec![(0..samples as u64).collect()];
+    let transform = Transform { size, train: false, seed: 0, epoch: 0 };
+    let mut batches = Batches::start(reader, plan, transform, 2, 1);
+    let batch = batches.next_batch().context("no batch")?.map_err(anyhow::Error::msg)?;
+    let side = i64::from(size);
+    let x = tch::Tensor::from_slice(&batch.images).view([samples as i64, 3, side, side]);
+    let y = tch::Tensor::from_slice(&batch.labels);
+    let (x_test, y_test) = (x.narrow(0, 0, 1), y.narrow(0, 0, 1));
+    tch::Tensor::write_safetensors(&[("x", &x), ("y", &y), ("x_test", &x_test), ("y_test", &y_test)], file)?;
     Ok(())
 }
 
@@ -120,19 +215,20 @@ fn ringtrain_pinned(args: &DataArgs, shards: &Path, threads: usize) -> Result<Va
     printed.last().cloned().context("the loader printed nothing")
 }
 
-/// Synthetic photographs, packed.
+/// Synthetic photographs, packed: `--images` for training and a tenth as many for the test split.
 fn make_shards(args: &DataArgs, scratch: &Path) -> Result<PathBuf> {
-    let (images, shards) = (scratch.join("images"), scratch.join("shards"));
+    let (train, test, shards) = (scratch.join("train"), scratch.join("test"), scratch.join("shards"));
     let classes = 10;
     eprintln!("making {} synthetic photographs of about 400×350 ...", args.images);
-    let bytes = ringtrain_data::synthetic::image_folder(&images, classes, args.images.div_ceil(classes), 400, 350, 1)?;
+    let bytes = ringtrain_data::synthetic::image_folder(&train, classes, args.images.div_ceil(classes), 400, 350, 1)?;
+    ringtrain_data::synthetic::image_folder(&test, classes, args.images.div_ceil(10 * classes).max(1), 400, 350, 2)?;
     eprintln!(
         "  {:.1} MB, {:.0} KB each; packing them ...",
         bytes as f64 / 1e6,
         bytes as f64 / 1e3 / f64::from(args.images)
     );
-    let report = ringtrain_data::pack::pack(&images, None, &shards, &Default::default())?;
-    eprintln!("  {} shards", report.train_shards);
+    let report = ringtrain_data::pack::pack(&train, Some(&test), &shards, &Default::default())?;
+    eprintln!("  {} training shards", report.train_shards);
     Ok(shards)
 }
 

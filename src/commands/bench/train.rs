@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use ringtrain_core::JobSpec;
 use ringtrain_worker::collective::DEFAULT_SLOT_ELEMS;
-use ringtrain_worker::data::shuffle::epoch_permutation;
 use ringtrain_worker::trainer::PhaseTimes;
 use ringtrain_worker::{Backend, Collective, RendezvousConfig, TrainOptions, Trainer};
 use serde_json::{json, Value};
@@ -61,6 +60,9 @@ pub struct TrainArgs {
     /// Sum the gradients while backward runs (on) or after it (off); CPU ranks: also both, a row of each.
     #[arg(long, default_value = "off", value_parser = ["on", "off", "both"])]
     overlap: String,
+    /// Threads decoding a `shards:` data set's images ahead of the steps (default: --threads).
+    #[arg(long)]
+    loader_threads: Option<usize>,
     /// libtorch threads (shared by the ranks of this process on CPUs).
     #[arg(long, default_value_t = 1)]
     threads: i32,
@@ -108,21 +110,25 @@ fn bench_spec(args: &TrainArgs, world: u32) -> Result<JobSpec> {
 
 /// What one measurement gives: phase times per step over the timed steps (GPU: over extra synchronised
 /// steps), and the wall time of the timed steps.
-struct Measured {
+pub(super) struct Measured {
     times: PhaseTimes,
     phase_steps: u32,
-    wall: f64,
+    pub(super) wall: f64,
 }
 
-fn measure(spec: &JobSpec, steps: u32, comm: &mut dyn Collective, options: TrainOptions) -> Result<Measured> {
+pub(super) fn measure(
+    spec: &JobSpec,
+    steps: u32,
+    comm: &mut dyn Collective,
+    options: TrainOptions,
+) -> Result<Measured> {
     let gpu = options.device.is_cuda();
     let mut trainer = Trainer::new(spec, comm, options)?;
-    let train_size = trainer.effective().train_size as usize;
     let per_epoch = trainer.effective().iterations_per_epoch.max(1);
-    let mut permutation = epoch_permutation(spec.seed, 0, train_size);
+    let mut permutation = Vec::new();
     let mut step = |trainer: &mut Trainer, t: u64| -> Result<()> {
         if t % per_epoch == 0 {
-            permutation = epoch_permutation(spec.seed, t / per_epoch, train_size);
+            permutation = trainer.begin_epoch(t / per_epoch, 0);
         }
         trainer.train_step(t, (t % per_epoch) as usize, &permutation)?;
         Ok(())
@@ -186,11 +192,13 @@ fn on_cpu(args: &TrainArgs) -> Result<()> {
             let spec = bench_spec(args, world)?;
             let (steps, dataset_file) = (args.steps, args.dataset_file.clone());
             let fused_optimizer = args.optimizer == "fused";
+            let loader_threads = args.loader_threads.unwrap_or(args.threads.max(1) as usize);
             let body = move |comm: &mut dyn Collective| {
                 let options = TrainOptions {
                     dataset_file: dataset_file.clone(),
                     fused_optimizer,
                     overlap_backward,
+                    loader_threads,
                     ..Default::default()
                 };
                 measure(&spec, steps, comm, options)
@@ -226,8 +234,14 @@ fn gpu_rank(args: &TrainArgs, rank: usize, rendezvous: SocketAddr) -> Result<()>
     };
     let mut comm = args.collective.connect(&config, device, None)?;
     let overlap_backward = args.overlap == "on";
-    let mut options =
-        TrainOptions { device, dataset_file: args.dataset_file.clone(), overlap_backward, ..Default::default() };
+    let loader_threads = args.loader_threads.unwrap_or(args.threads.max(4) as usize);
+    let mut options = TrainOptions {
+        device,
+        dataset_file: args.dataset_file.clone(),
+        overlap_backward,
+        loader_threads,
+        ..Default::default()
+    };
     if args.data == "host" {
         options.data_on_device_max_bytes = 0;
     }
@@ -255,6 +269,7 @@ fn gpu_processes(args: &TrainArgs) -> Result<()> {
             ("--overlap", args.overlap.clone()),
             ("--threads", args.threads.to_string()),
             ("--rank", rank.to_string()),
+            ("--loader-threads", args.loader_threads.unwrap_or(args.threads.max(4) as usize).to_string()),
         ] {
             argv.extend([flag.to_string(), value]);
         }

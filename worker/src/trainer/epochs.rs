@@ -45,23 +45,30 @@ impl Trainer<'_> {
         }
     }
 
+    /// The order of epoch `epoch`'s samples (what [`Trainer::train_step`] takes), the data told which
+    /// batches this process will ask for from step `first_step` on: each step, each of its virtual ranks
+    /// (a sharded data set decodes them ahead, in that order).
+    pub fn begin_epoch(&mut self, epoch: u64, first_step: u64) -> Vec<i64> {
+        let permutation = self.data.epoch_order(self.spec.seed, epoch);
+        let (ipe, n) = (self.effective.iterations_per_epoch as usize, self.spec.per_worker_batch as usize);
+        let (rank, virtual_ranks, total_ranks) = (self.comm.rank(), self.virtual_ranks(), self.total_ranks);
+        self.data.begin_epoch(epoch, || {
+            (first_step as usize..ipe)
+                .flat_map(|t| (0..virtual_ranks).map(move |j| (t, rank * virtual_ranks + j)))
+                .map(|(t, worker)| batch_indices(&permutation, total_ranks, worker, t, n).to_vec())
+                .collect()
+        });
+        permutation
+    }
+
     /// Trains epoch `epoch` (begun at `started`), with a metrics line every `log_every_iterations` and at
     /// the epoch's last step. A stop asked for before the last step ends the run here, with a checkpoint
     /// of exactly this point and the epoch's sums so far.
     fn train_epoch(&mut self, epoch: u64, started: Instant, sink: &mut dyn FnMut(&Metric)) -> Result<EpochProgress> {
         let ipe = self.effective.iterations_per_epoch;
         let log_every = u64::from(self.spec.log_every_iterations.max(1));
-        let permutation = self.data.epoch_order(self.spec.seed, epoch);
         let mut progress = self.epoch_start(epoch);
-        let (first_step, n) = (progress.first_step as usize, self.spec.per_worker_batch as usize);
-        let (rank, virtual_ranks, total_ranks) = (self.comm.rank(), self.virtual_ranks(), self.total_ranks);
-        // the batches this process will ask for, in order: each step, each of its virtual ranks
-        self.data.begin_epoch(epoch, || {
-            (first_step..ipe as usize)
-                .flat_map(|t| (0..virtual_ranks).map(move |j| (t, rank * virtual_ranks + j)))
-                .map(|(t, worker)| batch_indices(&permutation, total_ranks, worker, t, n).to_vec())
-                .collect()
-        });
+        let permutation = self.begin_epoch(epoch, progress.first_step);
         let mut window = LogWindow::new();
         for t in progress.first_step..ipe {
             let iteration = epoch * ipe + t;
