@@ -153,7 +153,7 @@ async fn prepare(ctx: &Arc<AgentContext>, work: &Work, rank_dir: &Path) -> Resul
     let placement_dir = rank_dir.parent().context("a rank folder has its placement's around it")?.to_path_buf();
     ctx.folders.make(&rank_dir, &ctx.sandbox)?;
     let spec = work.job_spec().context("the job's spec does not parse")?;
-    check_idx_dataset(&spec.dataset, &ctx.idx_roots)?;
+    check_idx_dataset(&spec.dataset, work.dataset_root.as_deref(), &ctx.idx_roots)?;
     tokio::fs::write(rank_dir.join("spec.json"), serde_json::to_vec_pretty(&work.spec)?).await?;
     let _ = tokio::fs::remove_file(rank_dir.join("stop")).await;
     let dataset = dataset_file(ctx, work, &spec.dataset).await?;
@@ -487,17 +487,26 @@ fn describe(status: std::process::ExitStatus) -> String {
 pub(crate) struct NotRunnable(String);
 
 /// An `idx:` or `shards:` dataset must resolve (links followed) inside one of this node's `--idx-root`
-/// folders: a job must not make a worker read another team's data or the host's files. (A shard that is a
-/// link out of its folder is refused by the rank's sandbox, which grants the folder alone.)
-pub(crate) fn check_idx_dataset(dataset: &DatasetRef, roots: &[PathBuf]) -> Result<(), NotRunnable> {
+/// folders, and inside the folder the server granted it under (`granted`: the team's data root, or one of
+/// the server's `--idx-root`): a job must not make a worker read another team's data or the host's files,
+/// not even through a link in its own team's folder. (A shard that is a link out of its folder is refused
+/// by the rank's sandbox, which grants the folder alone.)
+pub(crate) fn check_idx_dataset(
+    dataset: &DatasetRef,
+    granted: Option<&str>,
+    roots: &[PathBuf],
+) -> Result<(), NotRunnable> {
     let Some(path) = dataset.node_path() else { return Ok(()) };
-    let refused = || NotRunnable(format!("{dataset} is not inside this node's --idx-root folders"));
-    let resolved = std::fs::canonicalize(path).map_err(|_| refused())?;
+    let refused = |whose: &str| NotRunnable(format!("{dataset} is not inside {whose}"));
+    let resolved = std::fs::canonicalize(path).map_err(|_| refused("this node's --idx-root folders"))?;
     let inside = roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|root| resolved.starts_with(root));
-    if inside {
-        Ok(())
-    } else {
-        Err(refused())
+    if !inside {
+        return Err(refused("this node's --idx-root folders"));
+    }
+    match granted.map(std::fs::canonicalize) {
+        None => Err(refused("a folder granted to the job's team (the server named none)")),
+        Some(Ok(root)) if resolved.starts_with(&root) => Ok(()),
+        Some(_) => Err(refused(&format!("the folder granted to the job's team, {}", granted.unwrap_or_default()))),
     }
 }
 
@@ -512,21 +521,33 @@ mod tests {
     use super::{check_idx_dataset, max_file_mib, DatasetRef};
 
     #[test]
-    fn idx_datasets_must_resolve_inside_the_nodes_roots() {
+    fn idx_datasets_must_resolve_inside_the_nodes_roots_and_the_teams_grant() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("data");
-        std::fs::create_dir_all(root.join("mnist")).unwrap();
+        for folder in ["team-a/mnist", "team-b/imagenet"] {
+            std::fs::create_dir_all(root.join(folder)).unwrap();
+        }
         let outside = dir.path().join("secret");
         std::fs::create_dir_all(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-        let spec = |path: &std::path::Path| DatasetRef::Idx { path: path.display().to_string() };
+        std::os::unix::fs::symlink(root.join("team-b/imagenet"), root.join("team-a/borrowed")).unwrap();
+        let spec = |path: &std::path::Path| DatasetRef::Shards { path: path.display().to_string() };
         let roots = [root.clone()];
-        assert!(check_idx_dataset(&spec(&root.join("mnist")), &roots).is_ok());
-        assert!(check_idx_dataset(&spec(&root.join("link")), &roots).is_err(), "a link out of the root");
-        assert!(check_idx_dataset(&spec(&root.join("mnist/../../secret")), &roots).is_err());
-        assert!(check_idx_dataset(&spec(&outside), &roots).is_err());
-        assert!(check_idx_dataset(&spec(&root.join("mnist")), &[]).is_err(), "no roots: no idx:");
-        assert!(check_idx_dataset(&DatasetRef::FashionMnist, &[]).is_ok());
+        let (everyone, team_a) = (root.display().to_string(), root.join("team-a").display().to_string());
+        let check = |path: &std::path::Path, granted: &str| check_idx_dataset(&spec(path), Some(granted), &roots);
+        assert!(check(&root.join("team-a/mnist"), &team_a).is_ok());
+        assert!(check(&root.join("team-a/mnist"), &everyone).is_ok());
+        let borrowed = check(&root.join("team-a/borrowed"), &team_a).unwrap_err().to_string();
+        assert!(
+            borrowed.contains("granted to the job's team"),
+            "a link from one team's folder to another's: {borrowed}"
+        );
+        assert!(check(&root.join("link"), &everyone).is_err(), "a link out of the root");
+        assert!(check(&root.join("team-a/mnist/../../../secret"), &everyone).is_err());
+        assert!(check(&outside, &outside.display().to_string()).is_err(), "granted, but not on this node's roots");
+        assert!(check_idx_dataset(&spec(&root.join("team-a/mnist")), None, &roots).is_err(), "no grant named");
+        assert!(check_idx_dataset(&spec(&root.join("team-a/mnist")), Some(&team_a), &[]).is_err(), "no roots here");
+        assert!(check_idx_dataset(&DatasetRef::FashionMnist, None, &[]).is_ok());
     }
 
     #[test]

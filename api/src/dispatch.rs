@@ -80,6 +80,8 @@ struct PlacementInputs {
     /// Rank 0's rendezvous endpoint, once its agent reported it.
     rendezvous: Option<String>,
     dataset_sha256: Option<String>,
+    /// The granted folder an `idx:` or `shards:` data set lies under.
+    dataset_root: Option<String>,
     model: Option<ModelFile>,
     rendezvous_secret: Option<String>,
     /// All its ranks are on one node (and there is more than one).
@@ -100,7 +102,15 @@ impl PlacementInputs {
             None => None,
         };
         let rendezvous_secret = state.store.rendezvous_secret(job.id, job.attempt).await?;
-        Ok(PlacementInputs { rendezvous, dataset_sha256, model, rendezvous_secret, ranks_on_one_node })
+        let dataset_root = match job.spec.dataset.node_path() {
+            Some(path) => crate::submission::checks::data_roots(state, job.team_id)
+                .await?
+                .into_iter()
+                .find(|root| std::path::Path::new(path).starts_with(root))
+                .map(|root| root.display().to_string()),
+            None => None,
+        };
+        Ok(PlacementInputs { rendezvous, dataset_sha256, dataset_root, model, rendezvous_secret, ranks_on_one_node })
     }
 }
 
@@ -135,6 +145,7 @@ async fn work_for(
     Ok(Work {
         rendezvous_secret: inputs.rendezvous_secret.clone(),
         dataset_sha256: inputs.dataset_sha256.clone(),
+        dataset_root: inputs.dataset_root.clone(),
         model: inputs.model.clone(),
         device_index,
         ranks_on_one_node: inputs.ranks_on_one_node,

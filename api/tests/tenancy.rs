@@ -10,7 +10,7 @@ use common::{safetensors_file, spec, TestApp, ADMIN};
 use ringtrain_api::token_cache::Found;
 use ringtrain_core::{DeviceId, JobId, NodeId, TokenId};
 use ringtrain_store::{hash_token, Backend, NewAssignment, NewCheckpoint};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Registers a node with one CPU for `agent` and returns its id and its device's.
 async fn node(app: &TestApp, agent: &str, name: &str) -> (NodeId, DeviceId) {
@@ -340,6 +340,40 @@ async fn idx_paths_stay_inside_the_allowed_roots(app: TestApp) {
     assert_eq!(app.post("/v1/jobs", &team.member, &job).await.status, 201);
 }
 
+/// A team's own data roots (granted by a platform admin): its `shards:` and `idx:` data sets may lie under
+/// them, another team's may not; the grant is checked and named when it is not a plain absolute folder, and
+/// the agent is told the folder a job's data set was granted under.
+async fn a_teams_data_roots_are_its_own(app: TestApp) {
+    let (alpha, beta) = (app.team("alpha").await, app.team("beta").await);
+    let grant = |roots: Value| json!({"data_roots": roots});
+    let refused =
+        app.patch(&format!("/v1/teams/{}", alpha.id), ADMIN, &grant(json!(["relative", "/", "/a/../b"]))).await;
+    assert_eq!(refused.problem(422), vec!["data_roots[0]", "data_roots[1]", "data_roots[2]"], "{}", refused.text);
+    app.patch(&format!("/v1/teams/{}", alpha.id), &alpha.admin, &grant(json!(["/shared/alpha"]))).await.problem(403);
+    let granted = app.patch(&format!("/v1/teams/{}", alpha.id), ADMIN, &grant(json!(["/shared/alpha"]))).await;
+    assert_eq!((granted.status.as_u16(), &granted.body["data_roots"]), (200, &json!(["/shared/alpha"])));
+    let mut job = spec("shards");
+    job["dataset"] = json!("shards:/shared/alpha/imagenet");
+    let id = app.submit(&alpha.member, &job).await;
+    let refused = app.post("/v1/jobs", &beta.member, &job).await;
+    assert_eq!(refused.problem(422), vec!["dataset"], "another team's folder: {}", refused.text);
+    job["dataset"] = json!("shards:/data/imagenet");
+    assert_eq!(app.post("/v1/jobs", &beta.member, &job).await.status, 201, "the server's --idx-root: every team's");
+    // the agent holding the job (both jobs fit its 4 devices) is told the folder it was granted under
+    let agent = app.agent_token().await;
+    let devices: Vec<Value> = (0..4).map(|i| json!({"index": i, "kind": "cpu", "name": format!("cpu {i}")})).collect();
+    let node =
+        app.post("/v1/agent/nodes", &agent, &json!({"name": "n1", "address": "127.0.0.1", "devices": devices})).await;
+    assert_eq!(node.status, 200, "{}", node.text);
+    let config = ringtrain_scheduler::LoopConfig { owner: "test-scheduler".into(), ..Default::default() };
+    app.state.scheduler(config).pass().await.unwrap();
+    let node_id = node.body["id"].as_str().unwrap();
+    let poll = app.get(&format!("/v1/agent/nodes/{node_id}/assignments"), &agent).await;
+    let work = poll.body["work"].as_array().unwrap();
+    let mine = work.iter().find(|w| w["assignment"]["job_id"] == id.as_str()).expect("alpha's job placed here");
+    assert_eq!(mine["dataset_root"], "/shared/alpha", "{}", poll.text);
+}
+
 /// An agent token belongs to the first node it registers: it cannot add other nodes to the pool.
 async fn an_agent_token_belongs_to_one_node(app: TestApp) {
     let agent = app.agent_token().await;
@@ -434,6 +468,7 @@ ringtrain_store::on_both_backends!(
     a_revoked_agent_token_loses_its_node,
     an_agent_token_belongs_to_one_node,
     idx_paths_stay_inside_the_allowed_roots,
+    a_teams_data_roots_are_its_own,
     a_placement_shares_a_rendezvous_secret_only_with_its_agents,
     a_device_shows_its_team_to_all_and_its_job_to_its_team,
     a_cached_token_stops_working_when_revoked_anywhere,

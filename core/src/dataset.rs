@@ -74,6 +74,20 @@ pub fn check_idx_path(path: &str, roots: &[std::path::PathBuf]) -> Result<(), St
     }
 }
 
+/// Whether `root` may be granted as a data root: an absolute path of at most 4,096 bytes, none of whose
+/// parts starts with a dot (so no `.` or `..`, no hidden folder), not `/` itself.
+pub fn check_data_root(root: &str) -> Result<(), String> {
+    let parts: Vec<&str> = root.split('/').collect();
+    let plain = root.starts_with('/')
+        && parts.len() >= 2
+        && parts[1..].iter().all(|p| !p.is_empty() && !p.starts_with('.'))
+        && !root.contains('\0');
+    if !plain || root.len() > 4096 {
+        return Err(format!("{root:?} must be an absolute folder none of whose parts starts with a dot (not /)"));
+    }
+    Ok(())
+}
+
 /// Why a dataset string was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

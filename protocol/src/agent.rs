@@ -96,6 +96,11 @@ pub struct Work {
     /// and its cached copy, against it.
     #[serde(default)]
     pub dataset_sha256: Option<String>,
+    /// For an `idx:` or `shards:` data set: the granted folder its path lies under (the team's, or one of
+    /// the server's `--idx-root`). The agent checks the path, links followed, is still inside it (and
+    /// inside one of its own `--idx-root` folders): a link in one team's folder cannot lead to another's.
+    #[serde(default)]
+    pub dataset_root: Option<String>,
     /// The uploaded TorchScript model the job trains (when it does), for the agent to download and check.
     #[serde(default)]
     pub model: Option<ModelFile>,

@@ -157,7 +157,8 @@ pub(crate) fn jobs(rows: Vec<JobRow>) -> Result<Vec<Job>, StoreError> {
 }
 
 pub(crate) const TEAM_COLUMNS: &str =
-    "id, name, gpu_quota, cpu_quota, storage_quota_bytes, weight, budget_device_hours, budget_period, created_at";
+    "id, name, gpu_quota, cpu_quota, storage_quota_bytes, weight, budget_device_hours, budget_period, data_roots, \
+     created_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct TeamRow {
@@ -169,6 +170,8 @@ pub(crate) struct TeamRow {
     weight: i32,
     budget_device_hours: Option<f64>,
     budget_period: Option<String>,
+    /// A JSON array of paths.
+    data_roots: String,
     created_at: DateTime<Utc>,
 }
 
@@ -185,6 +188,7 @@ impl From<TeamRow> for Team {
                 (Some(device_hours), Some(period)) => Some(Budget { device_hours, period }),
                 _ => None,
             },
+            data_roots: serde_json::from_str(&row.data_roots).unwrap_or_default(),
             created_at: row.created_at,
         }
     }

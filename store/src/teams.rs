@@ -22,6 +22,9 @@ pub struct Team {
     pub weight: i32,
     /// Device-hours its jobs may use per period; null: no budget.
     pub budget: Option<Budget>,
+    /// Folders on the nodes' shared filesystems its `idx:` and `shards:` data sets may lie under (granted
+    /// by a platform admin; the server's `--idx-root` folders are granted to every team).
+    pub data_roots: Vec<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -93,6 +96,8 @@ pub struct TeamChange {
     pub weight: Option<i32>,
     /// Some(None) removes the budget.
     pub budget: Option<Option<Budget>>,
+    /// Replaces the team's data roots.
+    pub data_roots: Option<Vec<String>>,
 }
 
 /// The bytes a team keeps on the server.
@@ -268,7 +273,8 @@ macro_rules! impl_team_store {
                          storage_quota_bytes = CASE WHEN $4 THEN $5 ELSE storage_quota_bytes END, \
                          weight = COALESCE($6, weight), \
                          budget_device_hours = CASE WHEN $7 THEN $8 ELSE budget_device_hours END, \
-                         budget_period = CASE WHEN $7 THEN $9 ELSE budget_period END \
+                         budget_period = CASE WHEN $7 THEN $9 ELSE budget_period END, \
+                         data_roots = COALESCE($10, data_roots) \
                          WHERE id = $1 RETURNING {TEAM_COLUMNS}"
                     );
                     let row: Option<TeamRow> = sqlx::query_as(&sql)
@@ -281,6 +287,7 @@ macro_rules! impl_team_store {
                         .bind(set_budget)
                         .bind(budget.map(|b| b.device_hours))
                         .bind(budget.map(|b| b.period.as_str()))
+                        .bind(change.data_roots.map(|roots| serde_json::Value::from(roots).to_string()))
                         .fetch_optional(self.pool())
                         .await?;
                     Ok(row.map(Into::into))

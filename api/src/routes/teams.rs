@@ -121,7 +121,18 @@ pub struct UpdateTeam {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Budget>)]
     pub budget: Option<Option<Budget>>,
+    /// Folders on the nodes' shared filesystems the team's `idx:` and `shards:` data sets may lie under
+    /// (at most 32); replaces the list. Every team may also use the server's `--idx-root` folders.
+    #[schema(max_items = 32)]
+    pub data_roots: Option<Vec<DataRoot>>,
 }
+
+/// An absolute folder, none of whose parts starts with a dot (so no `.` or `..`), not `/` itself; at most
+/// 4,096 bytes.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(transparent)]
+#[schema(value_type = String, pattern = "^(/[^/.\\u0000][^/\\u0000]*)+$")]
+pub struct DataRoot(pub String);
 
 /// A field that is present (even as null) is `Some`; an absent one stays `None` (`#[serde(default)]`).
 fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
@@ -132,8 +143,11 @@ fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
 
 const MAX_WEIGHT: u32 = 1000;
 
-/// Change a team's quotas (platform admin): devices at once, storage, its fair-share weight and its budget
-/// of device-hours.
+/// Data roots a team may be granted.
+const MAX_DATA_ROOTS: usize = 32;
+
+/// Change a team's quotas (platform admin): devices at once, storage, its fair-share weight, its budget
+/// of device-hours, and the folders its `idx:` and `shards:` data sets may lie under.
 #[utoipa::path(patch, path = "/v1/teams/{id}", tag = "teams", params(("id" = TeamId, Path)), request_body = UpdateTeam,
     responses((status = 200, body = Team), (status = 403), (status = 404), (status = 422)),
     security(("bearer" = [])))]
@@ -158,6 +172,14 @@ pub async fn update_team(
             errors.push(FieldError::new("budget.device_hours", "must be 0.0001 to 1e9"));
         }
     }
+    for (i, DataRoot(root)) in body.data_roots.iter().flatten().enumerate() {
+        if let Err(why) = ringtrain_core::dataset::check_data_root(root) {
+            errors.push(FieldError::new(format!("data_roots[{i}]"), why));
+        }
+    }
+    if body.data_roots.as_ref().is_some_and(|roots| roots.len() > MAX_DATA_ROOTS) {
+        errors.push(FieldError::new("data_roots", format!("at most {MAX_DATA_ROOTS} folders")));
+    }
     if !errors.is_empty() {
         return Err(ApiError::validation(errors));
     }
@@ -168,6 +190,7 @@ pub async fn update_team(
         storage_quota_bytes: body.storage_quota_bytes.map(|quota| quota.map(storage_bytes)),
         weight: body.weight.map(|w| w as i32),
         budget: body.budget,
+        data_roots: body.data_roots.map(|roots| roots.into_iter().map(|DataRoot(root)| root).collect()),
     };
     let team =
         state.store.update_team(id, change).await?.ok_or_else(|| ApiError::not_found(format!("no team {id}")))?;

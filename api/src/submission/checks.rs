@@ -57,13 +57,21 @@ pub async fn dataset_size(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
             _ => Err(ApiError::validation(vec![FieldError::new("dataset", format!("no uploaded dataset {id}"))])),
         },
         DatasetRef::Idx { path } | DatasetRef::Shards { path } => {
-            match ringtrain_core::dataset::check_idx_path(path, &state.config.idx_roots) {
+            let roots = data_roots(state, user.team_id).await?;
+            match ringtrain_core::dataset::check_idx_path(path, &roots) {
                 Ok(()) => Ok(None),
                 Err(reason) => Err(ApiError::validation(vec![FieldError::new("dataset", reason)])),
             }
         }
         other => Ok(other.known_train_size()),
     }
+}
+
+/// The folders a team's `idx:` and `shards:` data sets may lie under: its own grants and the server's
+/// `--idx-root` folders, which every team may use.
+pub async fn data_roots(state: &AppState, team: ringtrain_core::TeamId) -> ApiResult<Vec<std::path::PathBuf>> {
+    let granted = state.store.get_team(team).await?.map(|t| t.data_roots).unwrap_or_default();
+    Ok(state.config.idx_roots.iter().cloned().chain(granted.into_iter().map(std::path::PathBuf::from)).collect())
 }
 
 /// The job a submission stores for the spec read (as `spec_json`, its text as given), once checked against
