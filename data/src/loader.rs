@@ -228,6 +228,13 @@ fn work(shared: &(Mutex<State>, Condvar), plan: &[Vec<u64>], reader: &SplitReade
         let (batch, position) = {
             let Ok(mut state) = lock.lock() else { return };
             loop {
+                // an empty batch in the plan is ready as it is
+                while state.next.0 < plan.len() && plan[state.next.0].is_empty() {
+                    let empty = state.next.0;
+                    state.ready.insert(empty, Batch { images: Vec::new(), labels: Vec::new(), size: transform.size });
+                    state.next = (empty + 1, 0);
+                    changed.notify_all();
+                }
                 if state.stop || state.failed.is_some() || state.next.0 >= plan.len() {
                     return;
                 }

@@ -96,3 +96,13 @@ fn a_damaged_shard_fails_the_loader_naming_the_shard_and_where() {
     let error = first_error(plan);
     assert!(error.contains(&format!("shard {}", shard.name)) && error.contains("missing"), "{error}");
 }
+
+#[test]
+fn an_empty_batch_in_the_plan_comes_back_empty_and_the_rest_in_order() {
+    let p = packed();
+    let plan = vec![vec![0, 1], vec![], vec![2]];
+    let transform = Transform { size: 8, train: false, seed: 0, epoch: 0 };
+    let mut batches = Batches::start(reader(&p.out, &p.index), plan, transform, 2, 1);
+    let sizes: Vec<usize> = std::iter::from_fn(|| batches.next_batch()).map(|b| b.unwrap().labels.len()).collect();
+    assert_eq!(sizes, [2, 0, 1]);
+}
