@@ -47,15 +47,21 @@ pub fn cap_of(study: &Study) -> Option<f64> {
     study.definition.get("max_device_hours")?.as_f64()
 }
 
+/// The device-seconds the study's points have held together.
+async fn spent_seconds(state: &AppState, jobs: &[Job]) -> ApiResult<f64> {
+    let mut spent = 0.0;
+    for job in jobs {
+        spent += crate::resources::job_resources(state.store.as_ref(), job).await?.device_seconds;
+    }
+    Ok(spent)
+}
+
 /// Stops every point not ended once the study's points together held its cap: true when the cap is
 /// reached (nothing more to judge).
 async fn enforce_cap(state: &AppState, study: &Study) -> ApiResult<bool> {
     let Some(cap) = cap_of(study) else { return Ok(false) };
     let jobs = state.store.study_jobs(study.id).await?;
-    let mut spent = 0.0;
-    for job in &jobs {
-        spent += crate::resources::job_resources(state.store.as_ref(), job).await?.device_seconds;
-    }
+    let spent = spent_seconds(state, &jobs).await?;
     if spent < cap * 3600.0 {
         return Ok(false);
     }
@@ -104,7 +110,7 @@ pub async fn judge(state: &AppState, id: StudyId) -> ApiResult<()> {
         let memory = memory_of(&study);
         let (decisions, next) = halving::decide(&search, &trials, &memory);
         if next == memory {
-            return Ok(());
+            return resume_promoted(state, &study, &search, &trials, &jobs, &memory).await;
         }
         let stored = serde_json::to_value(&next).map_err(ApiError::internal)?;
         if !state.store.set_search_state(id, study.search_version, &stored).await? {
@@ -117,6 +123,38 @@ pub async fn judge(state: &AppState, id: StudyId) -> ApiResult<()> {
         return Ok(());
     }
     tracing::warn!(study = %id, "the search's memory kept changing under this server; the next report judges again");
+    Ok(())
+}
+
+/// Resumes the points the memory promoted whose jobs are still `stopped`: a promotion applied while its
+/// job was still stopping (checkpointing after an earlier stop) found it running and did nothing, and
+/// nothing else would resume it. Judged again when that job ends, this resumes it. Not past the study's
+/// cap, which stopped every point for good.
+async fn resume_promoted(
+    state: &AppState,
+    study: &Study,
+    search: &SearchSpec,
+    trials: &[Trial],
+    jobs: &[Job],
+    memory: &HalvingState,
+) -> ApiResult<()> {
+    let waiting: Vec<&Trial> = trials
+        .iter()
+        .filter(|t| t.status == TrialStatus::Stopped && halving::standing(memory, t.point).1.is_none())
+        .collect();
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    if let Some(cap) = cap_of(study) {
+        if spent_seconds(state, jobs).await? >= cap * 3600.0 {
+            return Ok(());
+        }
+    }
+    for trial in waiting {
+        let rung = halving::standing(memory, trial.point).0.saturating_sub(1);
+        apply(state, search, trials, jobs, Decision::Resume { point: trial.point, rung }).await?;
+    }
+    state.changed().await;
     Ok(())
 }
 

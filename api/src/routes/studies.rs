@@ -86,7 +86,7 @@ pub struct SearchSummary {
     /// The search as run (`kind`, `metric`, `rungs`, `reduction`).
     #[schema(value_type = Object)]
     pub spec: Value,
-    /// No point is queued or running any more.
+    /// No point is queued or running any more, nor promoted and waiting to resume.
     pub done: bool,
     /// The best point so far (not the reference): the finished one with the lowest final test error, else
     /// the one furthest on with the best figure at its last rung.
@@ -516,6 +516,8 @@ fn search_summary(
 ) -> SearchSummary {
     let memory = crate::search::memory_of(study);
     let rungs = search.rungs.len();
+    // a point the search promoted whose job is still `stopped` is about to resume: the search goes on
+    let mut awaiting_resume = false;
     for point in points.iter_mut() {
         let curve = match search.metric {
             SearchMetric::TrainError => &point.train_error,
@@ -531,6 +533,7 @@ fn search_summary(
             continue;
         }
         let (passed, stopped_at) = halving::standing(&memory, point.point as usize);
+        awaiting_resume |= stopped_at.is_none() && point.state == JobState::Stopped;
         point.rungs_passed = Some(passed);
         point.search = Some(match (stopped_at, point.state) {
             (Some(rung), _) => format!("stopped at rung {} ({} epochs)", rung + 1, search.rungs[rung]),
@@ -557,6 +560,9 @@ fn search_summary(
     // a reused reference cost this study nothing, and the grid would not run it again either
     let own = || points.iter().filter(|p| !p.reused);
     let device_seconds: f64 = own().map(|p| p.device_seconds).sum();
+    // the cap stopped every point for good: none of them resumes
+    let held: f64 = points.iter().map(|p| p.device_seconds).sum();
+    let capped = crate::search::cap_of(study).is_some_and(|cap| held >= cap * 3600.0);
     // a stopped or active point at its pace so far, over its whole schedule (unknown while an active one has
     // trained no epoch); one that ended otherwise cost the grid what it cost here (a failed point fails there too)
     let grid_seconds: Option<f64> = own()
@@ -571,7 +577,8 @@ fn search_summary(
         .sum();
     SearchSummary {
         spec: serde_json::to_value(search).unwrap_or_default(),
-        done: !jobs.iter().any(|j| matches!(j.job.state, JobState::Queued | JobState::Scheduled | JobState::Running)),
+        done: (!awaiting_resume || capped)
+            && !jobs.iter().any(|j| matches!(j.job.state, JobState::Queued | JobState::Scheduled | JobState::Running)),
         best_point,
         best_multiplier: best.and_then(|p| p.overrides.get("lr.multiplier")?.as_f64()),
         best_spec: best_job.and_then(|j| serde_json::to_value(&j.spec).ok()).map(|mut spec| {
