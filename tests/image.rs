@@ -98,7 +98,7 @@ fn the_image_runs_doctor_and_trains_in_its_own_root_filesystem() {
     assert!(doctor.contains("rank user               ringtrain-rank (uid 10002"), "{doctor}");
 
     let spec = serde_json::json!({
-        "model": {"name": "lenet5"}, "dataset": "fashion-mnist", "train_samples": 2000, "test_samples": 500,
+        "model": {"name": "lenet5"}, "dataset": "fashion-mnist", "train_samples": 6000, "test_samples": 500,
         "workers": 2, "per_worker_batch": 32, "epochs": 1,
         "lr": {"base": 0.05, "reference_batch": 64, "warmup": {"kind": "none"}}, "seed": 3
     });
