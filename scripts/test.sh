@@ -14,6 +14,9 @@ for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-schedul
     say "error: $crate depends on libtorch (torch-sys); only ringtrain-worker may"; exit 1
   fi
 done
+# The S3 server tests/buckets.rs trains from.
+RINGTRAIN_S3S_FS="$("$ROOT/scripts/s3-server.sh")"
+export RINGTRAIN_S3S_FS
 # The API document against a running server: Schemathesis, every check (a failure fails the run, after
 # the tests below have run too).
 schemathesis=0

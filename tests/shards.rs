@@ -5,67 +5,14 @@
 //! continues it, and a damaged shard fails the job naming the shard. Through the API (`ringtrain up`), a
 //! job trains from shards inside an allowed root, its ranks confined, and a folder outside it is refused.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ringtrain_worker::metrics::Metric;
 use serde_json::{json, Value};
+use support::shards::{open_to_ranks, packed, ringtrain};
 
 mod support;
-
-const FASHION_MNIST: &str = "/usr/share/datasets/fashion-mnist";
-
-/// Images (N×28×28) and labels of a gzipped Fashion-MNIST IDX pair.
-fn fashion_mnist(images: &str, labels: &str) -> (Vec<[u8; 784]>, Vec<u8>) {
-    let read = |name: &str| {
-        let mut bytes = Vec::new();
-        let file = std::fs::File::open(Path::new(FASHION_MNIST).join(name)).unwrap_or_else(|e| {
-            panic!("{FASHION_MNIST}/{name}: {e} (scripts/setup.sh installs dataset-fashion-mnist)")
-        });
-        flate2::read::GzDecoder::new(file).read_to_end(&mut bytes).unwrap();
-        bytes
-    };
-    let (x, y) = (read(images), read(labels));
-    let images = x[16..].chunks_exact(784).map(|c| c.try_into().unwrap()).collect();
-    (images, y[8..].to_vec())
-}
-
-/// The first `n` images of a split as `dir/CLASS/NNNNN.jpg` (grey as RGB, quality 95).
-fn image_folder(dir: &Path, images: &[[u8; 784]], labels: &[u8], n: usize) {
-    for (i, (image, label)) in images.iter().zip(labels).take(n).enumerate() {
-        let folder = dir.join(format!("class-{label}"));
-        std::fs::create_dir_all(&folder).unwrap();
-        let rgb: Vec<u8> = image.iter().flat_map(|&g| [g, g, g]).collect();
-        let jpeg = ringtrain_data::synthetic::jpeg(&rgb, 28, 28, 95).unwrap();
-        std::fs::write(folder.join(format!("{i:05}.jpg")), jpeg).unwrap();
-    }
-}
-
-fn ringtrain() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ringtrain"))
-}
-
-/// Fashion-MNIST's first 2,400 training and 400 test images, packed into shards of ~40 KB.
-fn packed(dir: &Path) -> PathBuf {
-    let (train, train_labels) = fashion_mnist("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
-    let (test, test_labels) = fashion_mnist("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz");
-    image_folder(&dir.join("train"), &train, &train_labels, 2400);
-    image_folder(&dir.join("test"), &test, &test_labels, 400);
-    let shards = dir.join("shards");
-    let output = ringtrain()
-        .args(["datasets", "pack", "--shard-mib", "1", "--json", "--test"])
-        .arg(dir.join("test"))
-        .arg(dir.join("train"))
-        .arg(&shards)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!((report["train_samples"].as_u64(), report["test_samples"].as_u64()), (Some(2400), Some(400)));
-    assert!(report["train_shards"].as_u64().unwrap() >= 3, "{report}");
-    shards
-}
 
 /// LeNet-5 on the shards, 4 workers; elastic, so its gradients are summed in worker order on any number of
 /// processes (a fixed job may sum them in another order, which moves the losses in their last bits).
@@ -166,28 +113,6 @@ fn a_damaged_shard_fails_the_job_naming_it() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "a job error, not retried:\n{stderr}");
     assert!(stderr.contains(&format!("shard {name} at byte")) && stderr.contains("the index says"), "{stderr}");
-}
-
-/// Readable by every user (the rank user, where the test runs as root): the shards and the folders above.
-fn open_to_ranks(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    for entry in walk(dir) {
-        let mode = if entry.is_dir() { 0o755 } else { 0o644 };
-        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut all = vec![dir.to_path_buf()];
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            all.extend(walk(&path));
-        } else {
-            all.push(path);
-        }
-    }
-    all
 }
 
 #[tokio::test(flavor = "multi_thread")]

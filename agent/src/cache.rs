@@ -1,16 +1,24 @@
-//! The node's cache of downloaded datasets and models (`work_dir/datasets`, `work_dir/models`), kept under
-//! `--cache-max-gib`: after each download the least recently used files are removed until the cache fits,
-//! never a file a rank of this agent uses (each rank holds a [`CachedFile`], which pins it until the rank
-//! has ended). A file's modification time is its last use: the agent sets it whenever a rank takes the file
-//! (access times are not kept on `noatime` mounts, and `relatime` updates them once a day at most).
+//! The node's cache of downloaded datasets and models (`work_dir/datasets`, `work_dir/models`) and of
+//! sharded data sets copied from buckets (`work_dir/shards`, one folder each), kept under
+//! `--cache-max-gib`: after each download the least recently used entries are removed until the cache fits,
+//! never one a rank of this agent uses (each rank holds a [`CachedFile`], which pins it until the rank has
+//! ended). A file's modification time (a folder's: its `index.json`'s) is its last use: the agent sets it
+//! whenever a rank takes the entry (access times are not kept on `noatime` mounts, and `relatime` updates
+//! them once a day at most).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-/// The two folders of the cache, under the agent's work folder.
-pub(crate) const KINDS: [&str; 2] = ["datasets", "models"];
+/// The folders of the cache, under the agent's work folder.
+pub(crate) const KINDS: [&str; 3] = ["datasets", "models", SHARDS];
+
+/// The kind whose entries are folders: a bucket's sharded data set each, `index.json` beside its shards.
+pub(crate) const SHARDS: &str = "shards";
+
+/// The file of a cached folder whose modification time is the folder's last use.
+const FOLDER_STAMP: &str = "index.json";
 
 /// The agent's default `--cache-max-gib`.
 pub const DEFAULT_MAX_GIB: f64 = 50.0;
@@ -23,7 +31,7 @@ pub(crate) struct FileCache {
     pins: Arc<Mutex<HashMap<PathBuf, usize>>>,
 }
 
-/// A cached file a rank uses: never evicted while this lives.
+/// A cached file (or folder) a rank uses: never evicted while this lives.
 #[derive(Debug)]
 pub(crate) struct CachedFile {
     path: PathBuf,
@@ -77,9 +85,22 @@ impl FileCache {
         CachedFile { path, pins: self.pins.clone() }
     }
 
+    /// The size of the cache's entries now, finished ones only.
+    #[cfg(test)]
+    pub fn bytes(&self) -> std::io::Result<u64> {
+        Ok(self.files()?.iter().map(|f| f.2).sum())
+    }
+
+    /// The cache's limit, if it has one.
+    pub fn max_bytes(&self) -> Option<u64> {
+        self.max_bytes
+    }
+
     /// Marks `file` used now: the least recently used files go first.
     pub fn touch(file: &CachedFile) -> std::io::Result<()> {
-        std::fs::File::options().write(true).open(file.path())?.set_modified(SystemTime::now())
+        let path = file.path();
+        let stamp = if path.is_dir() { path.join(FOLDER_STAMP) } else { path.to_path_buf() };
+        std::fs::File::options().write(true).open(stamp)?.set_modified(SystemTime::now())
     }
 
     /// Removes the least recently used files that no rank holds until the cache fits its limit. Pins are
@@ -98,7 +119,7 @@ impl FileCache {
                 if pins.contains_key(&path) {
                     continue;
                 }
-                std::fs::remove_file(&path)?;
+                remove(&path)?;
                 bytes -= size;
                 evicted.removed.push((path, size));
             }
@@ -115,14 +136,14 @@ impl FileCache {
             for entry in entries {
                 let entry = entry?;
                 if is_partial(&entry.path()) {
-                    std::fs::remove_file(entry.path())?;
+                    remove(&entry.path())?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Every finished file of the cache: its path, last use and size.
+    /// Every finished entry of the cache: its path, last use and size (a folder's: its files').
     fn files(&self) -> std::io::Result<Vec<(PathBuf, SystemTime, u64)>> {
         let mut files = Vec::new();
         for kind in KINDS {
@@ -135,8 +156,14 @@ impl FileCache {
                 let entry = entry?;
                 let meta = entry.metadata()?;
                 // a download in flight is not the cache's yet (and its rank holds the name it becomes)
-                if meta.is_file() && !is_partial(&entry.path()) {
+                if is_partial(&entry.path()) {
+                    continue;
+                }
+                if meta.is_file() {
                     files.push((entry.path(), meta.modified()?, meta.len()));
+                } else if meta.is_dir() && kind == SHARDS {
+                    let used = std::fs::metadata(entry.path().join(FOLDER_STAMP)).and_then(|m| m.modified());
+                    files.push((entry.path(), used.unwrap_or(SystemTime::UNIX_EPOCH), folder_bytes(&entry.path())?));
                 }
             }
         }
@@ -144,7 +171,28 @@ impl FileCache {
     }
 }
 
-/// A download in flight, named by `ringtrain_client`'s `download` (`NAME.part-UUID`).
+/// The bytes of the files directly in `folder` (a cached data set's folder holds no folder).
+fn folder_bytes(folder: &Path) -> std::io::Result<u64> {
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(folder)? {
+        let meta = entry?.metadata()?;
+        if meta.is_file() {
+            bytes += meta.len();
+        }
+    }
+    Ok(bytes)
+}
+
+/// Removes a cached file, or a cached folder and what it holds.
+fn remove(path: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(path)?.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    }
+}
+
+/// A download in flight, named by `ringtrain_client`'s `download` (`NAME.part-UUID`; a folder's likewise).
 fn is_partial(path: &Path) -> bool {
     path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.starts_with("part-"))
 }
@@ -215,6 +263,33 @@ mod tests {
         assert!(evicted.removed.is_empty() && evicted.over, "{evicted:?}");
         drop((again, huge));
         assert_eq!(names(&cache.evict().unwrap()), ["huge.safetensors"]);
+    }
+
+    #[test]
+    fn a_cached_folder_counts_its_files_and_goes_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FileCache::new(dir.path(), Some(9.0 / 1024.0)); // 9 MiB
+        let folder = cache.dir(SHARDS).join("abc");
+        std::fs::create_dir_all(&folder).unwrap();
+        for (name, mib) in [("index.json", 0), ("train-000000.tar", 3), ("train-000001.tar", 3)] {
+            std::fs::File::create(folder.join(name)).unwrap().set_len(mib * MIB).unwrap();
+        }
+        let stamp = std::fs::File::options().write(true).open(folder.join("index.json")).unwrap();
+        stamp.set_modified(SystemTime::now() - Duration::from_secs(600)).unwrap();
+        let newer = cached(&cache, "new.safetensors", 4, 10);
+        assert_eq!(cache.bytes().unwrap(), 10 * MIB);
+        // held, the folder stays however old; touched, it is the most recent
+        let held = cache.pin(folder.clone());
+        assert_eq!(names(&cache.evict().unwrap()), ["new.safetensors"]);
+        FileCache::touch(&held).unwrap();
+        drop(held);
+        let partial = cache.dir(SHARDS).join("def.part-1234");
+        std::fs::create_dir_all(&partial).unwrap();
+        cached(&cache, "newest.safetensors", 4, 0);
+        assert_eq!(names(&cache.evict().unwrap()), ["abc"]);
+        assert!(!folder.exists() && !newer.exists() && partial.exists());
+        cache.remove_partials().unwrap();
+        assert!(!partial.exists());
     }
 
     #[test]

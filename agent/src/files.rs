@@ -16,9 +16,12 @@ use sha2::{Digest, Sha256};
 use crate::cache::{CachedFile, FileCache};
 use crate::rank::AgentContext;
 
-/// The file of an uploaded dataset, downloaded once per node. A cached copy whose sha256 is not the one the
-/// server sent is downloaded again.
+/// The file of an uploaded dataset, downloaded once per node (a cached copy whose sha256 is not the one
+/// the server sent is downloaded again), or the folder of a bucket's sharded data set, copied once per node.
 pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work, dataset: &DatasetRef) -> Result<Option<CachedFile>> {
+    if let Some(url) = dataset.bucket_url() {
+        return Ok(Some(ctx.buckets.cached_copy(&ctx.cache, url).await?));
+    }
     let DatasetRef::Uploaded(id) = dataset else { return Ok(None) };
     let route = format!("/v1/agent/datasets/{id}");
     let expected = work.dataset_sha256.as_deref();
@@ -70,7 +73,7 @@ async fn cached_download(
 }
 
 /// Brings the cache back under its limit, logging what it removed.
-async fn make_room(cache: FileCache) {
+pub(crate) async fn make_room(cache: FileCache) {
     match tokio::task::spawn_blocking(move || cache.evict()).await {
         Ok(Ok(evicted)) => {
             for (file, bytes) in &evicted.removed {

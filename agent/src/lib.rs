@@ -8,6 +8,7 @@
 //! It talks to the server only over HTTP with its agent token, in the wire types of [`ringtrain_protocol`];
 //! it never links libtorch (the rank processes do).
 
+mod buckets;
 pub mod cache;
 mod capabilities;
 pub mod client;
@@ -87,6 +88,11 @@ pub struct Args {
     /// `idx:` job runs here). Checked on the resolved path, links followed.
     #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
     pub idx_roots: Vec<PathBuf>,
+    /// The endpoint of the S3-compatible store holding `shards:s3://BUCKET/PREFIX` data sets (default:
+    /// AWS's, by AWS_REGION). Its credentials come from this agent's environment (AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) and never reach a rank.
+    #[arg(long, env = "RINGTRAIN_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
     /// The account ranks run as when the agent runs as root (never root itself; default ringtrain-rank,
     /// which scripts/setup.sh creates). It must be able to run this binary and read libtorch.
     #[arg(long, env = "RINGTRAIN_RANK_USER")]
@@ -210,6 +216,7 @@ impl Agent {
             exe,
             threads: args.threads,
             idx_roots: args.idx_roots.clone(),
+            buckets: buckets::Buckets::new(args.s3_endpoint.clone()),
             sandbox,
             segments: Default::default(),
         };

@@ -49,6 +49,8 @@ pub struct AgentContext {
     pub threads: Option<i32>,
     /// Where `idx:` datasets may be read on this node.
     pub idx_roots: Vec<PathBuf>,
+    /// How this node reaches buckets of sharded data sets (`shards:s3://`).
+    pub(crate) buckets: crate::buckets::Buckets,
     /// How ranks are confined.
     pub sandbox: RankSandbox,
     /// The shared memory of placements whose ranks are all on this node.
@@ -484,7 +486,7 @@ fn describe(status: std::process::ExitStatus) -> String {
 /// A job this node will not run as it stands (retrying it elsewhere would fail the same way).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub(crate) struct NotRunnable(String);
+pub(crate) struct NotRunnable(pub(crate) String);
 
 /// An `idx:` or `shards:` dataset must resolve (links followed) inside one of this node's `--idx-root`
 /// folders, and inside the folder the server granted it under (`granted`: the team's data root, or one of
@@ -498,6 +500,15 @@ pub(crate) fn check_idx_dataset(
 ) -> Result<(), NotRunnable> {
     let Some(path) = dataset.node_path() else { return Ok(()) };
     let refused = |whose: &str| NotRunnable(format!("{dataset} is not inside {whose}"));
+    if dataset.bucket_url().is_some() {
+        // no file system to resolve: the URL is plain (the server parsed it) and lies under the team's grant
+        return match granted {
+            Some(root) if root.starts_with(ringtrain_core::dataset::S3_SCHEME) && Path::new(path).starts_with(root) => {
+                Ok(())
+            }
+            _ => Err(refused("a bucket prefix granted to the job's team")),
+        };
+    }
     let resolved = std::fs::canonicalize(path).map_err(|_| refused("this node's --idx-root folders"))?;
     let inside = roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).any(|root| resolved.starts_with(root));
     if !inside {

@@ -17,8 +17,9 @@ pub enum DatasetRef {
     Synthetic { train_size: u64 },
     /// A directory of MNIST-format IDX files (gzipped or not).
     Idx { path: String },
-    /// A sharded data set on a filesystem every node mounts: its folder, with `index.json` and the shards
-    /// `ringtrain datasets pack` writes; streamed, never held whole (issue 55).
+    /// A sharded data set: the folder (on a filesystem every node mounts) or the `s3://BUCKET/PREFIX` of an
+    /// S3-compatible bucket holding `index.json` and the shards `ringtrain datasets pack` writes; streamed,
+    /// never held whole (issue 55). A bucket's data set is copied into each node's cache by its agent.
     Shards { path: String },
     /// A safetensors dataset uploaded through the API.
     Uploaded(DatasetId),
@@ -44,46 +45,105 @@ impl DatasetRef {
         }
     }
 
-    /// A folder on the nodes' filesystems (`idx:` or `shards:`), which only granted roots may hold.
+    /// A folder on the nodes' filesystems (`idx:` or `shards:`) or a bucket's prefix (`shards:s3://`), which
+    /// only granted roots may hold.
     pub fn node_path(&self) -> Option<&str> {
         match self {
             DatasetRef::Idx { path } | DatasetRef::Shards { path } => Some(path),
             _ => None,
         }
     }
+
+    /// The bucket's URL of a `shards:s3://BUCKET/PREFIX` data set.
+    pub fn bucket_url(&self) -> Option<&str> {
+        match self {
+            DatasetRef::Shards { path } if path.starts_with(S3_SCHEME) => Some(path),
+            _ => None,
+        }
+    }
 }
 
-/// Whether an `idx:` or `shards:` path may be read: an absolute path, without `.` or `..` parts, inside one of `roots`
-/// (the folders a platform admin allowed). Lexical only: the server cannot see the workers' file systems;
-/// each agent checks the resolved path (links followed) against its own roots before a rank reads it.
-/// The reason never describes the file system.
+/// How a data set or a root in an S3-compatible bucket is written: `s3://BUCKET/PREFIX`.
+pub const S3_SCHEME: &str = "s3://";
+
+/// A bucket's URL split into its bucket and its key prefix (without a trailing `/`), when it is one: a
+/// bucket name of 3 to 63 lowercase letters, digits, dots and hyphens (starting and ending with a letter
+/// or a digit, as S3 names them) and a prefix of parts none of which is empty or starts with a dot.
+pub fn parse_bucket_url(url: &str) -> Result<(&str, &str), String> {
+    let Some(rest) = url.strip_prefix(S3_SCHEME) else { return Err(format!("{url:?} is not an s3:// URL")) };
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let prefix = prefix.strip_suffix('/').unwrap_or(prefix);
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let bucket_ok = (3..=63).contains(&bucket.len())
+        && bucket.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
+        && edge(bucket.chars().next())
+        && edge(bucket.chars().last());
+    if !bucket_ok {
+        return Err(format!(
+            "{url:?}: a bucket name is 3 to 63 lowercase letters, digits, dots and hyphens, starting and ending \
+             with a letter or a digit"
+        ));
+    }
+    let prefix_ok = prefix.is_empty()
+        || prefix.split('/').all(|part| !part.is_empty() && !part.starts_with('.') && !part.contains('\0'));
+    if !prefix_ok || url.len() > 4096 {
+        return Err(format!("{url:?}: the prefix's parts must not be empty or start with a dot"));
+    }
+    Ok((bucket, prefix))
+}
+
+/// Whether `path` lies inside `root`, part by part (so `/data/a` is not inside `/data/ab`, nor
+/// `s3://b/p2` inside `s3://b/p`); lexical only.
+fn inside(path: &str, root: &std::path::Path) -> bool {
+    std::path::Path::new(path).starts_with(root)
+}
+
+/// Whether an `idx:` or `shards:` path may be read: an absolute path, without `.` or `..` parts, or an
+/// `s3://BUCKET/PREFIX` (only `shards:`), inside one of `roots` (the folders and bucket prefixes a platform
+/// admin allowed). Lexical only: the server cannot see the workers' file systems; each agent checks the
+/// resolved path (links followed) against its own roots before a rank reads it. The reason never
+/// describes the file system.
 pub fn check_idx_path(path: &str, roots: &[std::path::PathBuf]) -> Result<(), String> {
     use std::path::{Component, Path};
     if roots.is_empty() {
-        return Err(
-            "idx: and shards: datasets are not enabled here (a platform admin allows folders with --idx-root)".into()
-        );
+        return Err("idx: and shards: datasets are not enabled here (a platform admin grants folders and buckets \
+                    with --idx-root or a team's data_roots)"
+            .into());
     }
-    let path = Path::new(path);
-    let plain = path.is_absolute() && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-    if plain && roots.iter().any(|root| path.starts_with(root)) {
+    let plain = if path.starts_with(S3_SCHEME) {
+        parse_bucket_url(path)?;
+        true
+    } else {
+        let path = Path::new(path);
+        path.is_absolute() && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+    };
+    if plain && roots.iter().any(|root| inside(path, root)) {
         Ok(())
     } else {
         let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-        Err(format!("idx: and shards: paths must be absolute, without . or .., inside {}", allowed.join(" or ")))
+        Err(format!(
+            "idx: and shards: paths must be absolute, without . or .., or s3:// URLs, inside {}",
+            allowed.join(" or ")
+        ))
     }
 }
 
 /// Whether `root` may be granted as a data root: an absolute path of at most 4,096 bytes, none of whose
-/// parts starts with a dot (so no `.` or `..`, no hidden folder), not `/` itself.
+/// parts starts with a dot (so no `.` or `..`, no hidden folder), not `/` itself; or a bucket, or a prefix
+/// in one, `s3://BUCKET[/PREFIX]` ([`parse_bucket_url`]).
 pub fn check_data_root(root: &str) -> Result<(), String> {
+    if root.starts_with(S3_SCHEME) {
+        return parse_bucket_url(root).map(|_| ());
+    }
     let parts: Vec<&str> = root.split('/').collect();
     let plain = root.starts_with('/')
         && parts.len() >= 2
         && parts[1..].iter().all(|p| !p.is_empty() && !p.starts_with('.'))
         && !root.contains('\0');
     if !plain || root.len() > 4096 {
-        return Err(format!("{root:?} must be an absolute folder none of whose parts starts with a dot (not /)"));
+        return Err(format!(
+            "{root:?} must be an absolute folder none of whose parts starts with a dot (not /), or s3://BUCKET[/PREFIX]"
+        ));
     }
     Ok(())
 }
@@ -119,13 +179,17 @@ impl FromStr for DatasetRef {
             };
         }
         if let Some(path) = text.strip_prefix("shards:") {
-            return if path.is_empty() {
-                Err(DatasetParseError(
-                    "shards: needs the folder of a packed data set, e.g. shards:/data/imagenet".into(),
-                ))
-            } else {
-                Ok(DatasetRef::Shards { path: path.to_string() })
-            };
+            if path.is_empty() {
+                return Err(DatasetParseError(
+                    "shards: needs the folder or bucket prefix of a packed data set, e.g. shards:/data/imagenet \
+                     or shards:s3://datasets/imagenet"
+                        .into(),
+                ));
+            }
+            if path.starts_with(S3_SCHEME) {
+                parse_bucket_url(path).map_err(DatasetParseError)?;
+            }
+            return Ok(DatasetRef::Shards { path: path.to_string() });
         }
         if let Ok(id) = Uuid::parse_str(text) {
             return Ok(DatasetRef::Uploaded(DatasetId(id)));
@@ -176,6 +240,36 @@ mod idx_tests {
         }
         assert!(check_idx_path("/data/shared/mnist", &[]).unwrap_err().contains("not enabled"));
     }
+
+    #[test]
+    fn bucket_paths_stay_inside_the_granted_prefixes() {
+        let roots = [PathBuf::from("s3://datasets/team-a"), PathBuf::from("/data/shared")];
+        assert!(check_idx_path("s3://datasets/team-a/imagenet", &roots).is_ok());
+        assert!(check_idx_path("s3://datasets/team-a", &roots).is_ok());
+        for bad in [
+            "s3://datasets/team-ab/imagenet",
+            "s3://datasets/team-a/../team-b",
+            "s3://datasets/team-a/.hidden",
+            "s3://other/team-a/x",
+            "s3://Datasets/team-a/x",
+            "s3://datasets//team-a/x",
+        ] {
+            assert!(check_idx_path(bad, &roots).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bucket_roots_are_checked_like_folders() {
+        use super::{check_data_root, parse_bucket_url};
+        assert_eq!(parse_bucket_url("s3://data-sets.x/a/b/"), Ok(("data-sets.x", "a/b")));
+        assert_eq!(parse_bucket_url("s3://abc"), Ok(("abc", "")));
+        for good in ["s3://abc", "s3://datasets/team-a", "/data/team-a"] {
+            assert!(check_data_root(good).is_ok(), "{good}");
+        }
+        for bad in ["s3://ab", "s3://-abc", "s3://ABC/x", "s3://abc/.x", "s3://abc//x", "s3:/abc", "/", "/a/../b"] {
+            assert!(check_data_root(bad).is_err(), "{bad}");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -184,9 +278,15 @@ mod tests {
 
     #[test]
     fn round_trips_every_form() {
-        for text in
-            ["fashion-mnist", "synthetic", "synthetic:100", "idx:/data/x", "3f2504e0-4f89-41d3-9a0c-0305e82c3301"]
-        {
+        for text in [
+            "fashion-mnist",
+            "synthetic",
+            "synthetic:100",
+            "idx:/data/x",
+            "shards:/data/x",
+            "shards:s3://datasets/imagenet",
+            "3f2504e0-4f89-41d3-9a0c-0305e82c3301",
+        ] {
             let parsed: DatasetRef = text.parse().unwrap();
             assert_eq!(parsed.to_string(), text);
         }
@@ -198,5 +298,6 @@ mod tests {
         assert!("synthetic:0".parse::<DatasetRef>().is_err());
         assert!("synthetic:x".parse::<DatasetRef>().is_err());
         assert!("idx:".parse::<DatasetRef>().is_err());
+        assert!("shards:s3://A/x".parse::<DatasetRef>().unwrap_err().to_string().contains("bucket name"));
     }
 }

@@ -70,7 +70,8 @@ pub struct Args {
     /// all-reduce can overlap backward": it pays only where communication does not take the step's cores).
     #[arg(long)]
     overlap: bool,
-    /// The safetensors file of an uploaded dataset.
+    /// The safetensors file of an uploaded dataset, or the folder of a sharded one in a bucket
+    /// (`shards:s3://...`), which the agent copied into its cache.
     #[arg(long)]
     dataset_file: Option<PathBuf>,
     /// The TorchScript file of the spec's uploaded model (`model.uploaded`).

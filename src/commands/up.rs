@@ -34,9 +34,14 @@ pub struct Args {
     /// libtorch threads per rank process.
     #[arg(long)]
     threads: Option<i32>,
-    /// A folder under which `idx:PATH` datasets may lie (repeat for several; none: `idx:` is refused).
+    /// A folder (or `s3://BUCKET/PREFIX`) under which `idx:` and `shards:` data sets may lie (repeat for
+    /// several; none: they are refused).
     #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
     idx_roots: Vec<std::path::PathBuf>,
+    /// The endpoint of the S3-compatible store holding `shards:s3://` data sets (default: AWS's); its
+    /// credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    #[arg(long, env = "RINGTRAIN_S3_ENDPOINT")]
+    s3_endpoint: Option<String>,
     #[command(flatten)]
     limits: super::limits::LimitArgs,
     #[command(flatten)]
@@ -107,6 +112,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         lease_s: timing::LEASE.as_secs(),
         outage_grace_s: timing::OUTAGE_GRACE.as_secs(),
         idx_roots: args.idx_roots.clone(),
+        s3_endpoint: args.s3_endpoint.clone(),
         transport: ringtrain_client::Transport::default(),
         rank_user: args.sandbox.rank_user.clone(),
         allow_unsandboxed: args.sandbox.allow_unsandboxed,

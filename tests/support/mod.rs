@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod hosts;
+pub mod shards;
 pub mod webdriver;
 
 use std::collections::BTreeMap;

@@ -236,23 +236,24 @@ impl<'c> Trainer<'c> {
         );
         // The data set and the model are the job's own: if they cannot be loaded or built, another attempt
         // on other devices fails the same way (a job error, not retried).
-        let loaded = match &options.dataset_file {
-            Some(path) => {
+        let shards = ShardOptions {
+            image_size: spec.image_size.unwrap_or(DEFAULT_IMAGE_SIZE),
+            threads: options.loader_threads,
+            seed: spec.seed,
+            train_samples: spec.train_samples,
+            test_samples: spec.test_samples,
+        };
+        let loaded = match (&options.dataset_file, &spec.dataset) {
+            // a bucket's shards, which the agent copied into its cache and passed as a folder
+            (Some(folder), DatasetRef::Shards { .. }) => Dataset::load_shards(folder, &shards),
+            (Some(path), _) => {
                 Dataset::load_safetensors(path, options.model_inputs.as_deref(), spec.train_samples, spec.test_samples)
             }
-            None => match &spec.dataset {
-                DatasetRef::Shards { path } => {
-                    let shards = ShardOptions {
-                        image_size: spec.image_size.unwrap_or(DEFAULT_IMAGE_SIZE),
-                        threads: options.loader_threads,
-                        seed: spec.seed,
-                        train_samples: spec.train_samples,
-                        test_samples: spec.test_samples,
-                    };
-                    Dataset::load_shards(std::path::Path::new(path), &shards)
-                }
-                other => Dataset::load(other, spec.train_samples, spec.test_samples),
-            },
+            (None, DatasetRef::Shards { path }) if spec.dataset.bucket_url().is_some() => Err(anyhow::anyhow!(
+                "{path} is in a bucket: pass the folder its agent copied it into with --dataset-file"
+            )),
+            (None, DatasetRef::Shards { path }) => Dataset::load_shards(std::path::Path::new(path), &shards),
+            (None, other) => Dataset::load(other, spec.train_samples, spec.test_samples),
         };
         let mut data = loaded.map_err(|e| JobError(format!("the data set cannot be used: {e:#}")))?;
         data.place_on(options.device, options.data_on_device_max_bytes);

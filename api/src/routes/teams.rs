@@ -127,11 +127,14 @@ pub struct UpdateTeam {
     pub data_roots: Option<Vec<DataRoot>>,
 }
 
-/// An absolute folder, none of whose parts starts with a dot (so no `.` or `..`), not `/` itself; at most
-/// 4,096 bytes.
+/// An absolute folder, none of whose parts starts with a dot (so no `.` or `..`), not `/` itself; or a
+/// bucket or a prefix in one, `s3://BUCKET[/PREFIX]`; at most 4,096 bytes.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(transparent)]
-#[schema(value_type = String, pattern = "^(/[^/.\\u0000][^/\\u0000]*)+$")]
+#[schema(
+    value_type = String,
+    pattern = "^((/[^/.\\u0000][^/\\u0000]*)+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/.\\u0000][^/\\u0000]*)*/?)$"
+)]
 pub struct DataRoot(pub String);
 
 /// A field that is present (even as null) is `Some`; an absent one stays `None` (`#[serde(default)]`).

@@ -1,0 +1,201 @@
+//! Sharded data sets in an S3-compatible bucket (`shards:s3://BUCKET/PREFIX`): the agent copies one whole
+//! into its node's cache (`work_dir/shards/KEY/`, [`crate::cache`]) before the rank starts, and passes the
+//! rank the folder open. The store's credentials are the agent's (its environment: `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`): a rank never sees them, nor the store
+//! (its sandbox allows TCP only to its ring's ports); it reads files the agent checked.
+//!
+//! A copy is trusted only whole: every shard is checked against the size and sha256 its index gives while
+//! it is written, into a folder named `KEY.part-UUID` that becomes `KEY` only once the last shard is in. The
+//! key is a digest of the URL and of the index's bytes, so a data set packed again under the same prefix is
+//! a new entry, and the old one leaves the cache as it ages. Ranks of one node wait for one copy.
+//!
+//! Copying whole before training is SageMaker's File mode: a data set larger than this node's cache limit
+//! cannot run here (refused at once, saying so). Streaming shards into a bounded cache as the ranks need
+//! them is not built yet.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use futures_util::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::ObjectStore;
+use ringtrain_data::index::DatasetIndex;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::cache::{CachedFile, FileCache, SHARDS};
+use crate::rank::NotRunnable;
+
+/// How this node reaches buckets: the endpoint of an S3-compatible store (None: AWS's, from the region).
+#[derive(Debug, Default)]
+pub struct Buckets {
+    endpoint: Option<String>,
+    /// One copy at a time on this node: two ranks of a placement wait for the first one's copy.
+    copying: tokio::sync::Mutex<()>,
+}
+
+impl Buckets {
+    pub fn new(endpoint: Option<String>) -> Buckets {
+        Buckets { endpoint: endpoint.filter(|e| !e.is_empty()), copying: Default::default() }
+    }
+
+    /// A client of `bucket`, with the agent's credentials from its environment.
+    fn store(&self, bucket: &str) -> Result<AmazonS3> {
+        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+            builder = builder.with_region("us-east-1");
+        }
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
+        }
+        builder.build().with_context(|| format!("cannot make a client of bucket {bucket}"))
+    }
+
+    /// The cached copy of the data set at `url` (`s3://BUCKET/PREFIX`), copied now unless the cache holds
+    /// it; held for the rank until it ends.
+    pub(crate) async fn cached_copy(&self, cache: &FileCache, url: &str) -> Result<CachedFile> {
+        let (bucket, prefix) = ringtrain_core::dataset::parse_bucket_url(url).map_err(NotRunnable)?;
+        let store = self.store(bucket)?;
+        let index_bytes = match store.get(&object_key(prefix, "index.json")).await {
+            Ok(found) => found.bytes().await.with_context(|| format!("cannot read {url}/index.json"))?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(
+                    NotRunnable(format!("{url} holds no index.json (pack it with ringtrain datasets pack)")).into()
+                )
+            }
+            Err(err) => return Err(err).with_context(|| format!("cannot read {url}/index.json")),
+        };
+        let index = std::str::from_utf8(&index_bytes)
+            .map_err(|_| "not UTF-8".to_string())
+            .and_then(|text| DatasetIndex::from_json(text).map_err(|errors| join(&errors)))
+            .map_err(|why| NotRunnable(format!("{url}/index.json: {why}")))?;
+        let total: u64 = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).sum();
+        if let Some(max) = cache.max_bytes().filter(|max| total > *max) {
+            return Err(NotRunnable(format!(
+                "{url} is {:.1} GiB, more than this node's cache may hold ({:.1} GiB, --cache-max-gib): a data set \
+                 in a bucket is copied whole onto each node that trains on it",
+                gib(total),
+                gib(max)
+            ))
+            .into());
+        }
+        let name = ringtrain_core::hex(
+            &Sha256::new().chain_update(url).chain_update(b"\n").chain_update(&index_bytes).finalize(),
+        );
+        let folder = cache.dir(SHARDS).join(&name[..32]);
+        let held = cache.pin(folder.clone());
+        let _one_at_a_time = self.copying.lock().await;
+        if folder.is_dir() {
+            FileCache::touch(&held).with_context(|| format!("cannot mark {} used", folder.display()))?;
+            tracing::info!(%url, folder = %folder.display(), "the data set is in this node's cache");
+            return Ok(held);
+        }
+        let started = std::time::Instant::now();
+        let partial = folder.with_extension(format!("part-{}", uuid::Uuid::new_v4().simple()));
+        let copied = copy(&store, url, prefix, &index, &index_bytes, &partial).await;
+        match copied {
+            Ok(()) => tokio::fs::rename(&partial, &folder).await?,
+            Err(err) => {
+                let _ = tokio::fs::remove_dir_all(&partial).await;
+                return Err(err);
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(%url, bytes = total, seconds, mib_per_s = total as f64 / 1048576.0 / seconds.max(1e-3), "copied the data set into this node's cache");
+        crate::files::make_room(cache.clone()).await;
+        Ok(held)
+    }
+}
+
+/// Copies the index and every shard of `index` into `folder`, checking each shard's size and sha256 as it
+/// is written; readable by the rank's account (which reaches the folder only through the open handle it is
+/// passed: the cache above it is the agent's alone).
+async fn copy(
+    store: &AmazonS3,
+    url: &str,
+    prefix: &str,
+    index: &DatasetIndex,
+    index_bytes: &[u8],
+    folder: &Path,
+) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    tokio::fs::create_dir_all(folder).await?;
+    tokio::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o755)).await?;
+    for (_, split) in index.splits() {
+        for shard in &split.shards {
+            copy_shard(
+                store,
+                url,
+                &object_key(prefix, &shard.name),
+                &folder.join(&shard.name),
+                shard.bytes,
+                &shard.sha256,
+            )
+            .await?;
+        }
+    }
+    write_readable(&folder.join("index.json"), index_bytes).await
+}
+
+/// One shard, streamed to `path`: a shard missing from the bucket, or whose size or sha256 is not its
+/// index's, fails the job naming it (another node would find the same).
+async fn copy_shard(store: &AmazonS3, url: &str, key: &Key, path: &Path, bytes: u64, sha256: &str) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let found = match store.get(key).await {
+        Ok(found) => found,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(NotRunnable(format!("shard {name} of {url} is missing from the bucket")).into())
+        }
+        Err(err) => return Err(err).with_context(|| format!("cannot read shard {name} of {url}")),
+    };
+    let mut file = tokio::fs::File::create(path).await?;
+    let mut hasher = Sha256::new();
+    let mut written: u64 = 0;
+    let mut stream = found.into_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.with_context(|| format!("reading shard {name} of {url} broke off"))?;
+        written += chunk.len() as u64;
+        if written > bytes {
+            break;
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await?;
+    }
+    file.flush().await?;
+    if written != bytes {
+        return Err(NotRunnable(format!(
+            "shard {name} of {url} is {written}{} bytes in the bucket, its index says {bytes}",
+            if written > bytes { "+" } else { "" }
+        ))
+        .into());
+    }
+    let digest = ringtrain_core::hex(&hasher.finalize());
+    if !digest.eq_ignore_ascii_case(sha256) {
+        return Err(NotRunnable(format!("shard {name} of {url} has sha256 {digest}, its index says {sha256}")).into());
+    }
+    readable(path).await
+}
+
+/// The key of `name` under `prefix` (none: the bucket's top).
+fn object_key(prefix: &str, name: &str) -> Key {
+    Key::from(if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") })
+}
+
+async fn write_readable(path: &Path, bytes: &[u8]) -> Result<()> {
+    tokio::fs::write(path, bytes).await?;
+    readable(path).await
+}
+
+async fn readable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    Ok(tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).await?)
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+fn join(errors: &[ringtrain_data::index::IndexError]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}

@@ -1,0 +1,174 @@
+//! Sharded data sets in an S3-compatible bucket (issue 55): a real S3 server (s3s-fs, the s3s project's
+//! file-backed server, which scripts/test.sh installs) holds Fashion-MNIST packed into JPEG shards, uploaded
+//! with S3 PUTs. Through the API (`ringtrain up` with the store's endpoint and credentials in its
+//! environment), a team granted a prefix trains from it: the agent copies the shards into its cache and the
+//! ranks read them there, their environment free of the credentials, to the very same result as the same
+//! shards read from a folder. A prefix not granted is refused (422), and a shard whose bytes are not its
+//! index's fails the job naming the shard.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::{ObjectStore, PutPayload};
+use serde_json::{json, Value};
+use support::shards::{open_to_ranks, packed};
+
+mod support;
+
+const ACCESS_KEY: &str = "ringtrain-test";
+const SECRET_KEY: &str = "s3cr3t-for-the-agent-only";
+const BUCKET: &str = "datasets";
+
+/// An s3s-fs server on a free port, storing under `root`; killed when dropped.
+struct S3Server {
+    child: Child,
+    endpoint: String,
+}
+
+impl S3Server {
+    fn start(root: &Path) -> S3Server {
+        let binary = std::env::var("RINGTRAIN_S3S_FS").unwrap_or_else(|_| "s3s-fs".into());
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        std::fs::create_dir_all(root.join(BUCKET)).unwrap();
+        let child = Command::new(&binary)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
+            .args(["--secret-key", SECRET_KEY])
+            .arg(root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start the S3 server {binary:?}: {e} (scripts/test.sh installs s3s-fs and sets RINGTRAIN_S3S_FS)")
+            });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "the S3 server did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        S3Server { child, endpoint: format!("http://127.0.0.1:{port}") }
+    }
+
+    fn client(&self) -> AmazonS3 {
+        AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_region("us-east-1")
+            .with_bucket_name(BUCKET)
+            .with_access_key_id(ACCESS_KEY)
+            .with_secret_access_key(SECRET_KEY)
+            .build()
+            .unwrap()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every file of `folder` PUT under `prefix`, except those `replace` gives other bytes for.
+async fn upload(store: &AmazonS3, folder: &Path, prefix: &str, replace: &[(String, Vec<u8>)]) {
+    for entry in std::fs::read_dir(folder).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = match replace.iter().find(|(n, _)| *n == name) {
+            Some((_, bytes)) => bytes.clone(),
+            None => std::fs::read(&path).unwrap(),
+        };
+        let key = object_store::path::Path::from(format!("{prefix}/{name}"));
+        store.put(&key, PutPayload::from(bytes)).await.unwrap_or_else(|e| panic!("PUT {key}: {e}"));
+    }
+}
+
+fn spec(name: &str, dataset: &str) -> Value {
+    json!({
+        "name": name, "model": {"name": "lenet5"}, "dataset": dataset, "image_size": 28, "workers": 2,
+        "per_worker_batch": 32, "epochs": 1, "seed": 5,
+        "lr": {"base": 0.05, "reference_batch": 64, "warmup": {"kind": "none"}, "decay": {"kind": "none"}}
+    })
+}
+
+/// The environment of each running rank of `job`, once they run.
+async fn rank_environments(job: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let pids = support::rank_pids(job, None);
+        let environments: Vec<String> = pids
+            .iter()
+            .filter_map(|pid| std::fs::read(format!("/proc/{pid}/environ")).ok())
+            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', "\n"))
+            .collect();
+        if !environments.is_empty() {
+            return environments;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rank of {job} ran within 120 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = packed(dir.path());
+    open_to_ranks(dir.path());
+    let server = S3Server::start(&dir.path().join("s3"));
+    let store = server.client();
+    upload(&store, &shards, "team-a/fashion", &[]).await;
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();
+    let damaged = index["train"]["shards"][1]["name"].as_str().unwrap().to_string();
+    let mut bytes = std::fs::read(shards.join(&damaged)).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    upload(&store, &shards, "team-a/damaged", &[(damaged.clone(), bytes)]).await;
+
+    // the store's endpoint and credentials are the agent's (nextest runs each test in a process of its own);
+    // the folder is the server's --idx-root, for the same shards read from a path
+    std::env::set_var("RINGTRAIN_S3_ENDPOINT", &server.endpoint);
+    std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+    std::env::set_var("RINGTRAIN_IDX_ROOTS", dir.path());
+    let cluster = support::Cluster::up("buckets", 2).await;
+    let api = cluster.team("vision", 2).await;
+    let teams = cluster.api.get("/v1/teams").await;
+    let team = teams["teams"].as_array().or(teams.as_array()).unwrap().iter().find(|t| t["name"] == "vision").unwrap();
+    let granted = json!({"data_roots": [format!("s3://{BUCKET}/team-a")]});
+    let (status, body) = cluster
+        .api
+        .request(reqwest::Method::PATCH, &format!("/v1/teams/{}", team["id"].as_str().unwrap()), Some(granted))
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    let from_bucket = api.submit(&spec("from the bucket", &format!("shards:s3://{BUCKET}/team-a/fashion"))).await;
+    for environment in rank_environments(&from_bucket).await {
+        assert!(
+            !environment.contains(SECRET_KEY) && !environment.contains("AWS_"),
+            "a rank's environment holds the store's credentials:\n{environment}"
+        );
+    }
+    let job = api.wait_state(&from_bucket, "succeeded", Duration::from_secs(300)).await;
+    let from_path = api.submit(&spec("from the folder", &format!("shards:{}", shards.display()))).await;
+    let same = api.wait_state(&from_path, "succeeded", Duration::from_secs(300)).await;
+    let (a, b) = (&job["result"]["final_test_error"], &same["result"]["final_test_error"]);
+    assert!(a.as_f64().unwrap() < 0.6, "it learned from the bucket: {job}");
+    assert_eq!(a, b, "the same shards from a bucket and from a folder train to the same result");
+    let cache = cluster.dir.join("data/agent/shards");
+    let copies: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(copies.len(), 1, "one copy in the node's cache, whole: {copies:?}");
+    assert!(copies[0].join(&damaged).is_file() && copies[0].join("index.json").is_file());
+
+    let (status, problem) = api
+        .request(reqwest::Method::POST, "/v1/jobs", Some(spec("ungranted", &format!("shards:s3://{BUCKET}/team-b/x"))))
+        .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(problem.to_string().contains("dataset") && problem.to_string().contains("inside"), "{problem}");
+
+    let broken = api.submit(&spec("a damaged shard", &format!("shards:s3://{BUCKET}/team-a/damaged"))).await;
+    let failed = api.wait_state(&broken, "failed", Duration::from_secs(120)).await;
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(error.contains(&format!("shard {damaged}")) && error.contains("its index says"), "{failed}");
+    assert_eq!(failed["attempt"], 1, "a shard that does not match its index is not retried: {failed}");
+}
