@@ -126,10 +126,11 @@ pub async fn judge(state: &AppState, id: StudyId) -> ApiResult<()> {
     Ok(())
 }
 
-/// Resumes the points the memory promoted whose jobs are still `stopped`: a promotion applied while its
-/// job was still stopping (checkpointing after an earlier stop) found it running and did nothing, and
-/// nothing else would resume it. Judged again when that job ends, this resumes it. Not past the study's
-/// cap, which stopped every point for good.
+/// Resumes the points the memory promoted whose jobs are still `stopped`. Two judgements run at once when
+/// two points report together: one may promote a point whose stop, decided by the other, has not landed
+/// yet; the resume finds the job running and does nothing, then the stop lands, and nothing would resume it
+/// (the scale-search test saw its best point so, and the search "done"). Every later judgement (a report
+/// of any point, a point's end) mends it here. Not past the study's cap, which stopped every point for good.
 async fn resume_promoted(
     state: &AppState,
     study: &Study,
@@ -156,6 +157,14 @@ async fn resume_promoted(
     }
     state.changed().await;
     Ok(())
+}
+
+/// Whether the search's memory as stored now still has `point` stopped (a concurrent judgement may have
+/// promoted it after this one decided to stop it).
+async fn still_stopped(state: &AppState, job: &Job, point: usize) -> ApiResult<bool> {
+    let Some(membership) = job.study else { return Ok(false) };
+    let Some(study) = state.store.get_study(membership.study_id).await? else { return Ok(false) };
+    Ok(halving::standing(&memory_of(&study), point).1.is_some())
 }
 
 /// A point's job as the search sees it: its figures at the rungs it has passed.
@@ -197,8 +206,15 @@ async fn apply(
         search.metric.field(),
         figure.map_or("?".into(), |f| format!("{f:.4}"))
     );
+    // Another server (or task) may have judged since `jobs` was read: a stop that a later memory took back
+    // is not applied, and a resume looks at the job as it is now, not as it was read.
+    let Some(job) = state.store.get_job(job.id).await? else { return Ok(()) };
+    let job = &job;
     match decision {
         Decision::Stop { .. } => {
+            if !still_stopped(state, job, point).await? {
+                return Ok(());
+            }
             let why = format!("search: not among the best 1/{} at {at}; its checkpoints are kept", search.reduction);
             if stop(state, job, &why).await? {
                 tracing::info!(job = %job.id, point, "{why}");

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{spec, TestApp, ADMIN};
-use ringtrain_core::{DeviceId, JobId, NodeId};
+use ringtrain_core::{DeviceId, JobId, JobState, NodeId};
 use serde_json::{json, Value};
 
 fn study(points: Value) -> Value {
@@ -342,6 +342,31 @@ async fn a_point_that_fails_closes_the_rung_and_the_best_stopped_point_resumes(a
     assert_eq!((search["done"].as_bool(), search["best_point"].as_i64()), (Some(false), Some(1)), "{search}");
 }
 
+/// A promotion whose stop lands after it (two points' reports judged at once): the point's job ends
+/// `stopped` though the search promoted it, and the next judgement, whichever point reports, resumes it.
+async fn a_promoted_point_whose_stop_landed_late_resumes_at_the_next_judgement(app: TestApp) {
+    let team = app.team("alpha").await;
+    let agent = app.agent_token().await;
+    let (_, jobs, attempts) = running_search(&app, &team.member, &agent).await;
+    let state = |i: usize| job_state(&app, &team.viewer, &jobs[i]);
+    for (point, error) in [(1, 0.2), (2, 0.5), (3, 0.6)] {
+        report_epoch(&app, &agent, &jobs[point], attempts[point], 0, error).await;
+    }
+    assert_eq!(state(1).await, "queued", "promoted and resumed");
+    // the stop of another judgement, decided before the promotion, lands now
+    let late = ringtrain_store::Transition::new(
+        JobId(jobs[1].parse().unwrap()),
+        JobState::Queued,
+        JobState::Stopped,
+        "stopped: search: not among the best 1/3 at rung 1 (a judgement that lost the race)",
+    );
+    assert!(app.store.transition(&late).await.unwrap().is_some());
+    assert_eq!(state(1).await, "stopped");
+    // the reference's next epoch is judged: the memory does not change, and the promoted point resumes
+    report_epoch(&app, &agent, &jobs[0], attempts[0], 0, 0.3).await;
+    assert_eq!([state(1).await, state(2).await, state(3).await], ["queued", "stopped", "stopped"]);
+}
+
 /// A study's device-hour cap: more than the team's budget has left is refused, the dry run says both, and
 /// once the points together held the cap, every point not ended is stopped.
 async fn a_study_s_cap_is_held_to_the_budget_and_stops_its_points_when_reached(app: TestApp) {
@@ -476,6 +501,7 @@ ringtrain_store::on_both_backends!(
     a_run_that_falls_off_its_reference_stops_whichever_reports_first,
     a_search_stops_points_at_rungs_and_resumes_the_one_a_later_result_promotes,
     a_point_that_fails_closes_the_rung_and_the_best_stopped_point_resumes,
+    a_promoted_point_whose_stop_landed_late_resumes_at_the_next_judgement,
     a_study_s_cap_is_held_to_the_budget_and_stops_its_points_when_reached,
     a_scale_search_reuses_a_finished_reference_instead_of_running_one,
 );
