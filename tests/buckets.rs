@@ -1,10 +1,10 @@
 //! Sharded data sets in an S3-compatible bucket (issue 55): a real S3 server (s3s-fs, the s3s project's
 //! file-backed server, which scripts/test.sh installs) holds Fashion-MNIST packed into JPEG shards, uploaded
 //! with S3 PUTs. Through the API (`ringtrain up` with the store's endpoint and credentials in its
-//! environment), a team granted a prefix trains from it: the agent copies the shards into its cache and the
-//! ranks read them there, their environment free of the credentials, to the very same result as the same
-//! shards read from a folder. A prefix not granted is refused (422), and a shard whose bytes are not its
-//! index's fails the job naming the shard.
+//! environment), a team granted a prefix trains from it: the agent copies the shards into its cache (saying
+//! so in the job's logs) and the ranks read them there, their environment free of the credentials, to the
+//! very same result as the same shards read from a folder. A prefix not granted is refused (422), and a
+//! shard whose bytes are not its index's fails the job naming the shard.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -150,6 +150,9 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
         );
     }
     let job = api.wait_state(&from_bucket, "succeeded", Duration::from_secs(300)).await;
+    let logs = api.get(&format!("/v1/jobs/{from_bucket}/logs?q=agent")).await.to_string();
+    let copying = format!("agent: copying s3://{BUCKET}/team-a/fashion into this node's cache: ");
+    assert!(logs.contains(&copying) && logs.contains("agent: copied s3://"), "the copy is in the job's logs: {logs}");
     let from_path = api.submit(&spec("from the folder", &format!("shards:{}", shards.display()))).await;
     let same = api.wait_state(&from_path, "succeeded", Duration::from_secs(300)).await;
     let (a, b) = (&job["result"]["final_test_error"], &same["result"]["final_test_error"]);

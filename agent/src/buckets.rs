@@ -53,8 +53,14 @@ impl Buckets {
     }
 
     /// The cached copy of the data set at `url` (`s3://BUCKET/PREFIX`), copied now unless the cache holds
-    /// it; held for the rank until it ends.
-    pub(crate) async fn cached_copy(&self, cache: &FileCache, url: &str) -> Result<CachedFile> {
+    /// it; held for the rank until it ends. Its progress is said to `say` (the job's logs): a copy of
+    /// ImageNet takes minutes, and a job that shows nothing meanwhile looks stuck.
+    pub(crate) async fn cached_copy(
+        &self,
+        cache: &FileCache,
+        url: &str,
+        say: &mut (dyn FnMut(String) + Send),
+    ) -> Result<CachedFile> {
         let (bucket, prefix) = ringtrain_core::dataset::parse_bucket_url(url).map_err(NotRunnable)?;
         let store = self.store(bucket)?;
         let index_bytes = match store.get(&object_key(prefix, "index.json")).await {
@@ -85,15 +91,24 @@ impl Buckets {
         );
         let folder = cache.dir(SHARDS).join(&name[..32]);
         let held = cache.pin(folder.clone());
-        let _one_at_a_time = self.copying.lock().await;
+        let _one_at_a_time = match self.copying.try_lock() {
+            Ok(guard) => guard,
+            Err(_) => {
+                say(format!("agent: waiting for this node's copy in progress before copying {url}"));
+                self.copying.lock().await
+            }
+        };
         if folder.is_dir() {
             FileCache::touch(&held).with_context(|| format!("cannot mark {} used", folder.display()))?;
-            tracing::info!(%url, folder = %folder.display(), "the data set is in this node's cache");
+            say(format!("agent: {url} is in this node's cache"));
             return Ok(held);
         }
+        let shards = index.splits().map(|(_, split)| split.shards.len()).sum::<usize>();
+        say(format!("agent: copying {url} into this node's cache: {shards} shards, {:.2} GiB", gib(total)));
         let started = std::time::Instant::now();
         let partial = folder.with_extension(format!("part-{}", uuid::Uuid::new_v4().simple()));
-        let copied = copy(&store, url, prefix, &index, &index_bytes, &partial).await;
+        let mut progress = Progress { url, shards, total, done: 0, bytes: 0, started, said: started, say };
+        let copied = copy(&store, url, prefix, &index, &index_bytes, &partial, &mut progress).await;
         match copied {
             Ok(()) => tokio::fs::rename(&partial, &folder).await?,
             Err(err) => {
@@ -102,7 +117,9 @@ impl Buckets {
             }
         }
         let seconds = started.elapsed().as_secs_f64();
-        tracing::info!(%url, bytes = total, seconds, mib_per_s = total as f64 / 1048576.0 / seconds.max(1e-3), "copied the data set into this node's cache");
+        let rate = total as f64 / 1048576.0 / seconds.max(1e-3);
+        say(format!("agent: copied {url}: {shards} shards, {:.2} GiB in {seconds:.1} s ({rate:.0} MiB/s)", gib(total)));
+        tracing::info!(%url, bytes = total, seconds, mib_per_s = rate, "copied the data set into this node's cache");
         crate::files::make_room(cache.clone()).await;
         Ok(held)
     }
@@ -118,6 +135,7 @@ async fn copy(
     index: &DatasetIndex,
     index_bytes: &[u8],
     folder: &Path,
+    progress: &mut Progress<'_>,
 ) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     tokio::fs::create_dir_all(folder).await?;
@@ -133,9 +151,44 @@ async fn copy(
                 &shard.sha256,
             )
             .await?;
+            progress.shard_done(shard.bytes);
         }
     }
     write_readable(&folder.join("index.json"), index_bytes).await
+}
+
+/// How far a copy has got, said every [`SAY_EVERY`].
+struct Progress<'a> {
+    url: &'a str,
+    shards: usize,
+    total: u64,
+    done: usize,
+    bytes: u64,
+    started: std::time::Instant,
+    said: std::time::Instant,
+    say: &'a mut (dyn FnMut(String) + Send),
+}
+
+/// How often a copy in progress says how far it got.
+const SAY_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Progress<'_> {
+    fn shard_done(&mut self, bytes: u64) {
+        self.done += 1;
+        self.bytes += bytes;
+        if self.said.elapsed() >= SAY_EVERY && self.done < self.shards {
+            self.said = std::time::Instant::now();
+            let rate = self.bytes as f64 / 1048576.0 / self.started.elapsed().as_secs_f64().max(1e-3);
+            (self.say)(format!(
+                "agent: copying {}: {} of {} shards, {:.2} of {:.2} GiB ({rate:.0} MiB/s)",
+                self.url,
+                self.done,
+                self.shards,
+                gib(self.bytes),
+                gib(self.total)
+            ));
+        }
+    }
 }
 
 /// One shard, streamed to `path`: a shard missing from the bucket, or whose size or sha256 is not its

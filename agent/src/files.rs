@@ -18,9 +18,15 @@ use crate::rank::AgentContext;
 
 /// The file of an uploaded dataset, downloaded once per node (a cached copy whose sha256 is not the one
 /// the server sent is downloaded again), or the folder of a bucket's sharded data set, copied once per node.
-pub(crate) async fn dataset_file(ctx: &AgentContext, work: &Work, dataset: &DatasetRef) -> Result<Option<CachedFile>> {
+/// What it says as it goes (a copy's progress) goes to `say`: the job's logs.
+pub(crate) async fn dataset_file(
+    ctx: &AgentContext,
+    work: &Work,
+    dataset: &DatasetRef,
+    say: &mut (dyn FnMut(String) + Send),
+) -> Result<Option<CachedFile>> {
     if let Some(url) = dataset.bucket_url() {
-        return Ok(Some(ctx.buckets.cached_copy(&ctx.cache, url).await?));
+        return Ok(Some(ctx.buckets.cached_copy(&ctx.cache, url, say).await?));
     }
     let DatasetRef::Uploaded(id) = dataset else { return Ok(None) };
     let route = format!("/v1/agent/datasets/{id}");

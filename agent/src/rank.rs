@@ -123,8 +123,6 @@ fn remove_folder(ctx: &AgentContext, rank_dir: &Path) {
 
 /// The rank's files, ready before its process starts.
 struct Prepared {
-    /// The placement's folder on this node (its ranks' logs beside their folders).
-    placement_dir: PathBuf,
     /// The rank's private folder (its user's alone): its spec, its resume point, its output. The rank
     /// reaches it, and its data and model, only through the files passed to it open.
     rank_dir: PathBuf,
@@ -149,16 +147,15 @@ impl Prepared {
 }
 
 /// Writes the rank's spec and fetches what it trains on (dataset, model, rank 0's resume checkpoint).
-async fn prepare(ctx: &Arc<AgentContext>, work: &Work, rank_dir: &Path) -> Result<Prepared> {
+async fn prepare(ctx: &Arc<AgentContext>, work: &Work, rank_dir: &Path, relay: &mut Relay) -> Result<Prepared> {
     let a = &work.assignment;
     let rank_dir = rank_dir.to_path_buf();
-    let placement_dir = rank_dir.parent().context("a rank folder has its placement's around it")?.to_path_buf();
     ctx.folders.make(&rank_dir, &ctx.sandbox)?;
     let spec = work.job_spec().context("the job's spec does not parse")?;
     check_idx_dataset(&spec.dataset, work.dataset_root.as_deref(), &ctx.idx_roots)?;
     tokio::fs::write(rank_dir.join("spec.json"), serde_json::to_vec_pretty(&work.spec)?).await?;
     let _ = tokio::fs::remove_file(rank_dir.join("stop")).await;
-    let dataset = dataset_file(ctx, work, &spec.dataset).await?;
+    let dataset = dataset_file(ctx, work, &spec.dataset, &mut |line| relay.stderr_line(line)).await?;
     let model = model_file(ctx, work).await?;
     let resume = match (&work.resume, a.rank) {
         (Some(checkpoint), 0) => Some(fetch_checkpoint(ctx, work, checkpoint, &rank_dir).await?),
@@ -168,7 +165,7 @@ async fn prepare(ctx: &Arc<AgentContext>, work: &Work, rank_dir: &Path) -> Resul
         true => Some(fetch_init(ctx, work, &rank_dir).await?),
         false => None,
     };
-    Ok(Prepared { placement_dir, rank_dir, spec, dataset, model, resume, init })
+    Ok(Prepared { rank_dir, spec, dataset, model, resume, init })
 }
 
 /// The rank's process, confined, with its command line, environment and pipes; and its cgroup, when the
@@ -280,7 +277,18 @@ async fn run_inner(
     mut stop: watch::Receiver<Option<StopRequest>>,
 ) -> Result<(AssignmentState, bool)> {
     let a = &work.assignment;
-    let prepared = prepare(ctx, work, rank_dir).await?;
+    // made before the rank's files, so that what preparing them says (a bucket's data set being copied)
+    // reaches the job's logs, and is sent before a failure to prepare is reported
+    let placement_dir = rank_dir.parent().context("a rank folder has its placement's around it")?;
+    let mut relay = Relay::new(ctx, work, rank_dir.join("out"), placement_dir.to_path_buf());
+    let prepared = match prepare(ctx, work, rank_dir, &mut relay).await {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            relay.stderr_line(format!("agent: rank {} could not start: {err:#}", a.rank));
+            relay.finish().await;
+            return Err(err);
+        }
+    };
     // held until the rank ends, so the placement's ranks that start after this one get the same segment
     let segment = match work.ranks_on_one_node && prepared.spec.device == DeviceKind::Cpu {
         true => Some(ctx.segments.of(a.job_id, a.attempt).context("cannot make the placement's shared memory")?),
@@ -300,7 +308,6 @@ async fn run_inner(
     // state.)
     let started = tokio::spawn(report_started(ctx.clone(), a.clone()));
 
-    let mut relay = Relay::new(ctx, work, prepared.out(), prepared.placement_dir.clone());
     if let Some(group) = &cgroup {
         relay.stderr_line(format!("agent: rank {} runs in a {group}", a.rank));
     }
