@@ -3,8 +3,8 @@
 //! with S3 PUTs. Through the API (`ringtrain up` with the store's endpoint and credentials in its
 //! environment), a team granted a prefix trains from it: the agent copies the shards into its cache (saying
 //! so in the job's logs) and the ranks read them there, their environment free of the credentials, to the
-//! very same result as the same shards read from a folder. A prefix not granted is refused (422), and a
-//! shard whose bytes are not its index's fails the job naming the shard.
+//! very same result as the same shards read from a folder. A prefix not granted, or one that holds no
+//! data set, is refused (422), and a shard whose bytes are not its index's fails the job naming the shard.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -168,6 +168,18 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
         .await;
     assert_eq!(status, 422, "{problem}");
     assert!(problem.to_string().contains("dataset") && problem.to_string().contains("inside"), "{problem}");
+
+    // the server reads buckets too (its environment has the credentials): a prefix without a data set is
+    // refused at submission, not when the job starts
+    let (status, problem) = api
+        .request(
+            reqwest::Method::POST,
+            "/v1/jobs",
+            Some(spec("missing", &format!("shards:s3://{BUCKET}/team-a/nothing"))),
+        )
+        .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(problem.to_string().contains("holds no index.json"), "{problem}");
 
     let broken = api.submit(&spec("a damaged shard", &format!("shards:s3://{BUCKET}/team-a/damaged"))).await;
     let failed = api.wait_state(&broken, "failed", Duration::from_secs(120)).await;

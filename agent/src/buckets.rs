@@ -17,9 +17,10 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use futures_util::StreamExt;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::AmazonS3;
 use object_store::path::Path as Key;
 use object_store::ObjectStore;
+use ringtrain_data::bucket::{self, object_key, IndexReadError};
 use ringtrain_data::index::DatasetIndex;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
@@ -40,18 +41,6 @@ impl Buckets {
         Buckets { endpoint: endpoint.filter(|e| !e.is_empty()), copying: Default::default() }
     }
 
-    /// A client of `bucket`, with the agent's credentials from its environment.
-    fn store(&self, bucket: &str) -> Result<AmazonS3> {
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
-            builder = builder.with_region("us-east-1");
-        }
-        if let Some(endpoint) = &self.endpoint {
-            builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
-        }
-        builder.build().with_context(|| format!("cannot make a client of bucket {bucket}"))
-    }
-
     /// The cached copy of the data set at `url` (`s3://BUCKET/PREFIX`), copied now unless the cache holds
     /// it; held for the rank until it ends. Its progress is said to `say` (the job's logs): a copy of
     /// ImageNet takes minutes, and a job that shows nothing meanwhile looks stuck.
@@ -62,20 +51,13 @@ impl Buckets {
         say: &mut (dyn FnMut(String) + Send),
     ) -> Result<CachedFile> {
         let (bucket, prefix) = ringtrain_core::dataset::parse_bucket_url(url).map_err(NotRunnable)?;
-        let store = self.store(bucket)?;
-        let index_bytes = match store.get(&object_key(prefix, "index.json")).await {
-            Ok(found) => found.bytes().await.with_context(|| format!("cannot read {url}/index.json"))?,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(
-                    NotRunnable(format!("{url} holds no index.json (pack it with ringtrain datasets pack)")).into()
-                )
-            }
-            Err(err) => return Err(err).with_context(|| format!("cannot read {url}/index.json")),
+        let store = bucket::client(bucket, self.endpoint.as_deref())
+            .with_context(|| format!("cannot make a client of bucket {bucket}"))?;
+        let (index, index_bytes) = match bucket::read_index(&store, url, prefix).await {
+            Ok(read) => read,
+            Err(IndexReadError::Invalid(why)) => return Err(NotRunnable(why).into()),
+            Err(err) => return Err(err.into()),
         };
-        let index = std::str::from_utf8(&index_bytes)
-            .map_err(|_| "not UTF-8".to_string())
-            .and_then(|text| DatasetIndex::from_json(text).map_err(|errors| join(&errors)))
-            .map_err(|why| NotRunnable(format!("{url}/index.json: {why}")))?;
         let total: u64 = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).sum();
         if let Some(max) = cache.max_bytes().filter(|max| total > *max) {
             return Err(NotRunnable(format!(
@@ -230,11 +212,6 @@ async fn copy_shard(store: &AmazonS3, url: &str, key: &Key, path: &Path, bytes: 
     readable(path).await
 }
 
-/// The key of `name` under `prefix` (none: the bucket's top).
-fn object_key(prefix: &str, name: &str) -> Key {
-    Key::from(if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") })
-}
-
 async fn write_readable(path: &Path, bytes: &[u8]) -> Result<()> {
     tokio::fs::write(path, bytes).await?;
     readable(path).await
@@ -247,8 +224,4 @@ async fn readable(path: &Path) -> Result<()> {
 
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
-}
-
-fn join(errors: &[ringtrain_data::index::IndexError]) -> String {
-    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }

@@ -49,6 +49,8 @@ pub struct ApiConfig {
     pub max_poll_wait: Duration,
     /// Folders under which `idx:` datasets may lie (none: `idx:` is refused).
     pub idx_roots: Vec<PathBuf>,
+    /// Whether (and how) the server reads a bucket data set's index when a job names it.
+    pub buckets: BucketReads,
     /// Requests at once, per-token rate, event streams per token and their lifetime.
     pub admission: AdmissionConfig,
     /// Iteration reports one job may store per second, over all its ranks; beyond it the server keeps an
@@ -72,6 +74,23 @@ pub struct ApiConfig {
     pub scheduling: ViewConfig,
 }
 
+/// How the server reads the index of a `shards:s3://` data set a submission names: through the store at
+/// `endpoint` (None: AWS's), when the server has credentials of its own (`read`). Without them only the
+/// agents read buckets, and a wrong prefix shows when the job starts rather than at submission.
+#[derive(Debug, Clone, Default)]
+pub struct BucketReads {
+    pub read: bool,
+    pub endpoint: Option<String>,
+}
+
+impl BucketReads {
+    /// Reads when this process's environment holds store credentials (`AWS_ACCESS_KEY_ID`).
+    pub fn from_environment(endpoint: Option<String>) -> BucketReads {
+        let read = std::env::var_os("AWS_ACCESS_KEY_ID").is_some_and(|key| !key.is_empty());
+        BucketReads { read, endpoint: endpoint.filter(|e| !e.is_empty()) }
+    }
+}
+
 impl ApiConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         ApiConfig {
@@ -87,6 +106,7 @@ impl ApiConfig {
             lease: timing::LEASE,
             max_poll_wait: timing::MAX_POLL_WAIT,
             idx_roots: Vec::new(),
+            buckets: BucketReads::default(),
             admission: AdmissionConfig::default(),
             metric_rows_per_second: 500.0,
             max_queued_per_team: 1_000,

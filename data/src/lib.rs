@@ -10,6 +10,8 @@
 //! - [`loader`]: a rank's batches, decoded ahead on a pool of threads, in the order the epoch asks for;
 //! - [`synthetic`]: seeded synthetic photographs as JPEGs, for the benchmark and the tests.
 
+#[cfg(feature = "bucket")]
+pub mod bucket;
 pub mod image;
 pub mod index;
 pub mod loader;

@@ -34,6 +34,11 @@ pub struct Args {
     /// Agents check the resolved path against their own --idx-root too.
     #[arg(long = "idx-root", env = "RINGTRAIN_IDX_ROOTS", value_delimiter = ',')]
     pub idx_roots: Vec<PathBuf>,
+    /// The endpoint of the S3-compatible store of `shards:s3://` data sets (default: AWS's). With store
+    /// credentials in this server's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), a submission's
+    /// bucket data set is checked (its index read and counted) at once; without, only the agents read it.
+    #[arg(long, env = "RINGTRAIN_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
     /// Serve HTTPS with this certificate chain (PEM), with --tls-key.
     #[arg(long, env = "RINGTRAIN_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -116,6 +121,7 @@ impl Server {
             tracing::warn!(%why, "model uploads are refused");
         }
         config.idx_roots = args.idx_roots.clone();
+        config.buckets = ringtrain_api::state::BucketReads::from_environment(args.s3_endpoint.clone());
         args.limits.apply(&mut config);
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

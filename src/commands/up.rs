@@ -67,6 +67,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         max_model_bytes: 256 << 20,
         bootstrap_token: Some(token.clone()),
         idx_roots: args.idx_roots.clone(),
+        s3_endpoint: args.s3_endpoint.clone(),
         tls_cert: None,
         tls_key: None,
         limits: args.limits.clone(),

@@ -58,12 +58,43 @@ pub async fn dataset_size(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
         },
         DatasetRef::Idx { path } | DatasetRef::Shards { path } => {
             let roots = data_roots(state, user.team_id).await?;
-            match ringtrain_core::dataset::check_idx_path(path, &roots) {
-                Ok(()) => Ok(None),
-                Err(reason) => Err(ApiError::validation(vec![FieldError::new("dataset", reason)])),
+            if let Err(reason) = ringtrain_core::dataset::check_idx_path(path, &roots) {
+                return Err(ApiError::validation(vec![FieldError::new("dataset", reason)]));
+            }
+            match spec.dataset.bucket_url() {
+                Some(url) => bucket_train_samples(state, url).await,
+                None => Ok(None),
             }
         }
         other => Ok(other.known_train_size()),
+    }
+}
+
+/// The training samples of a bucket's data set, read from its index when the server reads buckets
+/// ([`crate::state::BucketReads`]): an index missing or wrong is the submission's fault (422 at `dataset`);
+/// a store that cannot be reached from here is not (the agents read it again), so the size stays unknown.
+async fn bucket_train_samples(state: &AppState, url: &str) -> ApiResult<Option<u64>> {
+    use ringtrain_data::bucket::{self, IndexReadError};
+    let reads = &state.config.buckets;
+    if !reads.read {
+        return Ok(None);
+    }
+    let (bucket_name, prefix) = ringtrain_core::dataset::parse_bucket_url(url)
+        .map_err(|why| ApiError::validation(vec![FieldError::new("dataset", why)]))?;
+    let store = match bucket::client(bucket_name, reads.endpoint.as_deref()) {
+        Ok(store) => store,
+        Err(err) => {
+            tracing::warn!(%url, error = %err, "cannot make a bucket client: the data set is checked by the agents");
+            return Ok(None);
+        }
+    };
+    match bucket::read_index(&store, url, prefix).await {
+        Ok((index, _)) => Ok(Some(index.train.samples)),
+        Err(IndexReadError::Invalid(why)) => Err(ApiError::validation(vec![FieldError::new("dataset", why)])),
+        Err(err) => {
+            tracing::warn!(%url, error = %err, "cannot read the data set's index: the agents will");
+            Ok(None)
+        }
     }
 }
 
