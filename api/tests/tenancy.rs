@@ -346,12 +346,23 @@ async fn idx_paths_stay_inside_the_allowed_roots(app: TestApp) {
 async fn a_teams_data_roots_are_its_own(app: TestApp) {
     let (alpha, beta) = (app.team("alpha").await, app.team("beta").await);
     let grant = |roots: Value| json!({"data_roots": roots});
-    let refused =
-        app.patch(&format!("/v1/teams/{}", alpha.id), ADMIN, &grant(json!(["relative", "/", "/a/../b"]))).await;
-    assert_eq!(refused.problem(422), vec!["data_roots[0]", "data_roots[1]", "data_roots[2]"], "{}", refused.text);
+    let refused = app
+        .patch(
+            &format!("/v1/teams/{}", alpha.id),
+            ADMIN,
+            &grant(json!(["relative", "/", "/a/../b", "s3://Data/x", "s3://data//x"])),
+        )
+        .await;
+    assert_eq!(
+        refused.problem(422),
+        vec!["data_roots[0]", "data_roots[1]", "data_roots[2]", "data_roots[3]", "data_roots[4]"],
+        "{}",
+        refused.text
+    );
     app.patch(&format!("/v1/teams/{}", alpha.id), &alpha.admin, &grant(json!(["/shared/alpha"]))).await.problem(403);
-    let granted = app.patch(&format!("/v1/teams/{}", alpha.id), ADMIN, &grant(json!(["/shared/alpha"]))).await;
-    assert_eq!((granted.status.as_u16(), &granted.body["data_roots"]), (200, &json!(["/shared/alpha"])));
+    let roots = json!(["/shared/alpha", "s3://datasets/alpha"]);
+    let granted = app.patch(&format!("/v1/teams/{}", alpha.id), ADMIN, &grant(roots.clone())).await;
+    assert_eq!((granted.status.as_u16(), &granted.body["data_roots"]), (200, &roots));
     let mut job = spec("shards");
     job["dataset"] = json!("shards:/shared/alpha/imagenet");
     let id = app.submit(&alpha.member, &job).await;
@@ -372,6 +383,13 @@ async fn a_teams_data_roots_are_its_own(app: TestApp) {
     let work = poll.body["work"].as_array().unwrap();
     let mine = work.iter().find(|w| w["assignment"]["job_id"] == id.as_str()).expect("alpha's job placed here");
     assert_eq!(mine["dataset_root"], "/shared/alpha", "{}", poll.text);
+    // (submitted after the placement above, which they would crowd) a bucket prefix, compared part by part: alpha's, not beta's, and not a longer name beside it
+    let mut in_bucket = spec("bucket");
+    in_bucket["dataset"] = json!("shards:s3://datasets/alpha/imagenet");
+    assert_eq!(app.post("/v1/jobs", &alpha.member, &in_bucket).await.status, 201);
+    assert_eq!(app.post("/v1/jobs", &beta.member, &in_bucket).await.problem(422), vec!["dataset"]);
+    in_bucket["dataset"] = json!("shards:s3://datasets/alphabet/imagenet");
+    assert_eq!(app.post("/v1/jobs", &alpha.member, &in_bucket).await.problem(422), vec!["dataset"]);
 }
 
 /// An agent token belongs to the first node it registers: it cannot add other nodes to the pool.
