@@ -383,7 +383,8 @@ async fn a_teams_data_roots_are_its_own(app: TestApp) {
     let work = poll.body["work"].as_array().unwrap();
     let mine = work.iter().find(|w| w["assignment"]["job_id"] == id.as_str()).expect("alpha's job placed here");
     assert_eq!(mine["dataset_root"], "/shared/alpha", "{}", poll.text);
-    // (submitted after the placement above, which they would crowd) a bucket prefix, compared part by part: alpha's, not beta's, and not a longer name beside it
+    // a bucket prefix, compared part by part: alpha's, not beta's, and not a longer name beside it
+    // (submitted after the placement above, which these jobs would crowd)
     let mut in_bucket = spec("bucket");
     in_bucket["dataset"] = json!("shards:s3://datasets/alpha/imagenet");
     assert_eq!(app.post("/v1/jobs", &alpha.member, &in_bucket).await.status, 201);
