@@ -86,6 +86,7 @@ impl Buckets {
             say(format!("agent: {url} is in this node's cache"));
             return Ok(held);
         }
+        check_free_space(&cache.dir(SHARDS), url, total).await?;
         let shards = index.splits().map(|(_, split)| split.shards.len()).sum::<usize>();
         say(format!("agent: copying {url} into this node's cache: {shards} shards, {:.2} GiB", gib(total)));
         let started = std::time::Instant::now();
@@ -145,6 +146,27 @@ async fn copy(
 /// Shards copied at once: one S3 stream gets tens of MB/s, a node's link wants several (what `aws s3 cp`
 /// does by default: 10 requests at once).
 const COPY_STREAMS: usize = 8;
+
+/// Room left on the disk after a copy: the ranks' folders and checkpoints share it.
+const DISK_RESERVE: u64 = 2 << 30;
+
+/// Refuses a copy the disk under `folder` has no room for (with [`DISK_RESERVE`] left), before it starts
+/// rather than when the disk is full: another node may have the room, so the job is tried elsewhere.
+async fn check_free_space(folder: &Path, url: &str, bytes: u64) -> Result<()> {
+    tokio::fs::create_dir_all(folder).await?;
+    let Ok(stats) = rustix::fs::statvfs(folder) else { return Ok(()) };
+    let free = stats.f_bavail.saturating_mul(stats.f_frsize);
+    if free < bytes.saturating_add(DISK_RESERVE) {
+        anyhow::bail!(
+            "this node's disk has {:.1} GiB free under its work folder; {url} needs {:.1} GiB and {:.0} GiB are \
+             kept free",
+            gib(free),
+            gib(bytes),
+            gib(DISK_RESERVE)
+        );
+    }
+    Ok(())
+}
 
 /// How far a copy has got, said every [`SAY_EVERY`].
 struct Progress<'a> {
@@ -231,4 +253,18 @@ async fn readable(path: &Path) -> Result<()> {
 
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_free_space;
+
+    #[tokio::test]
+    async fn a_copy_the_disk_has_no_room_for_is_refused_before_it_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("shards");
+        check_free_space(&folder, "s3://datasets/small", 1 << 20).await.unwrap();
+        let refused = check_free_space(&folder, "s3://datasets/huge", 1 << 60).await.unwrap_err().to_string();
+        assert!(refused.contains("free under its work folder") && refused.contains("s3://datasets/huge"), "{refused}");
+    }
 }
