@@ -2,8 +2,10 @@
 //! Fashion-MNIST written as an image folder of JPEGs, packed by `ringtrain datasets pack`, streamed by the
 //! ranks. The same 4-worker job on 1, 2 and 4 processes takes the same samples in the same order (every
 //! iteration's loss equal within 1e-5 relative), a stop mid-epoch resumed on another number of processes
-//! continues it, and a damaged shard fails the job naming the shard. Through the API (`ringtrain up`), a
-//! job trains from shards inside an allowed root, its ranks confined, and a folder outside it is refused.
+//! continues it, and a damaged shard fails the job naming the shard. A rank's memory does not grow with
+//! its data set (synthetic photographs of ImageNet's size, 4× as many: the same peak). Through the API
+//! (`ringtrain up`), a job trains from shards inside an allowed root, its ranks confined, and a folder
+//! outside it is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -141,4 +143,69 @@ async fn a_job_trains_through_the_api_from_shards_inside_an_allowed_root() {
     let (status, problem) = api.request(reqwest::Method::POST, "/v1/jobs", Some(outside)).await;
     assert_eq!(status, 422, "{problem}");
     assert!(problem.to_string().contains("dataset") && problem.to_string().contains("inside"), "{problem}");
+}
+
+/// The most memory rank 0 held resident, over its iteration reports, training one epoch of LeNet-5 at 32×32
+/// on `per_class` × 4 synthetic photographs of ImageNet's size (about 110 KB each), packed; and the bytes of
+/// the training shards.
+fn peak_memory_training_on(dir: &Path, per_class: u32) -> (f64, u64) {
+    let photos = dir.join(format!("photos-{per_class}"));
+    ringtrain_data::synthetic::image_folder(&photos.join("train"), 4, per_class, 400, 350, 7).unwrap();
+    ringtrain_data::synthetic::image_folder(&photos.join("test"), 4, 8, 400, 350, 8).unwrap();
+    let shards = photos.join("shards");
+    let output = ringtrain()
+        .args(["datasets", "pack", "--shard-mib", "8", "--json", "--test"])
+        .arg(photos.join("test"))
+        .arg(photos.join("train"))
+        .arg(&shards)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();
+    let bytes = index["train"]["shards"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+    let spec = json!({
+        "model": {"name": "lenet5"}, "dataset": format!("shards:{}", shards.display()), "image_size": 32,
+        "workers": 1, "per_worker_batch": 16, "epochs": 1, "seed": 3, "log_every_iterations": 1,
+        "lr": {"base": 0.01, "reference_batch": 16, "warmup": {"kind": "none"}, "decay": {"kind": "none"}}
+    });
+    let spec_path = photos.join("spec.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let trained = train(&spec_path, 1, &[], &photos.join("out"));
+    assert!(trained.status.success(), "training failed:\n{}", String::from_utf8_lossy(&trained.stderr));
+    let peak = String::from_utf8_lossy(&trained.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Metric>(l).ok())
+        .filter_map(|m| match m {
+            Metric::Iteration { rank: 0, peak_rss_bytes, .. } => Some(peak_rss_bytes),
+            _ => None,
+        })
+        .fold(0.0, f64::max);
+    assert!(peak > 0.0, "rank 0 reported its memory");
+    (peak, bytes)
+}
+
+/// A rank's memory is bounded by its window, not by its data set: the same job on four times the images
+/// peaks within 40 MB of the smaller one, where holding the larger set's bytes would add about 100 MB.
+#[test]
+fn a_ranks_memory_does_not_grow_with_its_data_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let (small, small_bytes) = peak_memory_training_on(dir.path(), 75);
+    let (large, large_bytes) = peak_memory_training_on(dir.path(), 300);
+    let mib = |bytes: f64| bytes / f64::from(1 << 20);
+    assert!(large_bytes > 3 * small_bytes && large_bytes - small_bytes > 90 << 20, "{small_bytes} {large_bytes}");
+    assert!(
+        large - small < f64::from(40 << 20),
+        "peak {:.0} MiB training on {:.0} MiB of shards against {:.0} MiB on {:.0} MiB",
+        mib(large),
+        mib(large_bytes as f64),
+        mib(small),
+        mib(small_bytes as f64)
+    );
+    eprintln!(
+        "peak {:.0} MiB on {:.0} MiB of shards, {:.0} MiB on {:.0} MiB",
+        mib(small),
+        mib(small_bytes as f64),
+        mib(large),
+        mib(large_bytes as f64)
+    );
 }
