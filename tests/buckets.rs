@@ -84,11 +84,12 @@ async fn upload(store: &AmazonS3, folder: &Path, prefix: &str, replace: &[(Strin
     }
 }
 
+/// A built-in ResNet, 3 epochs of the 2,400 images on 2 workers (about 2 s an epoch here).
 fn spec(name: &str, dataset: &str) -> Value {
     json!({
-        "name": name, "model": {"name": "lenet5"}, "dataset": dataset, "image_size": 28, "workers": 2,
-        "per_worker_batch": 32, "epochs": 1, "seed": 5,
-        "lr": {"base": 0.05, "reference_batch": 64, "warmup": {"kind": "none"}, "decay": {"kind": "none"}}
+        "name": name, "model": {"name": "resnet8"}, "dataset": dataset, "image_size": 28, "workers": 2,
+        "per_worker_batch": 32, "epochs": 3, "seed": 5,
+        "lr": {"base": 0.1, "reference_batch": 64, "warmup": {"kind": "gradual", "epochs": 1}, "decay": {"kind": "none"}}
     })
 }
 
@@ -156,8 +157,9 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     let from_path = api.submit(&spec("from the folder", &format!("shards:{}", shards.display()))).await;
     let same = api.wait_state(&from_path, "succeeded", Duration::from_secs(300)).await;
     let (a, b) = (&job["result"]["final_test_error"], &same["result"]["final_test_error"]);
-    assert!(a.as_f64().unwrap() < 0.6, "it learned from the bucket: {job}");
+    assert!(a.as_f64().unwrap() < 0.75, "it learned from the bucket (chance: 0.9): {job}");
     assert_eq!(a, b, "the same shards from a bucket and from a folder train to the same result");
+    eprintln!("ResNet-8, 3 epochs: final test error {a} from the bucket, {b} from the folder");
     let cache = cluster.dir.join("data/agent/shards");
     let copies: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(copies.len(), 1, "one copy in the node's cache, whole: {copies:?}");
