@@ -110,6 +110,9 @@ impl JobSpec {
             (Some(_), _) => p.check(false, "image_size", || "only applies to shards: data sets".into()),
             (None, _) => {}
         }
+        if self.augment.is_some() && !matches!(self.dataset, crate::DatasetRef::Shards { .. }) {
+            p.check(false, "augment", || "only applies to shards: data sets".into());
+        }
         if self.model.init.is_some() && !self.model.takes_init() {
             p.check(false, "model.init", || {
                 format!(

@@ -200,6 +200,12 @@ fn non_finite_and_contradictory_values_are_rejected() {
         paths(r#"{"model": {"name": "lenet5", "hidden": [3]}, "dataset": "fashion-mnist"}"#),
         vec!["model.hidden"]
     );
+    assert_eq!(
+        paths(r#"{"model": {"name": "lenet5"}, "dataset": "fashion-mnist", "augment": "none", "image_size": 28}"#),
+        vec!["image_size", "augment"]
+    );
+    let spec = r#"{"model": {"name": "lenet5"}, "dataset": "shards:/data/x", "augment": "none"}"#;
+    assert_eq!(JobSpec::from_json(spec).unwrap().augment, Some(ringtrain_core::spec::Augment::None));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use fast_image_resize::Resizer;
 use ringtrain_core::random::SplitMix64;
 
-use crate::image::{centre_crop, crop_into, decode_for, random_resized_crop, size};
+use crate::image::{centre_crop, crop_into, decode_for, random_resized_crop, size, whole};
 use crate::index::SplitIndex;
 use crate::order::{augmentation_seed, locate};
 use crate::shard::{ShardError, ShardMap};
@@ -98,11 +98,23 @@ impl SplitReader {
 pub struct Transform {
     /// Output side, in pixels (224 for ImageNet's ResNets).
     pub size: u32,
-    /// Random-resized crop and flip (training) or the centre crop (evaluation).
-    pub train: bool,
+    /// What of each image is kept.
+    pub crop: CropMode,
     /// The run's seed and the epoch: with the sample, they key its augmentation.
     pub seed: u64,
     pub epoch: u64,
+}
+
+/// What of an image a batch keeps, resized to its square.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CropMode {
+    /// Goyal's training augmentation: a random-resized crop and a flip, keyed by seed, epoch and sample.
+    RandomResized,
+    /// The evaluation crop (ImageNet's): the shorter side resized to size·256/224, the centre kept.
+    Centre,
+    /// The whole image, for training and evaluation alike (`augment: none`): an image of the output's
+    /// size is used as it is.
+    Whole,
 }
 
 /// One batch: `labels.len()` images of 3×size×size bytes, channel-major, in the order asked.
@@ -129,11 +141,13 @@ pub fn load_sample(
         format!("shard {} sample {member} (sample {id} of the split): {reason}", info.name)
     };
     let (width, height) = size(&bytes, format).map_err(name)?;
-    let crop = if transform.train {
-        let mut rng = SplitMix64::new(augmentation_seed(transform.seed, transform.epoch, id));
-        random_resized_crop(width, height, &mut rng)
-    } else {
-        centre_crop(width, height, transform.size)
+    let crop = match transform.crop {
+        CropMode::RandomResized => {
+            let mut rng = SplitMix64::new(augmentation_seed(transform.seed, transform.epoch, id));
+            random_resized_crop(width, height, &mut rng)
+        }
+        CropMode::Centre => centre_crop(width, height, transform.size),
+        CropMode::Whole => whole(width, height),
     };
     let (pixels, within) = decode_for(&bytes, format, crop, transform.size).map_err(name)?;
     crop_into(&pixels, within, transform.size, resizer, scratch, out).map_err(name)?;

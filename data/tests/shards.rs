@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ringtrain_data::index::DatasetIndex;
-use ringtrain_data::loader::{Batch, Batches, SplitReader, Transform};
+use ringtrain_data::loader::{Batch, Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::order::EpochOrder;
 use ringtrain_data::pack::{pack, PackOptions};
 
@@ -47,7 +47,7 @@ fn reader(out: &Path, index: &DatasetIndex) -> Arc<SplitReader> {
 fn epoch(p: &Packed, threads: usize, n: usize) -> Vec<Batch> {
     let order = EpochOrder::new(&p.index.train.shard_samples(), 2, 5, 1);
     let plan: Vec<Vec<u64>> = order.samples().chunks(n).map(|c| c.iter().map(|&s| s as u64).collect()).collect();
-    let transform = Transform { size: 32, train: true, seed: 5, epoch: 1 };
+    let transform = Transform { size: 32, crop: CropMode::RandomResized, seed: 5, epoch: 1 };
     let mut batches = Batches::start(reader(&p.out, &p.index), plan, transform, threads, 2);
     std::iter::from_fn(|| batches.next_batch()).map(Result::unwrap).collect()
 }
@@ -72,7 +72,7 @@ fn a_damaged_shard_fails_the_loader_naming_the_shard_and_where() {
     let path = p.out.join(&shard.name);
     let whole = std::fs::read(&path).unwrap();
     let plan: Vec<Vec<u64>> = (0..p.index.train.samples).map(|s| vec![s]).collect();
-    let transform = Transform { size: 16, train: false, seed: 1, epoch: 0 };
+    let transform = Transform { size: 16, crop: CropMode::Centre, seed: 1, epoch: 0 };
     let first_error = |plan: Vec<Vec<u64>>| {
         let mut batches = Batches::start(reader(&p.out, &p.index), plan, transform, 2, 2);
         std::iter::from_fn(|| batches.next_batch()).find_map(Result::err).expect("an error")
@@ -101,7 +101,7 @@ fn a_damaged_shard_fails_the_loader_naming_the_shard_and_where() {
 fn an_empty_batch_in_the_plan_comes_back_empty_and_the_rest_in_order() {
     let p = packed();
     let plan = vec![vec![0, 1], vec![], vec![2]];
-    let transform = Transform { size: 8, train: false, seed: 0, epoch: 0 };
+    let transform = Transform { size: 8, crop: CropMode::Centre, seed: 0, epoch: 0 };
     let mut batches = Batches::start(reader(&p.out, &p.index), plan, transform, 2, 1);
     let sizes: Vec<usize> = std::iter::from_fn(|| batches.next_batch()).map(|b| b.unwrap().labels.len()).collect();
     assert_eq!(sizes, [2, 0, 1]);

@@ -240,6 +240,7 @@ impl<'c> Trainer<'c> {
             image_size: spec.image_size.unwrap_or(DEFAULT_IMAGE_SIZE),
             threads: options.loader_threads,
             seed: spec.seed,
+            augment: spec.augment.unwrap_or_default() == ringtrain_core::spec::Augment::Goyal,
             train_samples: spec.train_samples,
             test_samples: spec.test_samples,
         };

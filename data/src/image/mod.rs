@@ -167,6 +167,11 @@ pub fn random_resized_crop(width: u32, height: u32, rng: &mut SplitMix64) -> Cro
     Crop { left, top, width: w, height: h, flip: rng.unit() < 0.5 }
 }
 
+/// The whole image, unflipped (resized to the output's square: an image of that size is left as it is).
+pub fn whole(width: u32, height: u32) -> Crop {
+    Crop { left: 0.0, top: 0.0, width: f64::from(width), height: f64::from(height), flip: false }
+}
+
 /// The evaluation crop: the shorter side resized to `size`·256/224, the centre `size`×`size` kept.
 pub fn centre_crop(width: u32, height: u32, size: u32) -> Crop {
     let resized_short = (f64::from(size) * 256.0 / 224.0).round();

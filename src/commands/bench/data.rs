@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use ringtrain_data::index::DatasetIndex;
-use ringtrain_data::loader::{Batches, SplitReader, Transform};
+use ringtrain_data::loader::{Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::order::{EpochOrder, WINDOW_SHARDS};
 use serde_json::{json, Value};
 
@@ -184,7 +184,7 @@ fn write_decoded(shards: &Path, index: &DatasetIndex, samples: usize, size: u32,
         2 * WINDOW_SHARDS,
     ));
     let plan = vec![(0..samples as u64).collect()];
-    let transform = Transform { size, train: false, seed: 0, epoch: 0 };
+    let transform = Transform { size, crop: CropMode::Centre, seed: 0, epoch: 0 };
     let mut batches = Batches::start(reader, plan, transform, 2, 1);
     let batch = batches.next_batch().context("no batch")?.map_err(anyhow::Error::msg)?;
     let side = i64::from(size);
@@ -252,7 +252,7 @@ fn ringtrain_rate(args: &DataArgs, shards: &Path, index: &DatasetIndex, threads:
         index.classes.len() as u32,
         2 * WINDOW_SHARDS,
     ));
-    let transform = Transform { size: args.size, train: true, seed: 1, epoch: 0 };
+    let transform = Transform { size: args.size, crop: CropMode::RandomResized, seed: 1, epoch: 0 };
     let mut batches = Batches::start(reader, plan, transform, threads, 4);
     let mut started = Instant::now();
     for i in 0..args.batches + 2 {

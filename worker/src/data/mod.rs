@@ -252,14 +252,7 @@ impl Dataset {
 
     /// Opens a sharded data set (streamed: see [`sharded`]).
     pub fn load_shards(folder: &Path, options: &ShardOptions) -> Result<Dataset> {
-        let shards = sharded::Sharded::open(
-            folder,
-            options.image_size,
-            options.threads,
-            options.seed,
-            options.train_samples,
-            options.test_samples,
-        )?;
+        let shards = sharded::Sharded::open(folder, options)?;
         let labels = Labels::Classes(shards.classes());
         let normalizer = Some(shards.normalizer());
         Ok(Dataset { samples: Samples::Sharded(Box::new(shards)), labels, normalizer })
@@ -407,7 +400,7 @@ impl Dataset {
 }
 
 /// How a sharded data set is read (see [`sharded`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct ShardOptions {
     /// The side images are cropped and resized to.
     pub image_size: u32,
@@ -415,13 +408,15 @@ pub struct ShardOptions {
     pub threads: usize,
     /// The run's seed: with the epoch, it orders the samples and keys their augmentation.
     pub seed: u64,
+    /// Training images get Goyal's random-resized crop and flip (else the test images' centre crop).
+    pub augment: bool,
     pub train_samples: Option<u64>,
     pub test_samples: Option<u64>,
 }
 
 impl Default for ShardOptions {
     fn default() -> Self {
-        ShardOptions { image_size: 224, threads: 1, seed: 0, train_samples: None, test_samples: None }
+        ShardOptions { image_size: 224, threads: 1, seed: 0, augment: true, train_samples: None, test_samples: None }
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context, Result};
 use ringtrain_data::index::{DatasetIndex, SplitIndex};
-use ringtrain_data::loader::{Batch, Batches, SplitReader, Transform};
+use ringtrain_data::loader::{Batch, Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::order::{EpochOrder, WINDOW_SHARDS};
 use tch::{Kind, Tensor};
 
@@ -35,6 +35,9 @@ pub struct Sharded {
     /// Decoding threads.
     threads: usize,
     seed: u64,
+    /// Goyal's random-resized crop and flip for training and the centre crop for tests; else the whole
+    /// image for both.
+    augment: bool,
     /// This epoch's batches, in the order the trainer asks for them, and the loader making them.
     epoch: Option<(u64, Vec<Vec<i64>>, usize, Batches)>,
 }
@@ -42,14 +45,8 @@ pub struct Sharded {
 impl Sharded {
     /// Opens the data set in `folder` (its `index.json`, checked), keeping the first `train_samples` /
     /// `test_samples` samples when given.
-    pub fn open(
-        folder: &Path,
-        size: u32,
-        threads: usize,
-        seed: u64,
-        train_samples: Option<u64>,
-        test_samples: Option<u64>,
-    ) -> Result<Sharded> {
+    pub fn open(folder: &Path, options: &super::ShardOptions) -> Result<Sharded> {
+        let super::ShardOptions { image_size: size, threads, seed, augment, train_samples, test_samples } = *options;
         let path = folder.join("index.json");
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let index = DatasetIndex::from_json(&text).map_err(|problems| {
@@ -75,6 +72,7 @@ impl Sharded {
             size,
             threads: threads.max(1),
             seed,
+            augment,
             epoch: None,
         })
     }
@@ -114,7 +112,8 @@ impl Sharded {
     /// Starts decoding `plan`, the epoch's batches in the order the trainer will ask for them.
     pub fn begin_epoch(&mut self, epoch: u64, plan: Vec<Vec<i64>>) {
         let ids = plan.iter().map(|b| b.iter().map(|&s| s as u64).collect()).collect();
-        let transform = Transform { size: self.size, train: true, seed: self.seed, epoch };
+        let crop = if self.augment { CropMode::RandomResized } else { CropMode::Whole };
+        let transform = Transform { size: self.size, crop, seed: self.seed, epoch };
         let batches = Batches::start(self.train.clone(), ids, transform, self.threads, AHEAD);
         self.epoch = Some((epoch, plan, 0, batches));
     }
@@ -136,7 +135,8 @@ impl Sharded {
     /// Test samples `start..start + len`, centre-cropped, decoded on the loader's threads.
     pub fn test_batch(&self, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
         let ids = vec![(start as u64..(start + len) as u64).collect()];
-        let transform = Transform { size: self.size, train: false, seed: self.seed, epoch: 0 };
+        let crop = if self.augment { CropMode::Centre } else { CropMode::Whole };
+        let transform = Transform { size: self.size, crop, seed: self.seed, epoch: 0 };
         let mut batches = Batches::start(self.test.clone(), ids, transform, self.threads, 1);
         let batch = batches.next_batch().context("no test batch")?.map_err(anyhow::Error::msg)?;
         Ok(tensors(batch))
