@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 
 use ringtrain_worker::metrics::Metric;
 use serde_json::{json, Value};
-use support::shards::{open_to_ranks, packed, ringtrain};
+use support::shards::{open_to_ranks, pack, packed, ringtrain};
 
 mod support;
 
@@ -153,14 +153,7 @@ fn peak_memory_training_on(dir: &Path, per_class: u32) -> (f64, u64) {
     ringtrain_data::synthetic::image_folder(&photos.join("train"), 4, per_class, 400, 350, 7).unwrap();
     ringtrain_data::synthetic::image_folder(&photos.join("test"), 4, 8, 400, 350, 8).unwrap();
     let shards = photos.join("shards");
-    let output = ringtrain()
-        .args(["datasets", "pack", "--shard-mib", "8", "--json", "--test"])
-        .arg(photos.join("test"))
-        .arg(photos.join("train"))
-        .arg(&shards)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    pack(&photos, &shards, 8);
     let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();
     let bytes = index["train"]["shards"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
     let spec = json!({

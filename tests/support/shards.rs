@@ -38,6 +38,20 @@ pub fn ringtrain() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ringtrain"))
 }
 
+/// `ringtrain datasets pack` of the image folders `dir/train` and `dir/test` into `shards`, in shards of
+/// about `shard_mib` MiB: its JSON report.
+pub fn pack(dir: &Path, shards: &Path, shard_mib: u32) -> Value {
+    let output = ringtrain()
+        .args(["datasets", "pack", "--shard-mib", &shard_mib.to_string(), "--json", "--test"])
+        .arg(dir.join("test"))
+        .arg(dir.join("train"))
+        .arg(shards)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// Fashion-MNIST's first 2,400 training and 400 test images, packed into shards of ~40 KB.
 pub fn packed(dir: &Path) -> PathBuf {
     let (train, train_labels) = fashion_mnist("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
@@ -45,15 +59,7 @@ pub fn packed(dir: &Path) -> PathBuf {
     image_folder(&dir.join("train"), &train, &train_labels, 2400);
     image_folder(&dir.join("test"), &test, &test_labels, 400);
     let shards = dir.join("shards");
-    let output = ringtrain()
-        .args(["datasets", "pack", "--shard-mib", "1", "--json", "--test"])
-        .arg(dir.join("test"))
-        .arg(dir.join("train"))
-        .arg(&shards)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report = pack(dir, &shards, 1);
     assert_eq!((report["train_samples"].as_u64(), report["test_samples"].as_u64()), (Some(2400), Some(400)));
     assert!(report["train_shards"].as_u64().unwrap() >= 3, "{report}");
     shards
