@@ -7,68 +7,17 @@
 //! data set, is refused (422), and a shard whose bytes are not its index's fails the job naming the shard.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::AmazonS3;
 use object_store::{ObjectStore, PutPayload};
 use serde_json::{json, Value};
+use support::s3::{S3Server, SECRET_KEY};
 use support::shards::{open_to_ranks, packed};
 
 mod support;
 
-const ACCESS_KEY: &str = "ringtrain-test";
-const SECRET_KEY: &str = "s3cr3t-for-the-agent-only";
 const BUCKET: &str = "datasets";
-
-/// An s3s-fs server on a free port, storing under `root`; killed when dropped.
-struct S3Server {
-    child: Child,
-    endpoint: String,
-}
-
-impl S3Server {
-    fn start(root: &Path) -> S3Server {
-        let binary = std::env::var("RINGTRAIN_S3S_FS").unwrap_or_else(|_| "s3s-fs".into());
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        std::fs::create_dir_all(root.join(BUCKET)).unwrap();
-        let child = Command::new(&binary)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
-            .args(["--secret-key", SECRET_KEY])
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start the S3 server {binary:?}: {e} (scripts/test.sh installs s3s-fs and sets RINGTRAIN_S3S_FS)")
-            });
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "the S3 server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        S3Server { child, endpoint: format!("http://127.0.0.1:{port}") }
-    }
-
-    fn client(&self) -> AmazonS3 {
-        AmazonS3Builder::new()
-            .with_endpoint(&self.endpoint)
-            .with_allow_http(true)
-            .with_region("us-east-1")
-            .with_bucket_name(BUCKET)
-            .with_access_key_id(ACCESS_KEY)
-            .with_secret_access_key(SECRET_KEY)
-            .build()
-            .unwrap()
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Every file of `folder` PUT under `prefix`, except those `replace` gives other bytes for.
 async fn upload(store: &AmazonS3, folder: &Path, prefix: &str, replace: &[(String, Vec<u8>)]) {
@@ -116,8 +65,8 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     let dir = tempfile::tempdir().unwrap();
     let shards = packed(dir.path());
     open_to_ranks(dir.path());
-    let server = S3Server::start(&dir.path().join("s3"));
-    let store = server.client();
+    let server = S3Server::start(&dir.path().join("s3"), BUCKET);
+    let store = server.client(BUCKET);
     upload(&store, &shards, "team-a/fashion", &[]).await;
     let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();
     let damaged = index["train"]["shards"][1]["name"].as_str().unwrap().to_string();
@@ -128,9 +77,7 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
 
     // the store's endpoint and credentials are the agent's (nextest runs each test in a process of its own);
     // the folder is the server's --idx-root, for the same shards read from a path
-    std::env::set_var("RINGTRAIN_S3_ENDPOINT", &server.endpoint);
-    std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+    server.export_to_environment();
     std::env::set_var("RINGTRAIN_IDX_ROOTS", dir.path());
     let cluster = support::Cluster::up("buckets", 2).await;
     let api = cluster.team("vision", 2).await;

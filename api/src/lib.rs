@@ -5,6 +5,7 @@ pub mod access;
 pub mod admission;
 pub mod auth;
 pub mod bench;
+pub mod blobs;
 pub mod bootstrap;
 pub mod changes;
 pub mod dispatch;

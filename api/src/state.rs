@@ -11,6 +11,7 @@ use ringtrain_store::{Notice, Store};
 use crate::admission::log_budget::LogBudgets;
 use crate::admission::metric_budget::MetricBudgets;
 use crate::admission::requests::{Admission, AdmissionConfig};
+use crate::blobs::{Blobs, ServerBucket};
 use crate::changes::{Announcements, Changes};
 use crate::largest_memory::LargestMemory;
 use crate::model_check::{CheckSlots, ModelChecker};
@@ -22,8 +23,10 @@ use crate::token_cache::TokenCache;
 /// Limits and locations of the API.
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
-    /// Uploaded datasets are written under `data_dir/datasets`.
+    /// The server's own folder: its uploads and checkpoints unless `store_bucket` is set, and scratch space.
     pub data_dir: PathBuf,
+    /// The bucket the server keeps uploads and checkpoints in (`serve --store`; None: `data_dir`).
+    pub store_bucket: Option<ServerBucket>,
     /// The largest JSON body any route accepts.
     pub max_body_bytes: usize,
     /// The largest dataset upload.
@@ -92,9 +95,15 @@ impl BucketReads {
 }
 
 impl ApiConfig {
+    /// Where the server keeps the bytes teams store (see [`crate::blobs`]).
+    pub fn blobs(&self) -> Blobs<'_> {
+        Blobs::new(&self.data_dir, self.store_bucket.as_ref())
+    }
+
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         ApiConfig {
             data_dir: data_dir.into(),
+            store_bucket: None,
             max_body_bytes: 1 << 20,
             max_dataset_bytes: 512 << 20,
             max_model_bytes: 256 << 20,

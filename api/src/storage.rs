@@ -1,5 +1,6 @@
-//! What a team keeps on the server's disk: its datasets and its jobs' checkpoints, under one byte quota per
-//! team (the team's own, or the server's default), and never past the disk's free space less a reserve.
+//! What a team keeps in the server's store (its folder or its bucket: `crate::blobs`): its datasets and its
+//! jobs' checkpoints, under one byte quota per team (the team's own, or the server's default), and never
+//! past the free space of the disk uploads arrive on, less a reserve.
 //! Checkpoints other than a job's final weights are kept to the newest few per job (retention), so a long
 //! job does not grow its team's usage without bound.
 
@@ -10,7 +11,6 @@ use ringtrain_core::{CheckpointId, JobId, TeamId};
 use ringtrain_store::Checkpoint;
 
 use crate::error::{ApiError, ApiResult};
-use crate::files;
 use crate::state::AppState;
 
 /// The team's quota in bytes: its own, else the server's default.
@@ -80,20 +80,13 @@ fn free_bytes(dir: &std::path::Path) -> Option<u64> {
 /// files. Best effort: a file that cannot be removed is logged, its row is gone either way.
 pub async fn apply_retention(state: &AppState, job: JobId) -> ApiResult<Vec<Checkpoint>> {
     let pruned = state.store.prune_checkpoints(job, state.config.keep_checkpoints).await?;
-    let folder = state.config.data_dir.join("checkpoints").join(job.to_string());
-    remove_files(&folder, pruned.iter().map(|c| c.path.as_str())).await;
+    state.config.blobs().remove(&checkpoint_area(job), pruned.iter().map(|c| c.path.as_str())).await;
     Ok(pruned)
 }
 
-/// Removes files the store has forgotten, only from under `root` (the server wrote every stored path
-/// there; one that leads elsewhere is left alone, like one that is already gone).
-pub async fn remove_files(root: &std::path::Path, paths: impl Iterator<Item = &str>) {
-    for path in paths {
-        let Ok(path) = crate::files::under(root, std::path::Path::new(path)).await else { continue };
-        if let Err(err) = tokio::fs::remove_file(&path).await {
-            tracing::warn!(path = %path.display(), error = %err, "cannot remove a forgotten file");
-        }
-    }
+/// Where a job's checkpoints (and a fork's pinned start) are kept in the server's store.
+pub fn checkpoint_area(job: JobId) -> String {
+    format!("checkpoints/{job}")
 }
 
 /// The job's checkpoint `checkpoint`, or 404.
@@ -105,8 +98,7 @@ pub async fn find_checkpoint(state: &AppState, job: JobId, checkpoint: Checkpoin
         .ok_or_else(|| ApiError::not_found(format!("no checkpoint {checkpoint} of job {job}")))
 }
 
-/// A checkpoint's archive, served only from the server's own folder of that job's checkpoints.
+/// A checkpoint's archive, served only from the server's own place for that job's checkpoints.
 pub async fn checkpoint_file(state: &AppState, checkpoint: &Checkpoint) -> ApiResult<Response> {
-    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
-    files::file_response(&files::under(&folder, std::path::Path::new(&checkpoint.path)).await?).await
+    state.config.blobs().response(&checkpoint_area(checkpoint.job_id), &checkpoint.path, 0, None).await
 }

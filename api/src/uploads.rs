@@ -1,6 +1,6 @@
 //! What every user upload (datasets, models) does before its contents are checked: the request's form
 //! (octet-stream, a name), room under the team's quota and on the disk, the body streamed to a partial file
-//! under a size limit; and, once checked, the file renamed into place. Also the rule both kinds share on
+//! under a size limit; and, once checked, the file kept in the server's store (`crate::blobs`). Also the rule both kinds share on
 //! delete: nothing a queued or running job of the team uses may go.
 
 use std::path::PathBuf;
@@ -36,15 +36,16 @@ pub struct Received {
     pub partial_path: PathBuf,
     partial: PartialFile,
     pub written: Written,
-    final_path: PathBuf,
+    kind: UploadKind,
 }
 
 impl Received {
-    /// Renames the checked upload into place; returns where it now lies.
-    pub async fn keep(self) -> ApiResult<PathBuf> {
-        tokio::fs::rename(&self.partial_path, &self.final_path).await.map_err(ApiError::internal)?;
+    /// Keeps the checked upload in the server's store; returns its stored location.
+    pub async fn keep(self, state: &AppState) -> ApiResult<String> {
+        let name = format!("{}.{}", self.id, self.kind.extension);
+        let kept = state.config.blobs().keep(&self.partial_path, self.kind.folder, &name).await?;
         self.partial.keep();
-        Ok(self.final_path)
+        Ok(kept)
     }
 }
 
@@ -76,27 +77,27 @@ pub async fn receive(
 ) -> ApiResult<Received> {
     let declared = files::check_declared_length(headers, limit, kind.folder)?;
     storage::check_room(state, team, declared, kind.what).await?;
-    let dir = state.config.data_dir.join(kind.folder);
-    tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
     let id = Uuid::new_v4();
-    let partial_path = dir.join(format!("{id}.{}.part", kind.extension));
+    let partial_path = state.config.blobs().partial(kind.folder, &format!("{id}.{}", kind.extension)).await?;
     let partial = PartialFile::new(partial_path.clone());
     // Streamed to disk: the limit is enforced as bytes arrive, never by buffering the whole body.
     let written = files::stream_to_file(body, &partial_path, limit, kind.folder).await?;
     storage::check_quota(state, team, written.bytes, kind.what).await?;
-    let final_path = dir.join(format!("{id}.{}", kind.extension));
-    Ok(Received { id, partial_path, partial, written, final_path })
+    Ok(Received { id, partial_path, partial, written, kind })
 }
 
-/// Awaits the store's record of a kept upload (201 with it); when storing fails, the file goes too.
+/// Awaits the store's record of an upload kept at `location` (201 with it); when storing fails, the bytes
+/// go too.
 pub async fn record<T>(
-    final_path: &std::path::Path,
+    state: &AppState,
+    kind: UploadKind,
+    location: &str,
     stored: impl std::future::Future<Output = ringtrain_store::StoreResult<T>>,
 ) -> ApiResult<(StatusCode, axum::Json<T>)> {
     match stored.await {
         Ok(record) => Ok((StatusCode::CREATED, axum::Json(record))),
         Err(err) => {
-            let _ = tokio::fs::remove_file(final_path).await;
+            state.config.blobs().remove(kind.folder, std::iter::once(location)).await;
             Err(err.into())
         }
     }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::future::IntoFuture;
 
 use anyhow::Context;
+use ringtrain_api::blobs::ServerBucket;
 use ringtrain_api::{app, ApiConfig, AppState, ModelChecker};
 use ringtrain_scheduler::LoopConfig;
 
@@ -39,6 +40,12 @@ pub struct Args {
     /// bucket data set is checked (its index read and counted) at once; without, only the agents read it.
     #[arg(long, env = "RINGTRAIN_S3_ENDPOINT")]
     pub s3_endpoint: Option<String>,
+    /// Keep uploaded datasets and models and jobs' checkpoints in this S3-compatible bucket
+    /// (`s3://BUCKET/PREFIX`, through --s3-endpoint, credentials from this server's environment) instead
+    /// of under --data-dir: server replicas on one Postgres database then share no disk. The data folder
+    /// still receives uploads before they are kept (scratch space).
+    #[arg(long, env = "RINGTRAIN_STORE")]
+    pub store: Option<String>,
     /// Serve HTTPS with this certificate chain (PEM), with --tls-key.
     #[arg(long, env = "RINGTRAIN_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -122,6 +129,14 @@ impl Server {
         }
         config.idx_roots = args.idx_roots.clone();
         config.buckets = ringtrain_api::state::BucketReads::from_environment(args.s3_endpoint.clone());
+        if let Some(url) = args.store.as_deref().filter(|url| !url.is_empty()) {
+            let bucket = ServerBucket::new(url, args.s3_endpoint.as_deref())
+                .map_err(anyhow::Error::msg)
+                .context("--store: the server's bucket")?;
+            bucket.check().await.map_err(anyhow::Error::msg)?;
+            tracing::info!(store = %bucket.url(), "uploads and checkpoints are kept in the bucket");
+            config.store_bucket = Some(bucket);
+        }
         args.limits.apply(&mut config);
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

@@ -68,6 +68,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
         bootstrap_token: Some(token.clone()),
         idx_roots: args.idx_roots.clone(),
         s3_endpoint: args.s3_endpoint.clone(),
+        // `up` is one machine: its own folder
+        store: None,
         tls_cert: None,
         tls_key: None,
         limits: args.limits.clone(),

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod hosts;
+pub mod s3;
 pub mod shards;
 pub mod webdriver;
 
@@ -257,6 +258,16 @@ impl Cluster {
         self.server = server;
     }
 
+    /// Another `serve` on the cluster's database with a data folder of its own under `name` (a replica that
+    /// shares no disk with the first), and its URL; the replica stops when the process is dropped.
+    pub fn start_replica(&self, name: &str) -> (Process, String) {
+        let (_, database_url) = self.server_command.clone().expect("a `serve` cluster");
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let command = serve_command(ringtrain(), "127.0.0.1:0", &database_url, &dir, self.tls.as_ref());
+        start_until(command, "listening on ")
+    }
+
     pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
         let token_file = self.dir.join(format!("{name}.token"));
         std::fs::write(&token_file, token).expect("write the agent token file");
@@ -318,6 +329,11 @@ impl Api {
                 builder.add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap());
         }
         Api { http: builder.build().unwrap(), base: base.to_string(), token: token.to_string() }
+    }
+
+    /// The same client (its token, its trust) of the server at `base`: another replica.
+    pub fn at(&self, base: &str) -> Api {
+        Api { http: self.http.clone(), base: base.to_string(), token: self.token.clone() }
     }
 
     pub async fn request(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {

@@ -18,7 +18,6 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::state::AppState;
-use crate::storage;
 use crate::uploads::{self, UploadKind};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -191,12 +190,12 @@ pub async fn upload_dataset(
     let received = uploads::receive(&state, user.team_id, &headers, body, limit, DATASETS).await?;
     let contents = check_file(&received.partial_path).await?;
     let (id, written) = (received.id, received.written.clone());
-    let final_path = received.keep().await?;
+    let location = received.keep(&state).await?;
     let stored = state.store.add_dataset(NewDataset {
         id: DatasetId(id),
         team_id: user.team_id,
         name: params.name,
-        path: final_path.to_string_lossy().into_owned(),
+        path: location.clone(),
         size_bytes: written.bytes as i64,
         sha256: written.sha256,
         train_samples: contents.samples,
@@ -205,7 +204,7 @@ pub async fn upload_dataset(
         inputs: contents.inputs,
         labels: contents.labels,
     });
-    uploads::record(&final_path, stored).await
+    uploads::record(&state, DATASETS, &location, stored).await
 }
 
 const DATASETS: UploadKind =
@@ -255,6 +254,6 @@ pub async fn delete_dataset(
     let wanted = DatasetRef::Uploaded(id);
     uploads::refuse_if_in_use(&state, user.team_id, &format!("dataset {id}"), |spec| spec.dataset == wanted).await?;
     state.store.delete_dataset(dataset.id).await?.ok_or_else(not_found)?;
-    storage::remove_files(&state.config.data_dir.join("datasets"), std::iter::once(dataset.path.as_str())).await;
+    state.config.blobs().remove("datasets", std::iter::once(dataset.path.as_str())).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -21,7 +21,6 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::model_check::{self, ModelChecker};
 use crate::state::AppState;
-use crate::storage;
 use crate::uploads::{self, UploadKind};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -83,18 +82,18 @@ pub async fn upload_model(
     let received = uploads::receive(&state, user.team_id, &headers, body, limit, MODELS).await?;
     let report = run_check(&state, user.team_id, &checker, &received.partial_path, &dataset, &inputs).await?;
     let (id, written) = (received.id, received.written.clone());
-    let final_path = received.keep().await?;
+    let location = received.keep(&state).await?;
     let stored = state.store.add_model(NewModel {
         id: ModelId(id),
         team_id: user.team_id,
         name: params.name,
-        path: final_path.to_string_lossy().into_owned(),
+        path: location.clone(),
         size_bytes: written.bytes as i64,
         sha256: written.sha256,
         inputs: report.inputs.clone(),
         report: serde_json::to_value(&report).map_err(ApiError::internal)?,
     });
-    uploads::record(&final_path, stored).await
+    uploads::record(&state, MODELS, &location, stored).await
 }
 
 const MODELS: UploadKind =
@@ -151,8 +150,9 @@ async fn run_check(
     let _turn = state.model_checks.turn(team).await?;
     let timeout = state.config.model_check_timeout;
     let tmp = state.config.data_dir.join("tmp");
-    let dataset_path = Path::new(&dataset.path);
-    let Some(outcome) = model_check::run(checker, &tmp, model, dataset_path, inputs, timeout).await? else {
+    // the data set as a file the check can read (a copy in the scratch folder when it lies in a bucket)
+    let dataset_file = state.config.blobs().local("datasets", &dataset.path).await?;
+    let Some(outcome) = model_check::run(checker, &tmp, model, &dataset_file.path, inputs, timeout).await? else {
         return Err(field_error("body", format!("the check of the model did not finish in {}s", timeout.as_secs())));
     };
     match outcome.status.code() {
@@ -221,6 +221,6 @@ pub async fn delete_model(
     uploads::refuse_if_in_use(&state, user.team_id, &format!("model {id}"), |spec| spec.model.uploaded == Some(id))
         .await?;
     state.store.delete_model(model.id).await?.ok_or_else(|| ApiError::not_found(format!("no model {id}")))?;
-    storage::remove_files(&state.config.data_dir.join("models"), std::iter::once(model.path.as_str())).await;
+    state.config.blobs().remove("models", std::iter::once(model.path.as_str())).await;
     Ok(StatusCode::NO_CONTENT)
 }

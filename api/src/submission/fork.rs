@@ -1,11 +1,9 @@
 //! A fork's starting point (`init_from`): the checkpoint of another job of the team whose weights a new job
 //! starts from. Checked at submission (the team's, of the same model), then *pinned*: its archive is
-//! hard-linked (copied where the file system cannot link) beside the new job's own checkpoints as
-//! `init.tar`, so the fork starts as submitted even when the checkpoint is later pruned by its job's
+//! copied beside the new job's own checkpoints as `init.tar` (hard-linked in the server's folder where the
+//! file system allows; the bucket's own copy in a bucket), so the fork starts as submitted even when the checkpoint is later pruned by its job's
 //! retention or deleted with its job's artifacts. Rank 0 of the fork's first placement downloads it
 //! (`GET /v1/agent/jobs/{id}/init`); a placement that resumes from the fork's own checkpoint does not.
-
-use std::path::PathBuf;
 
 use ringtrain_core::{FieldError, JobId, JobSpec};
 use ringtrain_store::{Checkpoint, Job};
@@ -13,13 +11,18 @@ use ringtrain_store::{Checkpoint, Job};
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
+use crate::storage::checkpoint_area;
 
 /// The file a fork's starting checkpoint is pinned as, in the job's checkpoint folder.
 pub const INIT_ARCHIVE: &str = "init.tar";
 
-/// The pinned starting checkpoint of job `job`.
-pub fn init_archive(state: &AppState, job: JobId) -> PathBuf {
-    state.config.data_dir.join("checkpoints").join(job.to_string()).join(INIT_ARCHIVE)
+/// Where the pinned starting checkpoint of job `job` is stored (a path in the server's folder, or an
+/// `s3://` location in its bucket).
+pub fn init_archive(state: &AppState, job: JobId) -> String {
+    match &state.config.store_bucket {
+        None => state.config.data_dir.join(checkpoint_area(job)).join(INIT_ARCHIVE).to_string_lossy().into_owned(),
+        Some(bucket) => format!("{}/{}/{INIT_ARCHIVE}", bucket.url(), checkpoint_area(job)),
+    }
 }
 
 /// The checkpoint `init_from` names, when it is one of the caller's team's and its job trains the model
@@ -62,16 +65,9 @@ pub async fn pin_for(state: &AppState, job: &Job) -> ApiResult<()> {
 
 /// Pins `checkpoint` as job `job`'s starting point (see the module's doc).
 async fn pin_init(state: &AppState, job: JobId, checkpoint: &Checkpoint) -> ApiResult<()> {
-    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
-    let source = crate::files::under(&folder, std::path::Path::new(&checkpoint.path)).await?;
-    let target = init_archive(state, job);
-    let dir = target.parent().expect("a job's checkpoint folder");
-    tokio::fs::create_dir_all(dir).await.map_err(ApiError::internal)?;
-    if tokio::fs::hard_link(&source, &target).await.is_err() {
-        // another file system, or one without links: a copy, made under a temporary name
-        let partial = dir.join(format!("{INIT_ARCHIVE}.{}.part", uuid::Uuid::new_v4()));
-        tokio::fs::copy(&source, &partial).await.map_err(ApiError::internal)?;
-        tokio::fs::rename(&partial, &target).await.map_err(ApiError::internal)?;
-    }
+    let (from, to) = (checkpoint_area(checkpoint.job_id), checkpoint_area(job));
+    // kept where `init_archive` says, wherever the checkpoint lies (one kept in the folder before the
+    // server moved to a bucket is uploaded)
+    state.config.blobs().copy(&from, &checkpoint.path, &to, INIT_ARCHIVE).await?;
     Ok(())
 }

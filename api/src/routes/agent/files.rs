@@ -1,6 +1,7 @@
 //! Files an agent moves: rank 0's checkpoint uploads, and the downloads a rank needs to start (a resumed
 //! placement's checkpoint, an uploaded dataset, an uploaded model). Nothing is held in memory whole; the
-//! server's data directory is the one place they live, so a resumed job may land on any node.
+//! server's store (its folder or its bucket: `crate::blobs`) is the one place they live, so a resumed job
+//! may land on any node, and an agent needs no credential of the bucket.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -11,7 +12,6 @@ use ringtrain_core::{CheckpointId, DatasetId, FieldError, JobId};
 use ringtrain_protocol::rank::CheckpointName;
 use ringtrain_protocol::ArchiveParams;
 use ringtrain_store::{Checkpoint, NewCheckpoint};
-use uuid::Uuid;
 
 use crate::access::{agent_uses_dataset, assigned_job, rank_zero_job};
 use crate::auth::Agent;
@@ -69,17 +69,16 @@ pub async fn upload_checkpoint(
     let limit = state.config.max_checkpoint_bytes;
     let declared = files::check_declared_length(&headers, limit, "checkpoints")?;
     storage::check_room(&state, job.team_id, declared, "checkpoint").await?;
-    let dir = state.config.data_dir.join("checkpoints").join(job.id.to_string());
-    tokio::fs::create_dir_all(&dir).await.map_err(ApiError::internal)?;
+    let blobs = state.config.blobs();
+    let area = storage::checkpoint_area(job.id);
     // One file per placement: a late upload of an older placement never overwrites the newer one's file.
     let kind = if params.r#final { "-final" } else { "" };
     let file_name = format!("{name}{kind}-attempt-{}.tar", params.attempt);
-    let partial_path = dir.join(format!("{file_name}.{}.part", Uuid::new_v4()));
+    let partial_path = blobs.partial(&area, &file_name).await?;
     let partial = PartialFile::new(partial_path.clone());
     let written = files::stream_to_file(body, &partial_path, limit, "checkpoints").await?;
     storage::check_quota(&state, job.team_id, written.bytes, "checkpoint").await?;
-    let path = dir.join(&file_name);
-    tokio::fs::rename(&partial_path, &path).await.map_err(ApiError::internal)?;
+    let path = blobs.keep(&partial_path, &area, &file_name).await?;
     partial.keep();
     let checkpoint = state
         .store
@@ -88,7 +87,7 @@ pub async fn upload_checkpoint(
             attempt: params.attempt,
             epoch: i64::from(params.epoch),
             iteration: params.iteration as i64,
-            path: path.to_string_lossy().into_owned(),
+            path: path.clone(),
             size_bytes: written.bytes as i64,
             sha256: written.sha256,
             is_final: params.r#final,
@@ -97,7 +96,7 @@ pub async fn upload_checkpoint(
     let checkpoint = match checkpoint {
         Ok(checkpoint) => checkpoint,
         Err(err) => {
-            let _ = tokio::fs::remove_file(&path).await;
+            blobs.remove(&area, std::iter::once(path.as_str())).await;
             return Err(err.into());
         }
     };
@@ -138,7 +137,8 @@ pub async fn agent_download_init(
     if job.spec.init_from.is_none() {
         return Err(ApiError::not_found(format!("job {id} is not a fork: it has no starting checkpoint")));
     }
-    files::file_response(&crate::submission::fork::init_archive(&state, job.id)).await
+    let init = crate::submission::fork::init_archive(&state, job.id);
+    state.config.blobs().response(&storage::checkpoint_area(job.id), &init, 0, None).await
 }
 
 /// Download an uploaded dataset's safetensors file: only for an agent holding a live rank of a job that
@@ -157,8 +157,7 @@ pub async fn agent_download_dataset(
         return Err(not_found());
     }
     let dataset = state.store.get_dataset(id).await?.ok_or_else(not_found)?;
-    let folder = state.config.data_dir.join("datasets");
-    files::file_response(&files::under(&folder, std::path::Path::new(&dataset.path)).await?).await
+    state.config.blobs().response("datasets", &dataset.path, 0, None).await
 }
 
 /// Download the uploaded model (TorchScript) a job trains: for an agent holding a rank of the job's current
@@ -177,8 +176,7 @@ pub async fn agent_download_model(
     let not_found = || ApiError::not_found(format!("job {id} trains no uploaded model"));
     let model_id = job.spec.model.uploaded.ok_or_else(not_found)?;
     let model = state.store.get_model(model_id).await?.ok_or_else(not_found)?;
-    let folder = state.config.data_dir.join("models");
-    files::file_response(&files::under(&folder, std::path::Path::new(&model.path)).await?).await
+    state.config.blobs().response("models", &model.path, 0, None).await
 }
 
 #[cfg(test)]

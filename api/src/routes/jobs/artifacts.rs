@@ -14,9 +14,8 @@ use crate::access::team_job;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiPath;
-use crate::files;
 use crate::state::AppState;
-use crate::storage::{checkpoint_file, find_checkpoint};
+use crate::storage::{checkpoint_area, checkpoint_file, find_checkpoint};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CheckpointList {
@@ -64,8 +63,7 @@ pub async fn delete_job_artifacts(
         return Err(ApiError::conflict(format!("job {id} is {}: it may still resume from its checkpoints", job.state)));
     }
     let deleted = state.store.delete_checkpoints(job.id).await?;
-    let folder = state.config.data_dir.join("checkpoints").join(job.id.to_string());
-    crate::storage::remove_files(&folder, deleted.iter().map(|c| c.path.as_str())).await;
+    state.config.blobs().remove(&checkpoint_area(job.id), deleted.iter().map(|c| c.path.as_str())).await;
     let freed_bytes = deleted.iter().map(|c| c.size_bytes).sum();
     let log_lines = state.store.delete_logs(job.id).await?;
     Ok(Json(DeletedCheckpoints { deleted: deleted.len(), freed_bytes, log_lines }))
@@ -127,16 +125,8 @@ pub async fn download_weights(
         .map_err(|_| ApiError::not_found(format!("no file {file:?}: model.pt or model.safetensors")))?;
     let job = team_job(&state, &user, id).await?;
     let checkpoint = find_checkpoint(&state, job.id, checkpoint).await?;
-    let folder = state.config.data_dir.join("checkpoints").join(checkpoint.job_id.to_string());
-    let archive = files::under(&folder, std::path::Path::new(&checkpoint.path)).await?;
-    let found = {
-        let archive = archive.clone();
-        tokio::task::spawn_blocking(move || find_member(&archive, file.name()))
-            .await
-            .map_err(ApiError::internal)?
-            .map_err(ApiError::internal)?
-    };
-    let Some((offset, length)) = found else {
+    let area = checkpoint_area(checkpoint.job_id);
+    let Some((offset, length)) = find_member(&state, &area, &checkpoint.path, file.name()).await? else {
         return Err(ApiError::not_found(format!(
             "checkpoint {} has no {} (TorchScript is saved for uploaded models only)",
             checkpoint.id,
@@ -144,19 +134,52 @@ pub async fn download_weights(
         )));
     };
     // served from inside the archive: no copy on the server's disk per download
-    files::file_range_response(&archive, offset, Some(length)).await
+    state.config.blobs().response(&area, &checkpoint.path, offset, Some(length)).await
 }
 
 /// Where the archive's `<folder>/<name>` lies in it (the offset of its data and its length); `None` when the
-/// archive has none. The archive is uncompressed tar, so a member is a plain range of the file.
-fn find_member(archive: &std::path::Path, name: &str) -> std::io::Result<Option<(u64, u64)>> {
-    let mut tar = tar::Archive::new(std::fs::File::open(archive)?);
-    for entry in tar.entries()? {
-        let entry = entry?;
-        let is_it = entry.header().entry_type().is_file() && entry.path()?.file_name().is_some_and(|n| n == name);
-        if is_it {
-            return Ok(Some((entry.raw_file_position(), entry.size())));
+/// archive has none. The archive is uncompressed tar, so a member is a plain range of it: its headers are
+/// read one block at a time, never the archive whole (it may lie in a bucket).
+async fn find_member(state: &AppState, area: &str, stored: &str, name: &str) -> ApiResult<Option<(u64, u64)>> {
+    let blobs = state.config.blobs();
+    let size = blobs.size(area, stored).await?;
+    let mut offset = 0u64;
+    // a GNU long name or a PAX header names the entry that follows it
+    let mut long_name: Option<Vec<u8>> = None;
+    while offset + BLOCK <= size {
+        let block = blobs.read(area, stored, offset..offset + BLOCK).await?;
+        if block.iter().all(|&b| b == 0) {
+            return Ok(None);
         }
+        let header = tar::Header::from_byte_slice(&block);
+        let length = header.entry_size().map_err(ApiError::internal)?;
+        let data = offset + BLOCK;
+        let entry_type = header.entry_type();
+        if entry_type.is_gnu_longname() || entry_type.is_pax_local_extensions() {
+            let bytes = blobs.read(area, stored, data..data + length).await?;
+            let named = if entry_type.is_gnu_longname() {
+                Some(bytes.iter().copied().take_while(|&b| b != 0).collect())
+            } else {
+                pax_path(&bytes)
+            };
+            long_name = named.or(long_name);
+        } else {
+            let path = long_name.take().unwrap_or_else(|| header.path_bytes().into_owned());
+            let file_name = path.rsplit(|&b| b == b'/').find(|part| !part.is_empty()).unwrap_or(&[]);
+            if entry_type.is_file() && file_name == name.as_bytes() {
+                return Ok(Some((data, length)));
+            }
+        }
+        offset = data + length.div_ceil(BLOCK) * BLOCK;
     }
     Ok(None)
+}
+
+/// A tar archive's block.
+const BLOCK: u64 = 512;
+
+/// The `path` a PAX extended header records, if it records one.
+fn pax_path(bytes: &[u8]) -> Option<Vec<u8>> {
+    let extensions = tar::PaxExtensions::new(bytes).collect::<Result<Vec<_>, _>>().ok()?;
+    extensions.iter().find(|e| e.key_bytes() == b"path").map(|e| e.value_bytes().to_vec())
 }
