@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
+use sha2::Digest;
 use support::Cluster;
 use tch::{CModule, Kind, Tensor};
 
@@ -232,6 +233,30 @@ async fn the_command_line_uploads_trains_and_downloads_the_example() {
     let dataset: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(dataset["name"], "data", "the name defaults to the file's stem: {out}");
     let dataset_id = dataset["id"].as_str().unwrap();
+
+    // the same file in parts of 1 MiB (3 parts), and an upload in parts that stopped, taken up again
+    let in_parts = ["datasets", "upload", data.to_str().unwrap(), "--part-mib", "1", "--name", "in-parts", "--json"];
+    let (ok, out, err) = cli(&in_parts);
+    assert!(ok && err.contains("3 of 3 parts to send"), "{err}");
+    let joined: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((&joined["sha256"], &joined["train_samples"]), (&dataset["sha256"], &dataset["train_samples"]));
+    let bytes = std::fs::read(&data).unwrap();
+    let started = cluster
+        .api
+        .post(
+            "/v1/datasets/uploads",
+            serde_json::json!({"name": "resumed", "size_bytes": bytes.len(), "part_bytes": 1 << 20}),
+        )
+        .await;
+    let upload = started["id"].as_str().unwrap();
+    let second = &bytes[1 << 20..2 << 20];
+    let checksum: String = sha2::Sha256::digest(second).iter().map(|b| format!("{b:02x}")).collect();
+    let path = format!("/v1/datasets/uploads/{upload}/parts/2");
+    assert_eq!(cluster.api.put_bytes(&path, &[("x-checksum-sha256", &checksum)], second.to_vec()).await.0, 200);
+    let (ok, out, err) = cli(&["datasets", "upload", data.to_str().unwrap(), "--resume", upload, "--json"]);
+    assert!(ok && err.contains("2 of 3 parts to send"), "only the missing parts are sent: {err}");
+    let resumed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((&resumed["id"].as_str(), &resumed["sha256"]), (&Some(upload), &dataset["sha256"]));
 
     let model = example("model.pt");
     let (ok, _, err) = cli(&["models", "upload", model.to_str().unwrap(), "--dataset", dataset_id]);

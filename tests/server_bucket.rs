@@ -1,6 +1,7 @@
 //! The server's bytes in a bucket (issue 55, "one store for bytes"): `ringtrain serve --store
 //! s3://ringtrain/server` against a real S3 server (s3s-fs) keeps the uploaded data set and model and the
-//! job's checkpoints there and nothing in its own data folder; the job trains as from a folder (the agent
+//! job's checkpoints there and nothing in its own data folder (a data set uploaded in parts too, each
+//! part an object until the upload completes); the job trains as from a folder (the agent
 //! downloads through the server, as ever), its checkpoint and one file of weights from inside it come back
 //! byte for byte; a second replica on the same database with a data folder of its own (no shared disk)
 //! serves the same checkpoint and takes a fork whose start it pins inside the bucket, and the fork trains
@@ -86,10 +87,23 @@ async fn a_server_on_a_bucket_keeps_uploads_and_checkpoints_there_and_a_replica_
         api.upload("/v1/datasets?name=multi-input", repo("examples/multi-input/data.safetensors")).await;
     assert_eq!(status, 201, "{dataset}");
     let dataset_id = dataset["id"].as_str().unwrap().to_string();
+    // uploaded in parts: each part an object until the upload completes into one, in parts itself
     let large = large_dataset(3000);
-    let (status, stored_large) = api.upload("/v1/datasets?name=large", large.clone()).await;
-    assert_eq!(status, 201, "{stored_large}");
+    let started = api
+        .post("/v1/datasets/uploads", json!({"name": "large", "size_bytes": large.len(), "part_bytes": 4 << 20}))
+        .await;
+    let upload = started["id"].as_str().unwrap().to_string();
+    for (i, part) in large.chunks(4 << 20).enumerate() {
+        let checksum = sha256(part);
+        let path = format!("/v1/datasets/uploads/{upload}/parts/{}", i + 1);
+        let (status, kept) = api.put_bytes(&path, &[("x-checksum-sha256", &checksum)], part.to_vec()).await;
+        assert_eq!(status, 200, "{kept}");
+    }
+    let parts = files_under(&objects.join(format!("uploads/{upload}")));
+    assert_eq!(parts, ["part-000001", "part-000002", "part-000003"], "the parts are objects");
+    let stored_large = api.post(&format!("/v1/datasets/uploads/{upload}/complete"), json!({})).await;
     let large_id = stored_large["id"].as_str().unwrap().to_string();
+    assert!(files_under(&objects.join(format!("uploads/{upload}"))).is_empty(), "and are removed once whole");
     let object = std::fs::read(objects.join(format!("datasets/{large_id}.safetensors"))).unwrap();
     assert_eq!((object.len(), sha256(&object)), (large.len(), sha256(&large)), "kept whole, in parts");
     let (status, _) = api.request(reqwest::Method::DELETE, &format!("/v1/datasets/{large_id}"), None).await;

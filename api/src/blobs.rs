@@ -232,20 +232,88 @@ impl<'a> Blobs<'a> {
     /// `stored` as a local file for as long as the answer lives: the file itself in the folder, a copy in
     /// the scratch folder (removed when dropped) for an object.
     pub async fn local(&self, area: &str, stored: &str) -> ApiResult<LocalFile> {
-        let key = match self.resolve(area, stored).await? {
-            Place::File(path) => return Ok(LocalFile { path, _temporary: None }),
-            Place::Object(key) => key,
-        };
+        if let Place::File(path) = self.resolve(area, stored).await? {
+            return Ok(LocalFile { path, _temporary: None });
+        }
         let partial = self.partial("tmp", "copy").await?;
         let guard = files::PartialFile::new(partial.clone());
-        let found = self.client()?.client.get(&key).await.map_err(store_error)?;
-        let mut stream = found.into_stream();
         let mut file = tokio::fs::File::create(&partial).await.map_err(ApiError::internal)?;
-        while let Some(chunk) = stream.next().await {
-            file.write_all(&chunk.map_err(store_error)?).await.map_err(ApiError::internal)?;
-        }
+        self.append_to(area, stored, &mut file, &mut |_| ()).await?;
         file.flush().await.map_err(ApiError::internal)?;
         Ok(LocalFile { path: partial, _temporary: Some(guard) })
+    }
+
+    /// Writes the bytes of `stored` to the end of `file`, chunk by chunk, showing each chunk to `seen`
+    /// (a checksum over several parts).
+    pub async fn append_to(
+        &self,
+        area: &str,
+        stored: &str,
+        file: &mut tokio::fs::File,
+        seen: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> ApiResult<()> {
+        match self.resolve(area, stored).await? {
+            Place::File(path) => {
+                let mut source = tokio::fs::File::open(&path).await.map_err(|_| gone())?;
+                let mut buffer = vec![0u8; 1 << 20];
+                loop {
+                    let n = source.read(&mut buffer).await.map_err(ApiError::internal)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    seen(&buffer[..n]);
+                    file.write_all(&buffer[..n]).await.map_err(ApiError::internal)?;
+                }
+            }
+            Place::Object(key) => {
+                let found = self.client()?.client.get(&key).await.map_err(store_error)?;
+                let mut stream = found.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(store_error)?;
+                    seen(&chunk);
+                    file.write_all(&chunk).await.map_err(ApiError::internal)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The stored location `name` in `area` has (or would have once kept).
+    pub fn location(&self, area: &str, name: &str) -> String {
+        match self.bucket {
+            None => self.data_dir.join(area).join(name).to_string_lossy().into_owned(),
+            Some(bucket) => bucket.location(&bucket.key(&format!("{area}/{name}"))),
+        }
+    }
+
+    /// The names kept in `area` (partial files aside), in no particular order; none when it was never
+    /// written to.
+    pub async fn list(&self, area: &str) -> ApiResult<Vec<String>> {
+        let Some(bucket) = self.bucket else {
+            let mut names = Vec::new();
+            let mut entries = match tokio::fs::read_dir(self.data_dir.join(area)).await {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+                Err(err) => return Err(ApiError::internal(err)),
+            };
+            while let Some(entry) = entries.next_entry().await.map_err(ApiError::internal)? {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !name.ends_with(".part") {
+                    names.push(name);
+                }
+            }
+            return Ok(names);
+        };
+        let prefix = bucket.key(area);
+        let listed: Vec<_> = bucket.client.list(Some(&prefix)).collect().await;
+        let mut names = Vec::new();
+        for meta in listed {
+            let meta = meta.map_err(store_error)?;
+            if let Some(name) = meta.location.filename() {
+                names.push(name.to_string());
+            }
+        }
+        Ok(names)
     }
 
     /// Removes the bytes of locations the store has forgotten, only from inside `area` (one that leads

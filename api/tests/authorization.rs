@@ -51,6 +51,12 @@ const RULES: &[(&str, &str, &str)] = &[
     ("post", "/v1/datasets", "yyyffyuu"),
     ("get", "/v1/datasets", "yyyyfyuu"),
     ("delete", "/v1/datasets/{id}", "nyyffnuu"),
+    ("post", "/v1/datasets/uploads", "yyyffyuu"),
+    ("get", "/v1/datasets/uploads", "yyyyfyuu"),
+    ("get", "/v1/datasets/uploads/{id}", "nyyyfnuu"),
+    ("put", "/v1/datasets/uploads/{id}/parts/{number}", "nyyffnuu"),
+    ("post", "/v1/datasets/uploads/{id}/complete", "nyyffnuu"),
+    ("delete", "/v1/datasets/uploads/{id}", "nyyffnuu"),
     ("delete", "/v1/jobs/{id}/artifacts", "nyyffnuu"),
     ("patch", "/v1/teams/{id}", "yfffffuu"),
     ("get", "/v1/teams/{id}/storage", "yyyyfnuu"),
@@ -96,6 +102,27 @@ struct Fixture {
     queued_job: String,
     /// A study of team A.
     study: String,
+    /// An upload in parts of team A, none of its parts sent: completing it is refused (409).
+    upload: String,
+}
+
+/// The body that starts an upload in parts.
+fn new_upload() -> Value {
+    json!({"name": "u", "size_bytes": 100, "part_bytes": 1 << 20})
+}
+
+/// A new upload of team A to delete, after deleting the others but the fixture's (a team has at most 8 in
+/// progress, and the callers refused the delete leave theirs).
+async fn fresh_upload(app: &TestApp, fx: &Fixture) -> String {
+    let uploads = app.get("/v1/datasets/uploads", &fx.admin_a).await.body["uploads"].clone();
+    for upload in uploads.as_array().into_iter().flatten() {
+        let id = upload["id"].as_str().unwrap();
+        if id != fx.upload {
+            app.call(Method::DELETE, &format!("/v1/datasets/uploads/{id}"), Some(&fx.admin_a), None).await;
+        }
+    }
+    let created = app.post("/v1/datasets/uploads", &fx.admin_a, &new_upload()).await;
+    created.body["id"].as_str().unwrap().to_string()
 }
 
 async fn fixture(app: &TestApp) -> Fixture {
@@ -139,6 +166,8 @@ async fn fixture(app: &TestApp) -> Fixture {
     let queued_job = app.submit(&a.member, &waits).await;
     let study = app.post("/v1/studies", &a.member, &json!({"base": spec("s"), "points": [{}]})).await;
     let study = study.body["id"].as_str().unwrap().to_string();
+    let upload = app.post("/v1/datasets/uploads", &a.member, &new_upload()).await;
+    let upload = upload.body["id"].as_str().unwrap().to_string();
     let devices = json!([{"index": 0, "kind": "cpu", "name": "cpu 0"}]);
     let node =
         app.post("/v1/agent/nodes", &agent, &json!({"name": "n0", "address": "127.0.0.1", "devices": devices})).await;
@@ -179,6 +208,7 @@ async fn fixture(app: &TestApp) -> Fixture {
         admin_a: a.admin,
         queued_job,
         study,
+        upload,
     }
 }
 
@@ -198,6 +228,10 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         fx.queued_job.clone()
     } else if path.starts_with("/v1/studies/") {
         fx.study.clone()
+    } else if (method, path) == ("delete", "/v1/datasets/uploads/{id}") {
+        fresh_upload(app, fx).await
+    } else if path.starts_with("/v1/datasets/uploads/") {
+        fx.upload.clone()
     } else if path.starts_with("/v1/agent/datasets/") || path.starts_with("/v1/datasets/") {
         fx.dataset.clone()
     } else if path.starts_with("/v1/models/") {
@@ -209,12 +243,14 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         .replace("{id}", &id)
         .replace("{checkpoint}", &fx.checkpoint)
         .replace("{name}", "epoch-0002")
-        .replace("{file}", "model.safetensors");
+        .replace("{file}", "model.safetensors")
+        .replace("{number}", "1");
     let attempt = fx.attempt;
     let body: Option<Value> = match (method, path) {
         ("post", "/v1/jobs") | ("post", "/v1/schedules/preview") => Some(spec("m")),
         ("post", "/v1/studies") => Some(json!({"base": spec("m"), "points": [{}]})),
-        ("post", "/v1/studies/{id}/cancel") => Some(json!({})),
+        ("post", "/v1/studies/{id}/cancel") | ("post", "/v1/datasets/uploads/{id}/complete") => Some(json!({})),
+        ("post", "/v1/datasets/uploads") => Some(new_upload()),
         ("post", "/v1/teams") => {
             Some(json!({"name": format!("t{}", uuid::Uuid::new_v4().simple()), "gpu_quota": 0, "cpu_quota": 1}))
         }

@@ -74,7 +74,7 @@ async fn upload(api: &ApiClient, route: &str, file: &Path) -> Result<Value> {
 }
 
 /// The name an upload gets when none is given: the file's name without its extension.
-fn default_name(file: &Path) -> String {
+pub fn default_name(file: &Path) -> String {
     file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "upload".to_string())
 }
 

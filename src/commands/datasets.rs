@@ -9,13 +9,15 @@ use anyhow::Result;
 use serde_json::Value;
 
 use crate::commands::artifacts::{self, created, size, text, Column, DeleteArgs, ListArgs, UploadArgs};
-use crate::commands::block_on;
+use crate::commands::{block_on, upload_parts};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Datasets {
     /// Upload a safetensors data set: `x` (or named inputs `x.NAME`) and labels `y`, optionally `x_test`
-    /// and `y_test`. The server checks every tensor and prints what it found.
-    Upload(UploadArgs),
+    /// and `y_test`. The server checks every tensor and prints what it found. A file larger than one part
+    /// goes in parts, each checked by its sha256 and sent again when it fails; an upload that stopped goes
+    /// on with `--resume ID`.
+    Upload(DatasetUploadArgs),
     /// The team's data sets, newest first.
     List(ListArgs),
     /// Delete a data set that no queued or running job trains on.
@@ -24,6 +26,39 @@ pub enum Datasets {
     /// their index.json (the shard format: docs/user-guide.md, "Your own data at scale"). Every image is
     /// decoded once; a file that is not a readable JPEG or PNG is named and left out.
     Pack(PackArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DatasetUploadArgs {
+    #[command(flatten)]
+    upload: UploadArgs,
+    /// Send files larger than this many MiB in parts of this size (1 to 1024).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    part_mib: u64,
+    /// Go on with this upload in parts (its id, printed when it started): only the parts the server does
+    /// not hold are sent.
+    #[arg(long)]
+    resume: Option<uuid::Uuid>,
+}
+
+impl DatasetUploadArgs {
+    async fn run(&self) -> Result<()> {
+        let upload = &self.upload;
+        let part_bytes = self.part_mib << 20;
+        let size = std::fs::metadata(&upload.file).map(|m| m.len()).unwrap_or(0);
+        if self.resume.is_none() && size <= part_bytes {
+            return upload.upload("/v1/datasets", summary).await;
+        }
+        let api = upload.connection.client()?;
+        let name = upload.name.clone().unwrap_or_else(|| artifacts::default_name(&upload.file));
+        let stored = upload_parts::upload_in_parts(&api, &upload.file, &name, part_bytes, self.resume).await?;
+        if upload.json {
+            println!("{}", serde_json::to_string_pretty(&stored)?);
+        } else {
+            println!("{}", summary(&stored));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -51,7 +86,7 @@ pub struct PackArgs {
 
 pub fn run(datasets: Datasets) -> ExitCode {
     match datasets {
-        Datasets::Upload(args) => block_on("datasets upload", args.upload("/v1/datasets", summary)),
+        Datasets::Upload(args) => block_on("datasets upload", args.run()),
         Datasets::List(args) => block_on("datasets list", list(&args)),
         Datasets::Delete(args) => block_on("datasets delete", artifacts::delete(&args, "/v1/datasets", "dataset")),
         Datasets::Pack(args) => pack(&args),

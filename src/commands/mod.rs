@@ -17,6 +17,7 @@ pub mod serve;
 pub mod study;
 pub mod train;
 pub mod up;
+pub mod upload_parts;
 
 use std::process::ExitCode;
 

@@ -17,6 +17,7 @@
 //! | [`artifacts`] | [`ArtifactStore`] | checkpoints, uploaded datasets and models | [`Checkpoint`], [`Dataset`], [`Model`] and their `New*` |
 //! | [`usage`] | [`UsageStore`] | device time per placement and rank: accounting, budgets | [`DeviceSpan`], [`DeviceTotal`], [`SpanFilter`] |
 //! | [`studies`] | [`StudyStore`] | studies: one base spec, one job per point | [`Study`], [`NewStudy`] |
+//! | [`uploads`] | [`UploadStore`] | data set uploads in parts, until whole | [`Upload`] |
 //!
 //! Both databases run the same SQL text wherever the dialects agree (timestamps are bound from Rust, so no
 //! `now()`; placeholders are `$N`, which SQLite understands too): each aggregate's SQL is written once, as a
@@ -48,6 +49,7 @@ pub mod postgres;
 pub mod sqlite;
 pub mod studies;
 pub mod teams;
+pub mod uploads;
 pub mod usage;
 
 use std::sync::Arc;
@@ -70,6 +72,7 @@ pub use sqlite::SqliteStore;
 pub use studies::{NewStudy, Study, StudyStore};
 pub use teams::{Budget, BudgetPeriod, NewTeam, NewToken, Role, StorageUse, Team, TeamChange, TeamStore, TokenInfo};
 pub use token::{generate_token, hash_token};
+pub use uploads::{Upload, UploadStore};
 pub use usage::{period_use, DeviceSpan, DeviceTotal, SpanFilter, UsageStore};
 
 /// Everything the API, the scheduler loop and the agents' endpoints need from the database: every
@@ -86,6 +89,7 @@ pub trait Store:
     + UsageStore
     + LogStore
     + StudyStore
+    + UploadStore
     + std::fmt::Debug
 {
     fn backend(&self) -> Backend;
@@ -131,6 +135,7 @@ macro_rules! impl_all_for {
         crate::usage::impl_usage_store!($store);
         crate::logs::impl_log_store!($store);
         crate::studies::impl_study_store!($store);
+        crate::uploads::impl_upload_store!($store);
     };
 }
 

@@ -294,10 +294,12 @@ macro_rules! impl_team_store {
                 }
 
                 async fn storage_use(&self, id: TeamId) -> StoreResult<StorageUse> {
-                    // models count with datasets: both are what a team uploaded
+                    // models and uploads in parts (at their declared size) count with datasets: all are what
+                    // a team uploaded
                     let (datasets,): (Option<i64>,) = sqlx::query_as(
                         "SELECT CAST(SUM(size_bytes) AS BIGINT) FROM (SELECT size_bytes FROM datasets WHERE team_id = $1 \
-                         UNION ALL SELECT size_bytes FROM models WHERE team_id = $1) AS uploads",
+                         UNION ALL SELECT size_bytes FROM models WHERE team_id = $1 \
+                         UNION ALL SELECT size_bytes FROM dataset_uploads WHERE team_id = $1) AS uploads",
                     )
                     .bind(id.0)
                     .fetch_one(self.pool())

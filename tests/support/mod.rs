@@ -355,6 +355,18 @@ impl Api {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// A PUT of `bytes` with the extra `headers`: its status and JSON answer.
+    pub async fn put_bytes(&self, path: &str, headers: &[(&str, &str)], bytes: Vec<u8>) -> (u16, Value) {
+        let mut request = self.http.put(format!("{}{path}", self.base)).bearer_auth(&self.token);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.header("content-type", "application/octet-stream").body(bytes);
+        let response = request.timeout(Duration::from_secs(120)).send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
     /// A GET's status and body bytes.
     pub async fn download(&self, path: &str) -> (u16, Vec<u8>) {
         let request = self.http.get(format!("{}{path}", self.base)).bearer_auth(&self.token);

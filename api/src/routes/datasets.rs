@@ -207,10 +207,10 @@ pub async fn upload_dataset(
     uploads::record(&state, DATASETS, &location, stored).await
 }
 
-const DATASETS: UploadKind =
+pub(crate) const DATASETS: UploadKind =
     UploadKind { what: "dataset", folder: "datasets", extension: "safetensors", body: "the safetensors file" };
 
-async fn check_file(path: &Path) -> ApiResult<Contents> {
+pub(crate) async fn check_file(path: &Path) -> ApiResult<Contents> {
     let path = path.to_path_buf();
     // Reading and scanning the labels is CPU work: keep it off the async workers.
     tokio::task::spawn_blocking(move || {

@@ -2,6 +2,7 @@
 //! router and the document cannot drift apart.
 
 pub mod agent;
+pub mod dataset_uploads;
 pub mod datasets;
 pub mod health;
 pub mod jobs;
@@ -127,6 +128,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     let uploads = OpenApiRouter::new()
         .routes(routes!(datasets::upload_dataset, datasets::list_datasets))
         .routes(routes!(datasets::delete_dataset))
+        .routes(routes!(dataset_uploads::put_part))
         .routes(routes!(models::upload_model, models::list_models))
         .routes(routes!(models::get_model, models::delete_model))
         .routes(routes!(agent::files::upload_checkpoint))
@@ -140,6 +142,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .layer(DefaultBodyLimit::max(MAX_RESULT_BYTES));
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::submit_job, jobs::list_jobs))
+        .routes(routes!(dataset_uploads::start_upload, dataset_uploads::list_uploads))
+        .routes(routes!(dataset_uploads::get_upload, dataset_uploads::delete_upload))
+        .routes(routes!(dataset_uploads::complete_upload))
         .routes(routes!(jobs::get_job, jobs::annotations::annotate_job))
         .routes(routes!(jobs::control::cancel_job))
         .routes(routes!(jobs::control::resume_job))

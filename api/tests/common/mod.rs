@@ -83,6 +83,14 @@ impl TestApp {
         TestApp { router, store, state, dir }
     }
 
+    /// The same server started again: a new app on the same store, data folder and configuration.
+    pub async fn restarted(self) -> TestApp {
+        let TestApp { store, state, dir, .. } = self;
+        let state = AppState::new(store.clone(), (*state.config).clone());
+        let router = app(state.clone());
+        TestApp { router, store, state, dir }
+    }
+
     pub async fn send(&self, request: Request<Body>) -> Reply {
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();

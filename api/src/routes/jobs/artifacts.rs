@@ -152,6 +152,9 @@ async fn find_member(state: &AppState, area: &str, stored: &str, name: &str) -> 
             return Ok(None);
         }
         let header = tar::Header::from_byte_slice(&block);
+        if header.cksum().ok() != Some(checksum(&block)) {
+            return Err(damaged(offset));
+        }
         let length = header.entry_size().map_err(ApiError::internal)?;
         let data = offset + BLOCK;
         let entry_type = header.entry_type();
@@ -172,7 +175,21 @@ async fn find_member(state: &AppState, area: &str, stored: &str, name: &str) -> 
         }
         offset = data + length.div_ceil(BLOCK) * BLOCK;
     }
+    // past the last entry without an end marker is a tar; a header cut short is not
+    if offset < size {
+        return Err(damaged(offset));
+    }
     Ok(None)
+}
+
+/// A tar header's checksum: the sum of its bytes, its own checksum field counted as spaces.
+fn checksum(block: &[u8]) -> u32 {
+    block.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u32::from(b) }).sum()
+}
+
+/// A stored archive that is not a tar: the server's own file damaged, so a 500 that says where.
+fn damaged(offset: u64) -> ApiError {
+    ApiError::internal_msg(format!("the checkpoint archive is damaged at byte {offset}"))
 }
 
 /// A tar archive's block.
