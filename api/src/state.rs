@@ -72,6 +72,8 @@ pub struct ApiConfig {
     pub max_log_lines_per_job: i64,
     /// Rank output of jobs that ended longer ago than this is deleted.
     pub log_retention: Duration,
+    /// Data set uploads in parts started longer ago than this and not completed are deleted with their parts.
+    pub upload_retention: Duration,
     /// How the scheduler reads the cluster (queue window, minimum run time before preemption): the loop's
     /// settings, which the API's pending reasons and dry runs use too.
     pub scheduling: ViewConfig,
@@ -126,6 +128,7 @@ impl ApiConfig {
             log_lines_per_second: 100.0,
             max_log_lines_per_job: 100_000,
             log_retention: Duration::from_secs(30 * 24 * 3600),
+            upload_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -208,9 +211,10 @@ impl AppState {
         }
     }
 
-    /// Deletes the rank output of jobs that ended more than `log_retention` ago, once an hour, forever
-    /// (`serve` runs it next to the scheduler loop).
-    pub async fn retain_logs(self) {
+    /// Deletes the rank output of jobs that ended more than `log_retention` ago and the data set uploads
+    /// left unfinished for `upload_retention`, once an hour, forever (`serve` runs it next to the scheduler
+    /// loop).
+    pub async fn expire_leftovers(self) {
         loop {
             let cutoff = chrono::Duration::from_std(self.config.log_retention).unwrap_or(chrono::Duration::MAX);
             if let Some(before) = ringtrain_store::now().checked_sub_signed(cutoff) {
@@ -219,6 +223,11 @@ impl AppState {
                     Ok(n) => tracing::info!(lines = n, "deleted rank output past its retention"),
                     Err(err) => tracing::warn!(error = %err, "deleting old rank output failed"),
                 }
+            }
+            match crate::routes::dataset_uploads::expire_abandoned(&self).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(uploads = n, "deleted data set uploads left unfinished past their retention"),
+                Err(err) => tracing::warn!(error = ?err, "deleting abandoned uploads failed"),
             }
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }

@@ -2,7 +2,7 @@
 //! hold; an interrupted part (a body that breaks off) leaves nothing and is sent again; the upload survives
 //! a server restart and completes into the same data set as a single upload of the file; bad parts, missing
 //! parts and a joined file that is not a data set are refused naming the problem; the declared size counts
-//! against the quota; another team sees nothing of it.
+//! against the quota; another team sees nothing of it; an upload abandoned for a week expires.
 
 mod common;
 
@@ -212,8 +212,32 @@ async fn roomy(store: std::sync::Arc<dyn ringtrain_store::Store>) -> TestApp {
     .await
 }
 
+/// An upload left unfinished past the retention (7 days) goes with its parts and frees the quota; a recent
+/// one stays.
+async fn an_abandoned_upload_expires_with_its_parts(app: TestApp) {
+    let team = app.team("alpha").await;
+    let abandoned = app.post("/v1/datasets/uploads", &team.member, &json!({"name": "old", "size_bytes": 100})).await;
+    let abandoned = abandoned.body["id"].as_str().unwrap().to_string();
+    let part = vec![3u8; 100];
+    assert_eq!(put_part(&app, &team.member, &abandoned, 1, &part, &sha256(&part)).await.status, 200);
+    let recent = app.post("/v1/datasets/uploads", &team.member, &json!({"name": "new", "size_bytes": 100})).await;
+    let recent = recent.body["id"].as_str().unwrap().to_string();
+    // eight days ago, as far as the store knows (the same row, started earlier)
+    let id: uuid::Uuid = abandoned.parse().unwrap();
+    let mut old = app.store.delete_upload(id).await.unwrap().unwrap();
+    old.created_at -= chrono::Duration::days(8);
+    app.store.add_upload(old).await.unwrap();
+    assert_eq!(ringtrain_api::routes::dataset_uploads::expire_abandoned(&app.state).await.unwrap(), 1);
+    assert_eq!(app.get(&format!("/v1/datasets/uploads/{abandoned}"), &team.member).await.status, 404);
+    assert!(!app.dir.path().join(format!("uploads/{abandoned}/part-000001")).exists(), "its part is gone");
+    assert_eq!(app.get(&format!("/v1/datasets/uploads/{recent}"), &team.member).await.status, 200);
+    let storage = app.get(&format!("/v1/teams/{}/storage", team.id), &team.viewer).await;
+    assert_eq!(storage.body["datasets_bytes"].as_u64(), Some(100), "only the recent one counts: {}", storage.text);
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::roomy;
     an_upload_in_parts_becomes_the_same_data_set_as_one_upload,
     bad_uploads_are_refused_naming_the_problem,
+    an_abandoned_upload_expires_with_its_parts,
 );

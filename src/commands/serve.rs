@@ -193,7 +193,7 @@ impl Server {
         let scheduler = self.state.scheduler(loop_config);
         let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(self.state.clone().listen_to_other_servers());
-        let retention = tokio::spawn(self.state.clone().retain_logs());
+        let retention = tokio::spawn(self.state.clone().expire_leftovers());
         // with each caller's address, which admission limits callers without a valid token by
         let service = app(self.state).into_make_service_with_connect_info::<SocketAddr>();
         let serving: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> = match self.tls {

@@ -52,6 +52,8 @@ pub trait UploadStore: Send + Sync {
     async fn list_uploads(&self, team: TeamId) -> StoreResult<Vec<Upload>>;
     /// Forgets an upload; returns it (its parts are the caller's to remove), None if there was none.
     async fn delete_upload(&self, id: Uuid) -> StoreResult<Option<Upload>>;
+    /// Every team's uploads started before `before`, oldest first (abandoned ones, to expire).
+    async fn uploads_started_before(&self, before: DateTime<Utc>) -> StoreResult<Vec<Upload>>;
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -82,6 +84,7 @@ pub(crate) const UPLOAD_COLUMNS: &str = "id, team_id, name, size_bytes, part_byt
 macro_rules! impl_upload_store {
     ($store:ty) => {
         const _: () = {
+            use chrono::{DateTime, Utc};
             use ringtrain_core::TeamId;
             use uuid::Uuid;
 
@@ -119,6 +122,14 @@ macro_rules! impl_upload_store {
                         "SELECT {UPLOAD_COLUMNS} FROM dataset_uploads WHERE team_id = $1 ORDER BY created_at, id"
                     );
                     let rows: Vec<UploadRow> = sqlx::query_as(&sql).bind(team.0).fetch_all(self.pool()).await?;
+                    Ok(rows.into_iter().map(Into::into).collect())
+                }
+
+                async fn uploads_started_before(&self, before: DateTime<Utc>) -> StoreResult<Vec<Upload>> {
+                    let sql = format!(
+                        "SELECT {UPLOAD_COLUMNS} FROM dataset_uploads WHERE created_at < $1 ORDER BY created_at, id"
+                    );
+                    let rows: Vec<UploadRow> = sqlx::query_as(&sql).bind(before).fetch_all(self.pool()).await?;
                     Ok(rows.into_iter().map(Into::into).collect())
                 }
 

@@ -3,7 +3,8 @@
 //! sends each part with its sha256 (`x-checksum-sha256`, lowercase hex) in any order and as often as it
 //! needs, and completes the upload: the parts are joined, checked as a single upload is, and become the data
 //! set. A part is kept only when its size and checksum hold, so after an interruption the client asks which
-//! parts arrived and sends the rest. The declared size counts against the team's quota from the start.
+//! parts arrived and sends the rest. The declared size counts against the team's quota from the start; an
+//! upload left unfinished for `ApiConfig::upload_retention` (7 days) is deleted with its parts.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -351,6 +352,18 @@ async fn forget(state: &AppState, id: Uuid) -> ApiResult<()> {
     let kept: Vec<String> = blobs.list(&area).await?.iter().map(|name| blobs.location(&area, name)).collect();
     blobs.remove(&area, kept.iter().map(String::as_str)).await;
     Ok(())
+}
+
+/// Deletes the uploads (of any team) started longer ago than the configured retention, with their parts:
+/// how many went. Run hourly by the server beside the logs' retention.
+pub async fn expire_abandoned(state: &AppState) -> ApiResult<usize> {
+    let cutoff = chrono::Duration::from_std(state.config.upload_retention).unwrap_or(chrono::Duration::MAX);
+    let Some(before) = ringtrain_store::now().checked_sub_signed(cutoff) else { return Ok(0) };
+    let abandoned = state.store.uploads_started_before(before).await?;
+    for upload in &abandoned {
+        forget(state, upload.id).await?;
+    }
+    Ok(abandoned.len())
 }
 
 /// Delete an upload in progress and the parts it received.
