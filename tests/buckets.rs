@@ -42,24 +42,6 @@ fn spec(name: &str, dataset: &str) -> Value {
     })
 }
 
-/// The environment of each running rank of `job`, once they run.
-async fn rank_environments(job: &str) -> Vec<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let pids = support::rank_pids(job, None);
-        let environments: Vec<String> = pids
-            .iter()
-            .filter_map(|pid| std::fs::read(format!("/proc/{pid}/environ")).ok())
-            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', "\n"))
-            .collect();
-        if !environments.is_empty() {
-            return environments;
-        }
-        assert!(std::time::Instant::now() < deadline, "no rank of {job} ran within 120 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_is_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -91,7 +73,7 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     assert_eq!(status, 200, "{body}");
 
     let from_bucket = api.submit(&spec("from the bucket", &format!("shards:s3://{BUCKET}/team-a/fashion"))).await;
-    for environment in rank_environments(&from_bucket).await {
+    for environment in support::rank_environments(&from_bucket).await {
         assert!(
             !environment.contains(SECRET_KEY) && !environment.contains("AWS_"),
             "a rank's environment holds the store's credentials:\n{environment}"

@@ -1,11 +1,12 @@
 //! The server's bytes in a bucket (issue 55, "one store for bytes"): `ringtrain serve --store
 //! s3://ringtrain/server` against a real S3 server (s3s-fs) keeps the uploaded data set and model and the
-//! job's checkpoints there and nothing in its own data folder (a data set uploaded in parts too, each
-//! part an object until the upload completes); the job trains as from a folder (the agent
-//! downloads through the server, as ever), its checkpoint and one file of weights from inside it come back
-//! byte for byte; a second replica on the same database with a data folder of its own (no shared disk)
-//! serves the same checkpoint and takes a fork whose start it pins inside the bucket, and the fork trains
-//! from it; deleting the artifacts, the model and the data set removes their objects.
+//! job's checkpoints there and nothing in its own data folder (a data set uploaded in parts too, each part
+//! an object until the upload completes); the job trains as from a folder (the agent downloads through the
+//! server, as ever; no rank's environment holds the store's credentials), its checkpoint and one file of
+//! weights from inside it come back byte for byte; a second replica on the same database with a data
+//! folder of its own (no shared disk) serves the same checkpoint and takes a fork whose start it pins inside
+//! the bucket, and the fork trains from it; deleting the artifacts, the model and the data set removes
+//! their objects.
 
 mod support;
 
@@ -118,6 +119,13 @@ async fn a_server_on_a_bucket_keeps_uploads_and_checkpoints_there_and_a_replica_
         serde_json::from_str(&spec_text.replace("MODEL_ID", &model_id).replace("DATASET_ID", &dataset_id)).unwrap();
     spec["epochs"] = json!(2);
     let job = api.submit(&spec).await;
+    // the server's credentials are in the agent's environment too (this test's); a rank's has none
+    for environment in support::rank_environments(&job).await {
+        assert!(
+            !environment.contains(support::s3::SECRET_KEY) && !environment.contains("AWS_"),
+            "a rank's environment holds the store's credentials:\n{environment}"
+        );
+    }
     let done = api.wait_state(&job, "succeeded", LONG).await;
     assert!(done["result"]["final_test_error"].as_f64().unwrap() < 0.5, "it learned: {done}");
 

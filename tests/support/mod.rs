@@ -524,6 +524,24 @@ pub fn fashion_mnist(name: &str, workers: u32, train: u32, epochs: u32) -> Value
     })
 }
 
+/// The environment of each running rank of `job`, once they run.
+pub async fn rank_environments(job: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let pids = rank_pids(job, None);
+        let environments: Vec<String> = pids
+            .iter()
+            .filter_map(|pid| std::fs::read(format!("/proc/{pid}/environ")).ok())
+            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', "\n"))
+            .collect();
+        if !environments.is_empty() {
+            return environments;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rank of {job} ran within 120 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Pids of the rank processes of `job`: `train` processes whose working folder (the agent starts each in
 /// its private folder, `.../jobs/JOB/attempt-A/rank-R`) names the job.
 pub fn rank_pids(job: &str, rank: Option<u32>) -> Vec<u32> {
