@@ -335,6 +335,39 @@ impl<'a> Blobs<'a> {
     }
 }
 
+/// The folders of the data folder the server writes uploads to: its scratch space and the store's areas.
+const AREAS: [&str; 5] = ["tmp", "datasets", "models", "checkpoints", "uploads"];
+
+/// Removes the partial files (`*.part`) under `data_dir`'s areas last written more than `older_than` ago: what an
+/// upload left when its server was killed mid-way (a handler's guard removes them otherwise). Partial
+/// files lie in the scratch folder and, with the folder as the store, beside their final places; the age
+/// spares a partial file another replica sharing the folder is still writing. Returns how many went.
+pub async fn sweep_partials(data_dir: &Path, older_than: std::time::Duration) -> usize {
+    let Some(cutoff) = std::time::SystemTime::now().checked_sub(older_than) else { return 0 };
+    let mut removed = 0;
+    // the server's own areas only: `ringtrain up` keeps its agent's work folder in the same data folder
+    let mut folders: Vec<PathBuf> = AREAS.iter().map(|area| data_dir.join(area)).collect();
+    while let Some(folder) = folders.pop() {
+        let Ok(mut entries) = tokio::fs::read_dir(&folder).await else { continue };
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            let Ok(kind) = entry.file_type().await else { continue };
+            let path = entry.path();
+            if kind.is_dir() {
+                folders.push(path);
+                continue;
+            }
+            let stale = entry.metadata().await.and_then(|m| m.modified()).is_ok_and(|at| at < cutoff);
+            if kind.is_file() && path.extension().is_some_and(|e| e == "part") && stale {
+                match tokio::fs::remove_file(&path).await {
+                    Ok(()) => removed += 1,
+                    Err(error) => tracing::warn!(path = %path.display(), %error, "cannot remove a stale partial file"),
+                }
+            }
+        }
+    }
+    removed
+}
+
 /// A stored file readable on this machine (see [`Blobs::local`]).
 #[derive(Debug)]
 pub struct LocalFile {
@@ -390,6 +423,26 @@ mod tests {
         assert_eq!(blobs.size("datasets", &outside).await.unwrap_err().status().as_u16(), 404);
         assert_eq!(blobs.size("models", &outside).await.unwrap(), 7);
         assert_eq!(&blobs.read("models", &outside, 2..5).await.unwrap()[..], b"igh");
+    }
+
+    #[tokio::test]
+    async fn stale_partial_files_are_swept_and_fresh_ones_and_kept_files_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = Blobs::new(dir.path(), None);
+        let stale = blobs.partial("checkpoints/j1", "a.tar").await.unwrap();
+        let fresh = blobs.partial("tmp", "b").await.unwrap();
+        let kept = dir.path().join("checkpoints/j1/old.tar");
+        let agents = dir.path().join("agent/x.part");
+        std::fs::create_dir_all(dir.path().join("agent")).unwrap();
+        for path in [&stale, &fresh, &kept, &agents] {
+            std::fs::write(path, b"bytes").unwrap();
+        }
+        let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400);
+        for path in [&stale, &kept, &agents] {
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(long_ago).unwrap();
+        }
+        assert_eq!(sweep_partials(dir.path(), std::time::Duration::from_secs(86_400)).await, 1);
+        assert!(!stale.exists() && fresh.exists() && kept.exists() && agents.exists());
     }
 
     #[tokio::test]

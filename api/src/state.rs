@@ -211,9 +211,9 @@ impl AppState {
         }
     }
 
-    /// Deletes the rank output of jobs that ended more than `log_retention` ago and the data set uploads
-    /// left unfinished for `upload_retention`, once an hour, forever (`serve` runs it next to the scheduler
-    /// loop).
+    /// Deletes the rank output of jobs that ended more than `log_retention` ago, the data set uploads left
+    /// unfinished for `upload_retention` and the partial files interrupted uploads left a day ago or more,
+    /// once an hour from the server's start, forever (`serve` runs it next to the scheduler loop).
     pub async fn expire_leftovers(self) {
         loop {
             let cutoff = chrono::Duration::from_std(self.config.log_retention).unwrap_or(chrono::Duration::MAX);
@@ -223,6 +223,11 @@ impl AppState {
                     Ok(n) => tracing::info!(lines = n, "deleted rank output past its retention"),
                     Err(err) => tracing::warn!(error = %err, "deleting old rank output failed"),
                 }
+            }
+            // a day: longer than any upload takes, so another replica's partial file in a shared folder stays
+            let swept = crate::blobs::sweep_partials(&self.config.data_dir, Duration::from_secs(86_400)).await;
+            if swept > 0 {
+                tracing::info!(files = swept, "removed partial files that uploads interrupted a day ago or more left");
             }
             match crate::routes::dataset_uploads::expire_abandoned(&self).await {
                 Ok(0) => {}
