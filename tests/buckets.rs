@@ -112,6 +112,22 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     assert_eq!(status, 422, "{problem}");
     assert!(problem.to_string().contains("holds no index.json"), "{problem}");
 
+    // registered by reference: its index read and counted, a sample of its shards checked; a job names it
+    // by id and is stored naming the bucket
+    let (status, registered) = api
+        .request(
+            reqwest::Method::POST,
+            "/v1/datasets/sharded",
+            Some(json!({"name": "fashion", "source": format!("s3://{BUCKET}/team-a/fashion")})),
+        )
+        .await;
+    assert_eq!(status, 201, "{registered}");
+    assert_eq!((&registered["train_samples"], &registered["num_classes"]), (&json!(2400), &json!(10)), "{registered}");
+    let by_id = api.submit(&spec("by id", registered["id"].as_str().unwrap())).await;
+    let stored = api.job(&by_id).await;
+    assert_eq!(stored["spec"]["dataset"], format!("shards:s3://{BUCKET}/team-a/fashion"), "{stored}");
+    api.post(&format!("/v1/jobs/{by_id}/cancel"), json!({})).await;
+
     let broken = api.submit(&spec("a damaged shard", &format!("shards:s3://{BUCKET}/team-a/damaged"))).await;
     let failed = api.wait_state(&broken, "failed", Duration::from_secs(120)).await;
     let error = failed["error"].as_str().unwrap_or_default();

@@ -131,11 +131,23 @@ async fn a_job_trains_through_the_api_from_shards_inside_an_allowed_root() {
         "image_size": 28, "workers": 2, "per_worker_batch": 32, "epochs": 2, "seed": 1,
         "lr": {"base": 0.05, "reference_batch": 64, "warmup": {"kind": "none"}, "decay": {"kind": "none"}}
     });
-    let id = api.submit(&spec).await;
-    let job = api.wait_state(&id, "succeeded", std::time::Duration::from_secs(240)).await;
+    // registered by reference with the command line, and trained on by its id
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(["datasets", "register", shards.to_str().unwrap(), "--name", "fashion", "--json"])
+        .args(["--server", &cluster.url, "--token", support::ADMIN_TOKEN])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let registered: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((&registered["train_samples"], &registered["num_classes"]), (&json!(2400), &json!(10)), "{registered}");
+    let mut by_id = spec.clone();
+    by_id["dataset"] = registered["id"].clone();
+    let id = cluster.api.submit(&by_id).await;
+    let job = cluster.api.wait_state(&id, "succeeded", std::time::Duration::from_secs(240)).await;
+    assert_eq!(job["spec"]["dataset"], format!("shards:{}", shards.display()), "stored naming its source");
     let error = job["result"]["final_test_error"].as_f64().unwrap();
     assert!(error < 0.6, "it learned from the shards: final test error {error}");
-    let logs = api.get(&format!("/v1/jobs/{id}/logs?q=sandbox")).await;
+    let logs = cluster.api.get(&format!("/v1/jobs/{id}/logs?q=sandbox")).await;
     assert!(logs.to_string().contains("seccomp on"), "its ranks were confined: {logs}");
 
     let mut outside = spec.clone();

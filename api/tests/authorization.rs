@@ -52,6 +52,7 @@ const RULES: &[(&str, &str, &str)] = &[
     ("get", "/v1/datasets", "yyyyfyuu"),
     ("delete", "/v1/datasets/{id}", "nyyffnuu"),
     ("post", "/v1/datasets/uploads", "yyyffyuu"),
+    ("post", "/v1/datasets/sharded", "yyyffyuu"),
     ("get", "/v1/datasets/uploads", "yyyyfyuu"),
     ("get", "/v1/datasets/uploads/{id}", "nyyyfnuu"),
     ("put", "/v1/datasets/uploads/{id}/parts/{number}", "nyyffnuu"),
@@ -251,6 +252,7 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         ("post", "/v1/studies") => Some(json!({"base": spec("m"), "points": [{}]})),
         ("post", "/v1/studies/{id}/cancel") | ("post", "/v1/datasets/uploads/{id}/complete") => Some(json!({})),
         ("post", "/v1/datasets/uploads") => Some(new_upload()),
+        ("post", "/v1/datasets/sharded") => Some(json!({"name": "r", "source": "/data/shards"})),
         ("post", "/v1/teams") => {
             Some(json!({"name": format!("t{}", uuid::Uuid::new_v4().simple()), "gpu_quota": 0, "cpu_quota": 1}))
         }

@@ -59,6 +59,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/agent/jobs/{id}/result"),
     ("delete", "/v1/datasets/{id}"),
     ("post", "/v1/datasets/uploads"),
+    ("post", "/v1/datasets/sharded"),
     ("get", "/v1/datasets/uploads"),
     ("get", "/v1/datasets/uploads/{id}"),
     ("put", "/v1/datasets/uploads/{id}/parts/{number}"),

@@ -18,6 +18,10 @@ pub enum Datasets {
     /// goes in parts, each checked by its sha256 and sent again when it fails; an upload that stopped goes
     /// on with `--resume ID`.
     Upload(DatasetUploadArgs),
+    /// Register a sharded data set where it lies (`s3://BUCKET/PREFIX`, or a folder every node mounts, inside
+    /// the team's data roots): the server reads its index and checks a sample of its shards; jobs then name
+    /// it by id.
+    Register(RegisterArgs),
     /// The team's data sets, newest first.
     List(ListArgs),
     /// Delete a data set that no queued or running job trains on.
@@ -62,6 +66,42 @@ impl DatasetUploadArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct RegisterArgs {
+    /// Where `ringtrain datasets pack`'s output lies: s3://BUCKET/PREFIX or an absolute folder.
+    source: String,
+    /// Its name (default: the source's last part).
+    #[arg(long)]
+    name: Option<String>,
+    #[command(flatten)]
+    connection: crate::commands::connection::Connection,
+    /// Print the server's answer as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl RegisterArgs {
+    async fn run(&self) -> Result<()> {
+        let source = self.source.trim_end_matches('/');
+        let name = self.name.clone().unwrap_or_else(|| source.rsplit('/').next().unwrap_or(source).to_string());
+        let body = serde_json::json!({"name": name, "source": source});
+        let stored: Value = self.connection.client()?.post("/v1/datasets/sharded", &body).await?;
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(&stored)?);
+        } else {
+            println!(
+                "registered dataset {} ({}): {} training samples, {}, {} in its shards at {source}",
+                text(&stored, "id"),
+                text(&stored, "name"),
+                stored["train_samples"],
+                labels(&stored),
+                size(&stored)
+            );
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, clap::Args)]
 pub struct PackArgs {
     /// The training images: DIR/CLASS/*.jpg|png.
     train: PathBuf,
@@ -87,6 +127,7 @@ pub struct PackArgs {
 pub fn run(datasets: Datasets) -> ExitCode {
     match datasets {
         Datasets::Upload(args) => block_on("datasets upload", args.run()),
+        Datasets::Register(args) => block_on("datasets register", args.run()),
         Datasets::List(args) => block_on("datasets list", list(&args)),
         Datasets::Delete(args) => block_on("datasets delete", artifacts::delete(&args, "/v1/datasets", "dataset")),
         Datasets::Pack(args) => pack(&args),
@@ -166,6 +207,7 @@ async fn list(args: &ListArgs) -> Result<()> {
 fn inputs(dataset: &Value) -> String {
     match dataset["inputs"].as_array().filter(|named| !named.is_empty()) {
         Some(named) => named.iter().map(|input| format!("x.{}", text(input, "name"))).collect::<Vec<_>>().join(" "),
+        None if dataset["source"].is_string() => "images (shards)".to_string(),
         None => format!("x {}", dataset["sample_shape"]).replace(',', ", "),
     }
 }

@@ -43,6 +43,9 @@ pub struct Dataset {
     /// `classes` (integer labels) or `values` (float labels, for regression).
     pub labels: String,
     pub created_at: DateTime<Utc>,
+    /// A sharded data set registered by reference: where it lies (`s3://BUCKET/PREFIX` or a folder every
+    /// node mounts); jobs naming the data set train from it there. None for an uploaded file.
+    pub source: Option<String>,
 }
 
 /// A named input of a data set: the tensor `x.NAME` (and `x_test.NAME`).
@@ -99,6 +102,8 @@ pub struct NewDataset {
     pub num_classes: i32,
     pub inputs: Vec<DatasetInput>,
     pub labels: String,
+    /// Where a registered sharded data set lies (None: an uploaded file, at `path`).
+    pub source: Option<String>,
 }
 
 #[async_trait]
@@ -206,8 +211,8 @@ macro_rules! impl_artifact_store {
                 async fn add_dataset(&self, d: NewDataset) -> StoreResult<Dataset> {
                     let sql = format!(
                         "INSERT INTO datasets (id, team_id, name, path, size_bytes, sha256, train_samples, \
-                         sample_shape, num_classes, inputs, labels, created_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {DATASET_COLUMNS}"
+                         sample_shape, num_classes, inputs, labels, created_at, source) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING {DATASET_COLUMNS}"
                     );
                     let row: DatasetRow = sqlx::query_as(&sql)
                         .bind(d.id.0)
@@ -222,6 +227,7 @@ macro_rules! impl_artifact_store {
                         .bind(Json(&d.inputs))
                         .bind(&d.labels)
                         .bind(now())
+                        .bind(&d.source)
                         .fetch_one(self.pool())
                         .await?;
                     Ok(row.into())

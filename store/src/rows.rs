@@ -413,7 +413,8 @@ impl From<CheckpointRow> for Checkpoint {
 }
 
 pub(crate) const DATASET_COLUMNS: &str =
-    "id, team_id, name, path, size_bytes, sha256, train_samples, sample_shape, num_classes, inputs, labels, created_at";
+    "id, team_id, name, path, size_bytes, sha256, train_samples, sample_shape, num_classes, inputs, labels, created_at, \
+     source";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct DatasetRow {
@@ -429,6 +430,7 @@ pub(crate) struct DatasetRow {
     inputs: Json<Vec<DatasetInput>>,
     labels: String,
     created_at: DateTime<Utc>,
+    source: Option<String>,
 }
 
 impl From<DatasetRow> for Dataset {
@@ -446,6 +448,7 @@ impl From<DatasetRow> for Dataset {
             inputs: row.inputs.0,
             labels: row.labels,
             created_at: row.created_at,
+            source: row.source,
         }
     }
 }

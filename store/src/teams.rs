@@ -295,9 +295,10 @@ macro_rules! impl_team_store {
 
                 async fn storage_use(&self, id: TeamId) -> StoreResult<StorageUse> {
                     // models and uploads in parts (at their declared size) count with datasets: all are what
-                    // a team uploaded
+                    // a team uploaded; a data set registered by reference is not on the server
                     let (datasets,): (Option<i64>,) = sqlx::query_as(
-                        "SELECT CAST(SUM(size_bytes) AS BIGINT) FROM (SELECT size_bytes FROM datasets WHERE team_id = $1 \
+                        "SELECT CAST(SUM(size_bytes) AS BIGINT) FROM (SELECT size_bytes FROM datasets \
+                         WHERE team_id = $1 AND source IS NULL \
                          UNION ALL SELECT size_bytes FROM models WHERE team_id = $1 \
                          UNION ALL SELECT size_bytes FROM dataset_uploads WHERE team_id = $1) AS uploads",
                     )

@@ -340,6 +340,7 @@ async fn join_parts(state: &AppState, upload: &Upload, parts: i64) -> ApiResult<
         num_classes: contents.num_classes,
         inputs: contents.inputs,
         labels: contents.labels,
+        source: None,
     });
     crate::uploads::record(state, super::datasets::DATASETS, &location, stored).await
 }

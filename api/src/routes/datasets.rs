@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use ringtrain_core::{DatasetId, DatasetRef, FieldError};
+use ringtrain_core::{DatasetId, FieldError};
 use ringtrain_store::{Dataset, DatasetInput, NewDataset};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -203,6 +203,7 @@ pub async fn upload_dataset(
         num_classes: contents.num_classes,
         inputs: contents.inputs,
         labels: contents.labels,
+        source: None,
     });
     uploads::record(&state, DATASETS, &location, stored).await
 }
@@ -251,9 +252,12 @@ pub async fn delete_dataset(
     user.require_write()?;
     let not_found = || ApiError::not_found(format!("no dataset {id}"));
     let dataset = state.store.get_dataset(id).await?.filter(|d| user.owns(d.team_id)).ok_or_else(not_found)?;
-    let wanted = DatasetRef::Uploaded(id);
-    uploads::refuse_if_in_use(&state, user.team_id, &format!("dataset {id}"), |spec| spec.dataset == wanted).await?;
+    let uses = |spec: &ringtrain_core::JobSpec| super::registered_datasets::trains_on(spec, &dataset);
+    uploads::refuse_if_in_use(&state, user.team_id, &format!("dataset {id}"), uses).await?;
     state.store.delete_dataset(dataset.id).await?.ok_or_else(not_found)?;
-    state.config.blobs().remove("datasets", std::iter::once(dataset.path.as_str())).await;
+    // a registered data set's bytes are where the team keeps them, not the server's
+    if dataset.source.is_none() {
+        state.config.blobs().remove("datasets", std::iter::once(dataset.path.as_str())).await;
+    }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -9,6 +9,7 @@ pub mod jobs;
 pub mod me;
 pub mod models;
 pub mod nodes;
+pub mod registered_datasets;
 pub mod schedules;
 pub mod studies;
 pub mod teams;
@@ -145,6 +146,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(dataset_uploads::start_upload, dataset_uploads::list_uploads))
         .routes(routes!(dataset_uploads::get_upload, dataset_uploads::delete_upload))
         .routes(routes!(dataset_uploads::complete_upload))
+        .routes(routes!(registered_datasets::register_dataset))
         .routes(routes!(jobs::get_job, jobs::annotations::annotate_job))
         .routes(routes!(jobs::control::cancel_job))
         .routes(routes!(jobs::control::resume_job))

@@ -73,6 +73,15 @@ pub async fn upload_model(
         .await?
         .filter(|d| user.owns(d.team_id))
         .ok_or_else(|| field_error("dataset", format!("no uploaded dataset {}", params.dataset)))?;
+    if let Some(source) = &dataset.source {
+        return Err(field_error(
+            "dataset",
+            format!(
+                "dataset {} is sharded images ({source}): a model is checked against an uploaded safetensors data set",
+                dataset.id
+            ),
+        ));
+    }
     let inputs = declared_inputs(&dataset, params.inputs.as_deref())?;
     let checker = match &state.config.model_checker {
         Ok(checker) => checker.clone(),

@@ -116,6 +116,8 @@ pub async fn checked_job(
     spec_json: Value,
     study: Option<StudyPoint>,
 ) -> ApiResult<NewJob> {
+    let (mut reading, mut spec_json) = (reading, spec_json);
+    crate::routes::registered_datasets::resolve_registered(state, user, &mut reading.spec, &mut spec_json).await?;
     let spec = &reading.spec;
     let mut problems = Problems::default();
     let dataset_size = problems.take(dataset_size(state, user, spec).await)?.flatten();
