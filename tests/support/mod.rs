@@ -148,6 +148,9 @@ fn start_up(dir: &Path, cpus: u32) -> (Process, String) {
         // minimum run time and the grow interval are tested in the scheduler's own tests
         .env("RINGTRAIN_MIN_RUN_BEFORE_PREEMPTION_SECONDS", "0")
         .env("RINGTRAIN_GROW_INTERVAL_SECONDS", "2")
+        // the tests read every iteration's report; the metric budget's thinning is tested in
+        // api/src/admission/metric_budget.rs (a fast machine put 4 ranks' reports past 500 a second)
+        .env("RINGTRAIN_METRIC_ROWS_PER_SECOND", "0")
         .env("RUST_LOG", "warn");
     let (server, rest) = start_until(command, "ringtrain is up at ");
     let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();
@@ -166,6 +169,8 @@ fn serve_command(mut command: Command, listen: &str, database_url: &str, dir: &P
         // the reclaim test preempts a job seconds after it started; the minimum run time before a preemption
         // (thrash protection) is tested in api/tests/scheduling.rs
         .env("RINGTRAIN_MIN_RUN_BEFORE_PREEMPTION_SECONDS", "0")
+        // every iteration's report is read (see `start_up`)
+        .env("RINGTRAIN_METRIC_ROWS_PER_SECOND", "0")
         .env("RUST_LOG", "warn,ringtrain_api::scheduling=info");
     if let Some(tls) = tls {
         command.arg("--tls-cert").arg(&tls.server_cert).arg("--tls-key").arg(&tls.server_key);
