@@ -69,7 +69,7 @@ pub async fn register_dataset(
     let roots = data_roots(&state, user.team_id).await?;
     check_idx_path(&source, &roots).map_err(|reason| refuse("source", reason))?;
     let reader = Reader::new(&state, &source, &roots).await?;
-    let index = reader.index().await?;
+    let (index, index_sha256) = reader.index().await?;
     let shards = &index.train.shards;
     let sampled: Vec<&ShardInfo> = match shards.as_slice() {
         [] => Vec::new(),
@@ -89,7 +89,7 @@ pub async fn register_dataset(
             name: body.name,
             path: format!("shards:{source}"),
             size_bytes: size_bytes.min(i64::MAX as u64) as i64,
-            sha256: reader.index_sha256.clone(),
+            sha256: index_sha256,
             train_samples: index.train.samples.min(i64::MAX as u64) as i64,
             sample_shape: Vec::new(),
             num_classes: index.classes.len().min(i32::MAX as usize) as i32,
@@ -106,8 +106,6 @@ pub async fn register_dataset(
 struct Reader {
     place: Place,
     source: String,
-    index_sha256: String,
-    index_text: String,
 }
 
 enum Place {
@@ -133,19 +131,19 @@ impl Reader {
         } else {
             Place::Folder(resolved_inside(source, roots).await?)
         };
-        let mut reader =
-            Reader { place, source: source.to_string(), index_sha256: String::new(), index_text: String::new() };
-        let bytes = reader.read_whole("index.json").await?;
-        reader.index_sha256 = crate::hex(&Sha256::digest(&bytes));
-        reader.index_text = String::from_utf8(bytes).map_err(|_| refuse("source", "index.json is not UTF-8"))?;
-        Ok(reader)
+        Ok(Reader { place, source: source.to_string() })
     }
 
-    async fn index(&self) -> ApiResult<DatasetIndex> {
-        DatasetIndex::from_json(&self.index_text).map_err(|errors| {
+    /// The source's checked index, and the sha256 of its bytes.
+    async fn index(&self) -> ApiResult<(DatasetIndex, String)> {
+        let bytes = self.read_whole("index.json").await?;
+        let sha256 = crate::hex(&Sha256::digest(&bytes));
+        let text = String::from_utf8(bytes).map_err(|_| refuse("source", "index.json is not UTF-8"))?;
+        let index = DatasetIndex::from_json(&text).map_err(|errors| {
             let why: Vec<String> = errors.iter().map(ToString::to_string).collect();
             refuse("source", format!("{}/index.json: {}", self.source, why.join("; ")))
-        })
+        })?;
+        Ok((index, sha256))
     }
 
     async fn read_whole(&self, name: &str) -> ApiResult<Vec<u8>> {
