@@ -1,10 +1,11 @@
 //! Sharded data sets in an S3-compatible bucket (issue 55): a real S3 server (s3s-fs, the s3s project's
 //! file-backed server, which scripts/test.sh installs) holds Fashion-MNIST packed into JPEG shards, uploaded
 //! with S3 PUTs. Through the API (`ringtrain up` with the store's endpoint and credentials in its
-//! environment), a team granted a prefix trains from it: the agent copies the shards into its cache (saying
-//! so in the job's logs) and the ranks read them there, their environment free of the credentials, to the
-//! very same result as the same shards read from a folder. A prefix not granted, or one that holds no
-//! data set, is refused (422), and a shard whose bytes are not its index's fails the job naming the shard.
+//! environment), a team granted a prefix trains from it: the agent streams the shards into its cache as the
+//! ranks say they will read them (saying so in the job's logs) and the ranks read them there, their
+//! environment free of the credentials, to the very same result as the same shards read from a folder,
+//! also when the data set is larger than the node's cache. A prefix not granted, or one that holds no data
+//! set, is refused (422), and a shard whose bytes are not its index's fails the job naming the shard.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,6 +43,31 @@ fn spec(name: &str, dataset: &str) -> Value {
     })
 }
 
+/// Grants team "vision" the data root `root`.
+async fn grant(cluster: &support::Cluster, root: &str) {
+    let teams = cluster.api.get("/v1/teams").await;
+    let team = teams["teams"].as_array().or(teams.as_array()).unwrap().iter().find(|t| t["name"] == "vision").unwrap();
+    let granted = json!({"data_roots": [root]});
+    let (status, body) = cluster
+        .api
+        .request(reqwest::Method::PATCH, &format!("/v1/teams/{}", team["id"].as_str().unwrap()), Some(granted))
+        .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The bytes of the files under `folder` (a node's cache of streamed data sets) now.
+fn bytes_under(folder: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(folder) else { return 0 };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => bytes_under(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_is_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -63,14 +89,7 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     std::env::set_var("RINGTRAIN_IDX_ROOTS", dir.path());
     let cluster = support::Cluster::up("buckets", 2).await;
     let api = cluster.team("vision", 2).await;
-    let teams = cluster.api.get("/v1/teams").await;
-    let team = teams["teams"].as_array().or(teams.as_array()).unwrap().iter().find(|t| t["name"] == "vision").unwrap();
-    let granted = json!({"data_roots": [format!("s3://{BUCKET}/team-a")]});
-    let (status, body) = cluster
-        .api
-        .request(reqwest::Method::PATCH, &format!("/v1/teams/{}", team["id"].as_str().unwrap()), Some(granted))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    grant(&cluster, &format!("s3://{BUCKET}/team-a")).await;
 
     let from_bucket = api.submit(&spec("from the bucket", &format!("shards:s3://{BUCKET}/team-a/fashion"))).await;
     for environment in support::rank_environments(&from_bucket).await {
@@ -81,8 +100,8 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     }
     let job = api.wait_state(&from_bucket, "succeeded", Duration::from_secs(300)).await;
     let logs = api.get(&format!("/v1/jobs/{from_bucket}/logs?q=agent")).await.to_string();
-    let copying = format!("agent: copying s3://{BUCKET}/team-a/fashion into this node's cache: ");
-    assert!(logs.contains(&copying) && logs.contains("agent: copied s3://"), "the copy is in the job's logs: {logs}");
+    let streaming = format!("agent: s3://{BUCKET}/team-a/fashion streams into this node's cache as the ranks read it");
+    assert!(logs.contains(&streaming), "the stream is in the job's logs: {logs}");
     let from_path = api.submit(&spec("from the folder", &format!("shards:{}", shards.display()))).await;
     let same = api.wait_state(&from_path, "succeeded", Duration::from_secs(300)).await;
     let (a, b) = (&job["result"]["final_test_error"], &same["result"]["final_test_error"]);
@@ -91,7 +110,7 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     eprintln!("ResNet-8, 3 epochs: final test error {a} from the bucket, {b} from the folder");
     let cache = cluster.dir.join("data/agent/shards");
     let copies: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(copies.len(), 1, "one copy in the node's cache, whole: {copies:?}");
+    assert_eq!(copies.len(), 1, "one folder in the node's cache, shared by the ranks: {copies:?}");
     assert!(copies[0].join(&damaged).is_file() && copies[0].join("index.json").is_file());
 
     let (status, problem) = api
@@ -133,4 +152,66 @@ async fn a_team_trains_from_its_bucket_prefix_as_from_a_folder_and_a_bad_shard_i
     let error = failed["error"].as_str().unwrap_or_default();
     assert!(error.contains(&format!("shard {damaged}")) && error.contains("its index says"), "{failed}");
     assert_eq!(failed["attempt"], 1, "a shard that does not match its index is not retried: {failed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_data_set_larger_than_the_nodes_cache_streams_through_it_to_the_same_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = support::shards::packed_from(dir.path(), 6000, 400, 0.05);
+    open_to_ranks(dir.path());
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();
+    let sizes: Vec<u64> = ["train", "test"]
+        .iter()
+        .flat_map(|split| index[split]["shards"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()))
+        .collect();
+    let (total, largest) = (sizes.iter().sum::<u64>(), *sizes.iter().max().unwrap());
+    let server = S3Server::start(&dir.path().join("s3"), BUCKET);
+    upload(&server.client(BUCKET), &shards, "team-a/fashion", &[]).await;
+    // the node's cache holds 40 shards' worth: its 2 ranks' windows and the shards fetched ahead of them
+    // (2 × (8 + 16)), less than half of the data set
+    let bound = 40 * largest;
+    assert!(total > 2 * bound, "{total} bytes of shards against a bound of {bound}");
+    server.export_to_environment();
+    std::env::set_var("RINGTRAIN_IDX_ROOTS", dir.path());
+    std::env::set_var("RINGTRAIN_CACHE_MAX_GIB", (bound as f64 / (1u64 << 30) as f64).to_string());
+    let cluster = support::Cluster::up("streaming", 2).await;
+    let api = cluster.team("vision", 2).await;
+    grant(&cluster, &format!("s3://{BUCKET}/team-a")).await;
+
+    // the cache's size, watched while the job trains
+    let cache = cluster.dir.join("data/agent/shards");
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let (cache, watching) = (cache.clone(), watching.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(bytes_under(&cache));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    let mut streamed = spec("streamed", &format!("shards:s3://{BUCKET}/team-a/fashion"));
+    streamed["epochs"] = json!(2);
+    let from_bucket = api.submit(&streamed).await;
+    let job = api.wait_state(&from_bucket, "succeeded", Duration::from_secs(300)).await;
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak = watcher.join().unwrap();
+    let logs = api.get(&format!("/v1/jobs/{from_bucket}/logs?q=agent")).await.to_string();
+    assert!(logs.contains("so shards are fetched again each epoch"), "the bound is said in the job's logs: {logs}");
+    // the ranks' next shards are fetched ahead within the bound; a shard a rank waits for comes past it
+    // when nothing else may go (each rank waits for one at a time)
+    assert!(peak <= bound + 2 * largest, "the cache held {peak} bytes at its peak, bound {bound}");
+    assert!(peak < total, "the cache never held the whole data set ({peak} of {total} bytes)");
+    eprintln!("streamed {total} bytes of shards through a cache of {bound}: peak {peak}");
+
+    let mut from_folder = streamed.clone();
+    from_folder["name"] = json!("from the folder");
+    from_folder["dataset"] = json!(format!("shards:{}", shards.display()));
+    let from_path = api.submit(&from_folder).await;
+    let same = api.wait_state(&from_path, "succeeded", Duration::from_secs(300)).await;
+    let (a, b) = (&job["result"]["final_test_error"], &same["result"]["final_test_error"]);
+    assert!(a.as_f64().unwrap() < 0.75, "it learned from the bucket (chance: 0.9): {job}");
+    assert_eq!(a, b, "streamed through a small cache or read from a folder: the same result");
 }

@@ -165,7 +165,7 @@ fn peak_memory_training_on(dir: &Path, per_class: u32) -> (f64, u64) {
     ringtrain_data::synthetic::image_folder(&photos.join("train"), 4, per_class, 400, 350, 7).unwrap();
     ringtrain_data::synthetic::image_folder(&photos.join("test"), 4, 8, 400, 350, 8).unwrap();
     let shards = photos.join("shards");
-    pack(&photos, &shards, 8);
+    pack(&photos, &shards, 8.0);
     let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();
     let bytes = index["train"]["shards"].as_array().unwrap().iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
     let spec = json!({

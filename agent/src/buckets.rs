@@ -1,56 +1,56 @@
-//! Sharded data sets in an S3-compatible bucket (`shards:s3://BUCKET/PREFIX`): the agent copies one whole
-//! into its node's cache (`work_dir/shards/KEY/`, [`crate::cache`]) before the rank starts, and passes the
-//! rank the folder open. The store's credentials are the agent's (its environment: `AWS_ACCESS_KEY_ID`,
-//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`): a rank never sees them, nor the store
-//! (its sandbox allows TCP only to its ring's ports); it reads files the agent checked.
+//! Sharded data sets in an S3-compatible bucket (`shards:s3://BUCKET/PREFIX`): the agent streams one into
+//! its node's cache (`work_dir/shards/KEY/`, [`crate::cache`]) while the ranks train, shards fetched in the
+//! order the ranks will open them ([`crate::streaming`]), and passes the rank the folder open. The store's
+//! credentials are the agent's (its environment: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_SESSION_TOKEN`, `AWS_REGION`): a rank never sees them, nor the store (its sandbox allows TCP only
+//! to its ring's ports); it reads files the agent checked.
 //!
-//! A copy is trusted only whole: every shard is checked against the size and sha256 its index gives while
-//! it is written, into a folder named `KEY.part-UUID` that becomes `KEY` only once the last shard is in. The
-//! key is a digest of the URL and of the index's bytes, so a data set packed again under the same prefix is
-//! a new entry, and the old one leaves the cache as it ages. Ranks of one node wait for one copy.
-//!
-//! Copying whole before training is SageMaker's File mode: a data set larger than this node's cache limit
-//! cannot run here (refused at once, saying so). Streaming shards into a bounded cache as the ranks need
-//! them is not built yet.
+//! The folder's key is a digest of the URL and of the index's bytes, so a data set packed again under the
+//! same prefix is a new entry, and the old one leaves the cache as it ages. The ranks of a node that read
+//! one data set share its folder and its stream.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 
 use anyhow::{Context, Result};
-use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use object_store::aws::AmazonS3;
-use object_store::path::Path as Key;
 use object_store::ObjectStore;
 use ringtrain_data::bucket::{self, object_key, IndexReadError};
 use ringtrain_data::index::DatasetIndex;
+use ringtrain_data::ShardInfo;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use crate::cache::{CachedFile, FileCache, SHARDS};
+use crate::cache::{FileCache, SHARDS};
 use crate::rank::NotRunnable;
+use crate::streaming::{RankStream, Stream};
 
 /// How this node reaches buckets: the endpoint of an S3-compatible store (None: AWS's, from the region).
 #[derive(Debug, Default)]
 pub struct Buckets {
     endpoint: Option<String>,
-    /// One copy at a time on this node: two ranks of a placement wait for the first one's copy.
-    copying: tokio::sync::Mutex<()>,
+    /// The data sets streaming into this node's cache, by folder: ranks of one data set share its stream.
+    streams: std::sync::Mutex<HashMap<PathBuf, Weak<Stream>>>,
+    /// One stream started at a time: two ranks of a placement starting together share the first's.
+    starting: tokio::sync::Mutex<()>,
 }
 
 impl Buckets {
     pub fn new(endpoint: Option<String>) -> Buckets {
-        Buckets { endpoint: endpoint.filter(|e| !e.is_empty()), copying: Default::default() }
+        Buckets { endpoint: endpoint.filter(|e| !e.is_empty()), ..Default::default() }
     }
 
-    /// The cached copy of the data set at `url` (`s3://BUCKET/PREFIX`), copied now unless the cache holds
-    /// it; held for the rank until it ends. Its progress is said to `say` (the job's logs): a copy of
-    /// ImageNet takes minutes, and a job that shows nothing meanwhile looks stuck.
-    pub(crate) async fn cached_copy(
+    /// The data set at `url` (`s3://BUCKET/PREFIX`) as one rank reads it: its folder in this node's cache
+    /// (the index in it; the shards arrive as the rank says it will open them), held until the rank ends.
+    /// What it starts with is said to `say` (the job's logs).
+    pub(crate) async fn stream(
         &self,
         cache: &FileCache,
         url: &str,
         say: &mut (dyn FnMut(String) + Send),
-    ) -> Result<CachedFile> {
+    ) -> Result<RankStream> {
         let (bucket, prefix) = ringtrain_core::dataset::parse_bucket_url(url).map_err(NotRunnable)?;
         let store = bucket::client(bucket, self.endpoint.as_deref())
             .with_context(|| format!("cannot make a client of bucket {bucket}"))?;
@@ -59,99 +59,106 @@ impl Buckets {
             Err(IndexReadError::Invalid(why)) => return Err(NotRunnable(why).into()),
             Err(err) => return Err(err.into()),
         };
-        let total: u64 = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).sum();
-        if let Some(max) = cache.max_bytes().filter(|max| total > *max) {
-            return Err(NotRunnable(format!(
-                "{url} is {:.1} GiB, more than this node's cache may hold ({:.1} GiB, --cache-max-gib): a data set \
-                 in a bucket is copied whole onto each node that trains on it",
-                gib(total),
-                gib(max)
-            ))
-            .into());
-        }
         let name = ringtrain_core::hex(
             &Sha256::new().chain_update(url).chain_update(b"\n").chain_update(&index_bytes).finalize(),
         );
         let folder = cache.dir(SHARDS).join(&name[..32]);
         let held = cache.pin(folder.clone());
-        let _one_at_a_time = match self.copying.try_lock() {
-            Ok(guard) => guard,
-            Err(_) => {
-                say(format!("agent: waiting for this node's copy in progress before copying {url}"));
-                self.copying.lock().await
+        let starting = self.starting.lock().await;
+        let running = self.lock().get(&folder).and_then(Weak::upgrade);
+        let stream = match running {
+            Some(stream) => stream,
+            None => {
+                let started = start_stream(cache, url, prefix, store, &folder, &index, &index_bytes, say).await?;
+                self.lock().insert(folder.clone(), Arc::downgrade(&started));
+                started
             }
         };
-        if folder.is_dir() {
-            FileCache::touch(&held).with_context(|| format!("cannot mark {} used", folder.display()))?;
-            say(format!("agent: {url} is in this node's cache"));
-            return Ok(held);
-        }
-        check_free_space(&cache.dir(SHARDS), url, total).await?;
-        let shards = index.splits().map(|(_, split)| split.shards.len()).sum::<usize>();
-        say(format!("agent: copying {url} into this node's cache: {shards} shards, {:.2} GiB", gib(total)));
-        let started = std::time::Instant::now();
-        let partial = folder.with_extension(format!("part-{}", uuid::Uuid::new_v4().simple()));
-        let mut progress = Progress { url, shards, total, done: 0, bytes: 0, started, said: started, say };
-        let copied = copy(&store, url, prefix, &index, &index_bytes, &partial, &mut progress).await;
-        match copied {
-            Ok(()) => tokio::fs::rename(&partial, &folder).await?,
-            Err(err) => {
-                let _ = tokio::fs::remove_dir_all(&partial).await;
-                return Err(err);
-            }
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        let rate = total as f64 / 1048576.0 / seconds.max(1e-3);
-        say(format!("agent: copied {url}: {shards} shards, {:.2} GiB in {seconds:.1} s ({rate:.0} MiB/s)", gib(total)));
-        tracing::info!(%url, bytes = total, seconds, mib_per_s = rate, "copied the data set into this node's cache");
-        crate::files::make_room(cache.clone()).await;
-        Ok(held)
+        drop(starting);
+        FileCache::touch(&held).with_context(|| format!("cannot mark {} used", folder.display()))?;
+        let (here, shards) = stream.held();
+        say(format!(
+            "agent: {url} streams into this node's cache as the ranks read it: {here} of its {shards} shards are here"
+        ));
+        Ok(stream.reader(held))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Weak<Stream>>> {
+        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-/// Copies the index and every shard of `index` into `folder`, [`COPY_STREAMS`] shards at a time, checking
-/// each shard's size and sha256 as it is written (the first to fail ends the copy); readable by the rank's account (which reaches the folder only through the open handle it is
-/// passed: the cache above it is the agent's alone).
-async fn copy(
-    store: &AmazonS3,
+/// Opens the data set's folder in the cache (its index written, what an earlier agent left half done or
+/// failed removed, the shards already there counted) and starts its stream, with the share of the cache
+/// the other entries leave it.
+#[allow(clippy::too_many_arguments)]
+async fn start_stream(
+    cache: &FileCache,
     url: &str,
     prefix: &str,
+    store: AmazonS3,
+    folder: &Path,
     index: &DatasetIndex,
     index_bytes: &[u8],
-    folder: &Path,
-    progress: &mut Progress<'_>,
-) -> Result<()> {
+    say: &mut (dyn FnMut(String) + Send),
+) -> Result<Arc<Stream>> {
     use std::os::unix::fs::PermissionsExt;
     tokio::fs::create_dir_all(folder).await?;
     tokio::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o755)).await?;
-    // boxed as `Send` futures: the agent's task must be `Send`, which rustc cannot prove through a stream
-    // of unboxed borrowing futures
-    let copies: Vec<BoxFuture<'_, Result<u64>>> = index
+    let mut present = Vec::new();
+    let mut entries = tokio::fs::read_dir(folder).await?;
+    let shards: HashMap<&str, (&str, u32, u64)> = index
         .splits()
-        .flat_map(|(_, split)| split.shards.iter())
-        .map(|shard| -> BoxFuture<'_, Result<u64>> {
-            Box::pin(async move {
-                let (key, path) = (object_key(prefix, &shard.name), folder.join(&shard.name));
-                copy_shard(store, url, &key, &path, shard.bytes, &shard.sha256).await.map(|()| shard.bytes)
-            })
+        .flat_map(|(split, s)| {
+            s.shards.iter().enumerate().map(move |(i, info)| (info.name.as_str(), (split, i as u32, info.bytes)))
         })
         .collect();
-    let mut copies = futures_util::stream::iter(copies).buffer_unordered(COPY_STREAMS);
-    while let Some(copied) = copies.next().await {
-        progress.shard_done(copied?);
+    while let Some(entry) = entries.next_entry().await? {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        match shards.get(file.as_str()) {
+            // written whole and checked by an agent of this node (renamed into place only then)
+            Some(&(split, shard, bytes)) if entry.metadata().await?.len() == bytes => {
+                present.push((split.to_string(), shard))
+            }
+            _ if file == "index.json" => {}
+            _ => tokio::fs::remove_file(entry.path()).await?,
+        }
     }
-    write_readable(&folder.join("index.json"), index_bytes).await
+    write_readable(&folder.join("index.json"), index_bytes).await?;
+    crate::files::make_room(cache.clone()).await;
+    let total: u64 = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).sum();
+    let budget = match cache.max_bytes() {
+        Some(max) => Some(max.saturating_sub(cache.bytes_outside(folder)?)),
+        None => None,
+    };
+    let largest = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).max().unwrap_or(0);
+    check_free_space(folder, url, budget.unwrap_or(total).min(total).max(largest)).await?;
+    if let Some(budget) = budget.filter(|b| *b < total) {
+        say(format!(
+            "agent: {url} is {:.2} GiB; this node's cache keeps {:.2} GiB of it at most (--cache-max-gib), so shards \
+             are fetched again each epoch",
+            gib(total),
+            gib(budget)
+        ));
+    }
+    Ok(Stream::start(url, prefix, store, folder.to_path_buf(), index, present, budget))
 }
 
-/// Shards copied at once: one S3 stream gets tens of MB/s, a node's link wants several (what `aws s3 cp`
-/// does by default: 10 requests at once).
-const COPY_STREAMS: usize = 8;
+/// Why a shard did not arrive.
+#[derive(Debug)]
+pub(crate) enum FetchError {
+    /// The store did not give it (worth trying again).
+    Unreadable(String),
+    /// It is missing, or its bytes are not what the index says (the same for every node, every try).
+    NotTheIndexs(String),
+}
 
-/// Room left on the disk after a copy: the ranks' folders and checkpoints share it.
+/// Room left on the disk beside a streamed data set: the ranks' folders and checkpoints share it.
 const DISK_RESERVE: u64 = 2 << 30;
 
-/// Refuses a copy the disk under `folder` has no room for (with [`DISK_RESERVE`] left), before it starts
-/// rather than when the disk is full: another node may have the room, so the job is tried elsewhere.
+/// Refuses a data set the disk under `folder` has no room for (`bytes`: the most it will hold there, with
+/// [`DISK_RESERVE`] left), before it starts rather than when the disk is full: another node may have the
+/// room, so the job is tried elsewhere.
 async fn check_free_space(folder: &Path, url: &str, bytes: u64) -> Result<()> {
     tokio::fs::create_dir_all(folder).await?;
     let Ok(stats) = rustix::fs::statvfs(folder) else { return Ok(()) };
@@ -168,82 +175,87 @@ async fn check_free_space(folder: &Path, url: &str, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// How far a copy has got, said every [`SAY_EVERY`].
-struct Progress<'a> {
-    url: &'a str,
-    shards: usize,
-    total: u64,
-    done: usize,
-    bytes: u64,
-    started: std::time::Instant,
-    said: std::time::Instant,
-    say: &'a mut (dyn FnMut(String) + Send),
-}
-
-/// How often a copy in progress says how far it got.
-const SAY_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl Progress<'_> {
-    fn shard_done(&mut self, bytes: u64) {
-        self.done += 1;
-        self.bytes += bytes;
-        if self.said.elapsed() >= SAY_EVERY && self.done < self.shards {
-            self.said = std::time::Instant::now();
-            let rate = self.bytes as f64 / 1048576.0 / self.started.elapsed().as_secs_f64().max(1e-3);
-            (self.say)(format!(
-                "agent: copying {}: {} of {} shards, {:.2} of {:.2} GiB ({rate:.0} MiB/s)",
-                self.url,
-                self.done,
-                self.shards,
-                gib(self.bytes),
-                gib(self.total)
-            ));
-        }
+/// One shard into `folder`, checked against its index's size and sha256 as it is written (into
+/// `NAME.part-UUID`, renamed into place once whole and right).
+pub(crate) async fn fetch_shard(
+    store: &AmazonS3,
+    url: &str,
+    prefix: &str,
+    shard: &ShardInfo,
+    folder: &Path,
+) -> Result<(), FetchError> {
+    let name = &shard.name;
+    let path = folder.join(name);
+    let partial = folder.join(format!("{name}.part-{}", uuid::Uuid::new_v4().simple()));
+    let fetched = write_checked(store, url, prefix, shard, &partial).await;
+    let renamed = match fetched {
+        Ok(()) => tokio::fs::rename(&partial, &path)
+            .await
+            .map_err(|e| FetchError::Unreadable(format!("cannot keep {}: {e}", path.display()))),
+        Err(err) => Err(err),
+    };
+    if renamed.is_err() {
+        let _ = tokio::fs::remove_file(&partial).await;
     }
+    renamed
 }
 
-/// One shard, streamed to `path`: a shard missing from the bucket, or whose size or sha256 is not its
-/// index's, fails the job naming it (another node would find the same).
-async fn copy_shard(store: &AmazonS3, url: &str, key: &Key, path: &Path, bytes: u64, sha256: &str) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let found = match store.get(key).await {
+async fn write_checked(
+    store: &AmazonS3,
+    url: &str,
+    prefix: &str,
+    shard: &ShardInfo,
+    path: &Path,
+) -> Result<(), FetchError> {
+    let (name, bytes) = (&shard.name, shard.bytes);
+    // the shard's place in the bucket: what a rank's failure names after the shard
+    let object = format!("{}/{name}", url.trim_end_matches('/'));
+    let unreadable = |what: String| FetchError::Unreadable(what);
+    let found = match store.get(&object_key(prefix, name)).await {
         Ok(found) => found,
         Err(object_store::Error::NotFound { .. }) => {
-            return Err(NotRunnable(format!("shard {name} of {url} is missing from the bucket")).into())
+            return Err(FetchError::NotTheIndexs(format!("{object} is missing from the bucket")))
         }
-        Err(err) => return Err(err).with_context(|| format!("cannot read shard {name} of {url}")),
+        Err(err) => return Err(unreadable(format!("cannot read {object}: {err}"))),
     };
-    let mut file = tokio::fs::File::create(path).await?;
+    let local = |e: std::io::Error| unreadable(format!("cannot write {}: {e}", path.display()));
+    let mut file = tokio::fs::File::create(path).await.map_err(local)?;
     let mut hasher = Sha256::new();
     let mut written: u64 = 0;
     let mut stream = found.into_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.with_context(|| format!("reading shard {name} of {url} broke off"))?;
+        let chunk = chunk.map_err(|e| unreadable(format!("reading {object} broke off: {e}")))?;
         written += chunk.len() as u64;
         if written > bytes {
             break;
         }
         hasher.update(&chunk);
-        file.write_all(&chunk).await?;
+        file.write_all(&chunk).await.map_err(local)?;
     }
-    file.flush().await?;
+    file.flush().await.map_err(local)?;
     if written != bytes {
-        return Err(NotRunnable(format!(
-            "shard {name} of {url} is {written}{} bytes in the bucket, its index says {bytes}",
+        return Err(FetchError::NotTheIndexs(format!(
+            "{object} is {written}{} bytes, its index says {bytes}",
             if written > bytes { "+" } else { "" }
-        ))
-        .into());
+        )));
     }
     let digest = ringtrain_core::hex(&hasher.finalize());
-    if !digest.eq_ignore_ascii_case(sha256) {
-        return Err(NotRunnable(format!("shard {name} of {url} has sha256 {digest}, its index says {sha256}")).into());
+    if !digest.eq_ignore_ascii_case(&shard.sha256) {
+        return Err(FetchError::NotTheIndexs(format!("{object} has sha256 {digest}, its index says {}", shard.sha256)));
     }
-    readable(path).await
+    readable(path).await.map_err(|e| unreadable(format!("{e:#}")))
 }
 
 async fn write_readable(path: &Path, bytes: &[u8]) -> Result<()> {
     tokio::fs::write(path, bytes).await?;
     readable(path).await
+}
+
+/// `bytes` into `path`, readable by the ranks (a shard's failure, which they read).
+pub(crate) fn write_readable_sync(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, bytes)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
 }
 
 async fn readable(path: &Path) -> Result<()> {

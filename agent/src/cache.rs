@@ -91,6 +91,11 @@ impl FileCache {
         Ok(self.files()?.iter().map(|f| f.2).sum())
     }
 
+    /// The size of the cache's finished entries other than `entry`.
+    pub fn bytes_outside(&self, entry: &Path) -> std::io::Result<u64> {
+        Ok(self.files()?.iter().filter(|f| f.0 != entry).map(|f| f.2).sum())
+    }
+
     /// The cache's limit, if it has one.
     pub fn max_bytes(&self) -> Option<u64> {
         self.max_bytes

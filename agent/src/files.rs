@@ -15,24 +15,49 @@ use sha2::{Digest, Sha256};
 
 use crate::cache::{CachedFile, FileCache};
 use crate::rank::AgentContext;
+use crate::streaming::RankStream;
+
+/// What a rank trains on that the agent brings: an uploaded data set's file, or a bucket's sharded data
+/// set's folder, whose shards stream in while the rank reads.
+pub(crate) enum DatasetFile {
+    Cached(CachedFile),
+    Streamed(RankStream),
+}
+
+impl DatasetFile {
+    pub fn path(&self) -> &Path {
+        match self {
+            DatasetFile::Cached(file) => file.path(),
+            DatasetFile::Streamed(stream) => stream.path(),
+        }
+    }
+
+    /// The stream the rank's requests go to, for a bucket's data set.
+    pub fn stream(&self) -> Option<&RankStream> {
+        match self {
+            DatasetFile::Streamed(stream) => Some(stream),
+            DatasetFile::Cached(_) => None,
+        }
+    }
+}
 
 /// The file of an uploaded dataset, downloaded once per node (a cached copy whose sha256 is not the one
-/// the server sent is downloaded again), or the folder of a bucket's sharded data set, copied once per node.
-/// What it says as it goes (a copy's progress) goes to `say`: the job's logs.
+/// the server sent is downloaded again), or the folder of a bucket's sharded data set, streamed. What it
+/// says as it starts goes to `say`: the job's logs.
 pub(crate) async fn dataset_file(
     ctx: &AgentContext,
     work: &Work,
     dataset: &DatasetRef,
     say: &mut (dyn FnMut(String) + Send),
-) -> Result<Option<CachedFile>> {
+) -> Result<Option<DatasetFile>> {
     if let Some(url) = dataset.bucket_url() {
-        return Ok(Some(ctx.buckets.cached_copy(&ctx.cache, url, say).await?));
+        return Ok(Some(DatasetFile::Streamed(ctx.buckets.stream(&ctx.cache, url, say).await?)));
     }
     let DatasetRef::Uploaded(id) = dataset else { return Ok(None) };
     let route = format!("/v1/agent/datasets/{id}");
     let expected = work.dataset_sha256.as_deref();
     let path = cached_download(ctx, &route, "datasets", &format!("{id}.safetensors"), expected).await?;
-    Ok(Some(path))
+    Ok(Some(DatasetFile::Cached(path)))
 }
 
 /// The TorchScript file of the uploaded model the job trains, downloaded once per node like a dataset.

@@ -21,6 +21,7 @@ pub mod rank;
 mod relay;
 mod report;
 mod shared_memory;
+mod streaming;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

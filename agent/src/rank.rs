@@ -22,12 +22,14 @@ use tracing::Instrument;
 use crate::cache::{CachedFile, FileCache};
 use crate::client::Client;
 use crate::confine::{self, RankSandbox};
-use crate::files::{dataset_file, fetch_checkpoint, fetch_init, model_file};
+use crate::files::{dataset_file, fetch_checkpoint, fetch_init, model_file, DatasetFile};
 use crate::folders::RankFolders;
 use crate::lines::CappedLines;
 use crate::relay::Relay;
 use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
 use crate::shared_memory::PlacementSegments;
+use crate::streaming::RankStream;
+use ringtrain_data::stream::StreamLine;
 use ringtrain_sandbox::cgroup::Cgroup;
 
 /// What every rank of this agent shares.
@@ -128,7 +130,7 @@ struct Prepared {
     rank_dir: PathBuf,
     spec: ringtrain_core::JobSpec,
     /// The cached files it trains on, held (never evicted) until the rank has ended.
-    dataset: Option<CachedFile>,
+    dataset: Option<DatasetFile>,
     model: Option<CachedFile>,
     /// The unpacked checkpoint rank 0 resumes from.
     resume: Option<PathBuf>,
@@ -311,7 +313,8 @@ async fn run_inner(
     if let Some(group) = &cgroup {
         relay.stderr_line(format!("agent: rank {} runs in a {group}", a.rank));
     }
-    let ending = supervise(&mut child, &mut stop, &prepared.stop_file(), &mut relay).await;
+    let stream = prepared.dataset.as_ref().and_then(DatasetFile::stream);
+    let ending = supervise(&mut child, &mut stop, &prepared.stop_file(), &mut relay, stream).await;
     // A success must not overtake the report that the job runs: the server refuses scheduled -> succeeded,
     // and the result would be lost (a short run that ends while the server is unreachable, found by the
     // soak). That report rides out an outage, so it is awaited; after any other ending it is moot.
@@ -419,7 +422,13 @@ async fn supervise(
     stop: &mut watch::Receiver<Option<StopRequest>>,
     stop_file: &Path,
     relay: &mut Relay,
+    stream: Option<&RankStream>,
 ) -> Result<Ending> {
+    // a line is the rank's request for shards (a bucket's data set), or for the relay
+    let take_line = |relay: &mut Relay, line: &str| match stream.zip(StreamLine::parse(line)) {
+        Some((stream, request)) => stream.request(request),
+        None => relay.metric_line(line),
+    };
     let mut stdout = CappedLines::new(BufReader::new(child.stdout.take().context("no stdout")?));
     let mut stderr = CappedLines::new(BufReader::new(child.stderr.take().context("no stderr")?));
     let (mut stdout_open, mut stderr_open) = (true, true);
@@ -430,7 +439,7 @@ async fn supervise(
         tokio::select! {
             // Never waits on the network: the relay's own task sends lines and checkpoints.
             line = stdout.next_line(), if stdout_open => match line {
-                Ok(Some(line)) => relay.metric_line(&line),
+                Ok(Some(line)) => take_line(relay, &line),
                 _ => stdout_open = false,
             },
             line = stderr.next_line(), if stderr_open => match line {
@@ -466,7 +475,7 @@ async fn supervise(
     };
     // What the process wrote before it ended.
     while let Ok(Some(line)) = stdout.next_line().await {
-        relay.metric_line(&line);
+        take_line(relay, &line);
     }
     while let Ok(Some(line)) = stderr.next_line().await {
         relay.stderr_line(line);

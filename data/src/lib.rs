@@ -8,6 +8,8 @@
 //! - [`order`]: which sample comes when in an epoch, a function of the seed and the epoch alone;
 //! - [`image`]: decoding (JPEG, PNG) and Goyal's augmentation, into CHW bytes;
 //! - [`loader`]: a rank's batches, decoded ahead on a pool of threads, in the order the epoch asks for;
+//! - [`stream`]: what a rank says to its agent about the shards it will open, while a bucket's shards
+//!   are fetched into the node's cache ahead of it, and the rank's wait for them;
 //! - [`synthetic`]: seeded synthetic photographs as JPEGs, for the benchmark and the tests.
 
 #[cfg(feature = "bucket")]
@@ -18,6 +20,7 @@ pub mod loader;
 pub mod order;
 pub mod pack;
 pub mod shard;
+pub mod stream;
 pub mod synthetic;
 
 pub use index::{DatasetIndex, ShardInfo, SplitIndex};

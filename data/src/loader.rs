@@ -18,6 +18,7 @@ use crate::image::{centre_crop, crop_into, decode_for, random_resized_crop, size
 use crate::index::SplitIndex;
 use crate::order::{augmentation_seed, locate};
 use crate::shard::{ShardError, ShardMap};
+use crate::stream::{first_use_order, Arrivals};
 
 /// One split of a data set whose shards are files in one folder (a shared filesystem, or the node's cache).
 #[derive(Debug)]
@@ -29,6 +30,9 @@ pub struct SplitReader {
     /// The shards scanned so far, most recently used last; at most `max_open`.
     open: Mutex<VecDeque<(usize, Arc<ShardMap>)>>,
     max_open: usize,
+    /// Set when the shards arrive while the rank reads (a bucket's, streamed by the node's agent): a shard
+    /// not there yet is waited for rather than an error.
+    arrivals: Option<Arrivals>,
 }
 
 /// A sample as stored: its bytes, how they are encoded, its class.
@@ -37,7 +41,22 @@ pub type StoredSample = (Vec<u8>, crate::shard::ImageFormat, u32);
 impl SplitReader {
     pub fn new(folder: PathBuf, split: SplitIndex, classes: u32, max_open: usize) -> SplitReader {
         let firsts = split.first_samples();
-        SplitReader { folder, split, firsts, classes, open: Mutex::new(VecDeque::new()), max_open: max_open.max(1) }
+        let open = Mutex::new(VecDeque::new());
+        SplitReader { folder, split, firsts, classes, open, max_open: max_open.max(1), arrivals: None }
+    }
+
+    /// A reader whose shards arrive while it reads (see [`crate::stream`]).
+    pub fn streamed(mut self, arrivals: Arrivals) -> SplitReader {
+        self.arrivals = Some(arrivals);
+        self
+    }
+
+    /// Tells the agent streaming this reader's shards the order of the samples it will read next (a
+    /// no-op for shards that are all there).
+    pub fn will_read(&self, samples: impl IntoIterator<Item = u64>) {
+        if let Some(arrivals) = &self.arrivals {
+            arrivals.want(first_use_order(samples, &self.firsts));
+        }
     }
 
     pub fn samples(&self) -> u64 {
@@ -73,6 +92,9 @@ impl SplitReader {
         let info = &self.split.shards[i];
         let path = self.folder.join(&info.name);
         let fail = |at: Option<u64>, reason: String| ShardError { shard: info.name.clone(), at, reason };
+        if let Some(arrivals) = &self.arrivals {
+            arrivals.wait_for(&self.folder, &info.name, i as u32).map_err(|why| fail(None, why))?;
+        }
         let bytes =
             std::fs::metadata(&path).map_err(|e| fail(None, format!("missing: {}: {e}", path.display())))?.len();
         if bytes != info.bytes {
@@ -83,6 +105,9 @@ impl SplitReader {
             return Err(fail(None, format!("holds {} samples, the index says {}", map.samples.len(), info.samples)));
         }
         let map = Arc::new(map);
+        if let Some(arrivals) = &self.arrivals {
+            arrivals.opened(i as u32);
+        }
         if let Ok(mut open) = self.open.lock() {
             if open.len() >= self.max_open {
                 open.pop_front();

@@ -110,9 +110,9 @@ pub struct PackArgs {
     /// The test images, in class folders named as the training ones (e.g. ImageNet's val/ sorted into them).
     #[arg(long)]
     test: Option<PathBuf>,
-    /// Close a shard once it holds this many MiB.
-    #[arg(long, default_value_t = 64)]
-    shard_mib: u64,
+    /// Close a shard once it holds this many MiB (fractions allowed: small data sets in many shards).
+    #[arg(long, default_value_t = 64.0)]
+    shard_mib: f64,
     /// Seeds the shuffle of the images before they are cut into shards.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -136,7 +136,8 @@ pub fn run(datasets: Datasets) -> ExitCode {
 
 fn pack(args: &PackArgs) -> ExitCode {
     let mut options = ringtrain_data::pack::PackOptions {
-        shard_bytes: args.shard_mib.max(1) << 20,
+        // at least 4 KiB: a shard is at least one sample whatever the size
+        shard_bytes: (args.shard_mib * f64::from(1u32 << 20)).max(4096.0) as u64,
         seed: args.seed,
         ..Default::default()
     };

@@ -42,6 +42,10 @@ pub struct Args {
     /// credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
     #[arg(long, env = "RINGTRAIN_S3_ENDPOINT")]
     s3_endpoint: Option<String>,
+    /// The most the local agent's cache of data sets and models may hold, in GiB (0: no limit): a bucket's
+    /// data set larger than it streams through it.
+    #[arg(long, env = "RINGTRAIN_CACHE_MAX_GIB", default_value_t = ringtrain_agent::cache::DEFAULT_MAX_GIB)]
+    cache_max_gib: f64,
     #[command(flatten)]
     limits: super::limits::LimitArgs,
     #[command(flatten)]
@@ -109,7 +113,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         gpus: args.gpus.clone(),
         cpus: args.cpus,
         work_dir: args.data_dir.join("agent"),
-        cache_max_gib: ringtrain_agent::cache::DEFAULT_MAX_GIB,
+        cache_max_gib: args.cache_max_gib,
         threads: args.threads,
         heartbeat_s: timing::HEARTBEAT.as_secs(),
         lease_s: timing::LEASE.as_secs(),

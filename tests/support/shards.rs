@@ -40,7 +40,7 @@ pub fn ringtrain() -> Command {
 
 /// `ringtrain datasets pack` of the image folders `dir/train` and `dir/test` into `shards`, in shards of
 /// about `shard_mib` MiB: its JSON report.
-pub fn pack(dir: &Path, shards: &Path, shard_mib: u32) -> Value {
+pub fn pack(dir: &Path, shards: &Path, shard_mib: f64) -> Value {
     let output = ringtrain()
         .args(["datasets", "pack", "--shard-mib", &shard_mib.to_string(), "--json", "--test"])
         .arg(dir.join("test"))
@@ -52,15 +52,23 @@ pub fn pack(dir: &Path, shards: &Path, shard_mib: u32) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-/// Fashion-MNIST's first 2,400 training and 400 test images, packed into shards of ~40 KB.
+/// Fashion-MNIST's first 2,400 training and 400 test images, packed into shards of ~1 MiB.
 pub fn packed(dir: &Path) -> PathBuf {
-    let (train, train_labels) = fashion_mnist("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
-    let (test, test_labels) = fashion_mnist("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz");
-    image_folder(&dir.join("train"), &train, &train_labels, 2400);
-    image_folder(&dir.join("test"), &test, &test_labels, 400);
+    packed_from(dir, 2400, 400, 1.0)
+}
+
+/// Fashion-MNIST's first `train` training and `test` test images, packed into shards of ~`shard_mib` MiB.
+pub fn packed_from(dir: &Path, train: usize, test: usize, shard_mib: f64) -> PathBuf {
+    let (train_images, train_labels) = fashion_mnist("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz");
+    let (test_images, test_labels) = fashion_mnist("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz");
+    image_folder(&dir.join("train"), &train_images, &train_labels, train);
+    image_folder(&dir.join("test"), &test_images, &test_labels, test);
     let shards = dir.join("shards");
-    let report = pack(dir, &shards, 1);
-    assert_eq!((report["train_samples"].as_u64(), report["test_samples"].as_u64()), (Some(2400), Some(400)));
+    let report = pack(dir, &shards, shard_mib);
+    assert_eq!(
+        (report["train_samples"].as_u64(), report["test_samples"].as_u64()),
+        (Some(train as u64), Some(test as u64))
+    );
     assert!(report["train_shards"].as_u64().unwrap() >= 3, "{report}");
     shards
 }

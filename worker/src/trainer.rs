@@ -243,9 +243,11 @@ impl<'c> Trainer<'c> {
             augment: spec.augment.unwrap_or_default() == ringtrain_core::spec::Augment::Goyal,
             train_samples: spec.train_samples,
             test_samples: spec.test_samples,
+            // a bucket's shards arrive while the rank trains (the agent streams them into its cache)
+            streamed: options.dataset_file.is_some() && spec.dataset.bucket_url().is_some(),
         };
         let loaded = match (&options.dataset_file, &spec.dataset) {
-            // a bucket's shards, which the agent copied into its cache and passed as a folder
+            // a bucket's shards, which the agent streams into its cache (a folder it passes open)
             (Some(folder), DatasetRef::Shards { .. }) => Dataset::load_shards(folder, &shards),
             (Some(path), _) => {
                 Dataset::load_safetensors(path, options.model_inputs.as_deref(), spec.train_samples, spec.test_samples)

@@ -412,11 +412,22 @@ pub struct ShardOptions {
     pub augment: bool,
     pub train_samples: Option<u64>,
     pub test_samples: Option<u64>,
+    /// The shards arrive while the rank trains (a bucket's, fetched by the node's agent into its cache):
+    /// a shard not there yet is waited for, not an error.
+    pub streamed: bool,
 }
 
 impl Default for ShardOptions {
     fn default() -> Self {
-        ShardOptions { image_size: 224, threads: 1, seed: 0, augment: true, train_samples: None, test_samples: None }
+        ShardOptions {
+            image_size: 224,
+            threads: 1,
+            seed: 0,
+            augment: true,
+            train_samples: None,
+            test_samples: None,
+            streamed: false,
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use anyhow::{bail, ensure, Context, Result};
 use ringtrain_data::index::{DatasetIndex, SplitIndex};
 use ringtrain_data::loader::{Batch, Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::order::{EpochOrder, WINDOW_SHARDS};
+use ringtrain_data::stream::Arrivals;
 use tch::{Kind, Tensor};
 
 use super::Normalizer;
@@ -46,7 +47,8 @@ impl Sharded {
     /// Opens the data set in `folder` (its `index.json`, checked), keeping the first `train_samples` /
     /// `test_samples` samples when given.
     pub fn open(folder: &Path, options: &super::ShardOptions) -> Result<Sharded> {
-        let super::ShardOptions { image_size: size, threads, seed, augment, train_samples, test_samples } = *options;
+        let super::ShardOptions { image_size: size, threads, seed, augment, train_samples, test_samples, streamed } =
+            *options;
         let path = folder.join("index.json");
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
         let index = DatasetIndex::from_json(&text).map_err(|problems| {
@@ -57,15 +59,18 @@ impl Sharded {
             bail!("{}: the data set has no test split (pack it with --test)", folder.display())
         };
         let classes = index.classes.len() as u32;
-        let reader =
-            |split: &SplitIndex| Arc::new(SplitReader::new(folder.to_path_buf(), split.clone(), classes, OPEN_SHARDS));
+        let reader = |name: &str, split: &SplitIndex| {
+            let reader = SplitReader::new(folder.to_path_buf(), split.clone(), classes, OPEN_SHARDS);
+            // a bucket's shards arrive while the rank trains, fetched by its node's agent
+            Arc::new(if streamed { reader.streamed(Arrivals::new(name, split.shards.len())) } else { reader })
+        };
         let cut = |n: u64, limit: Option<u64>| limit.map_or(n, |l| l.min(n)) as usize;
         let (train_len, test_len) = (cut(index.train.samples, train_samples), cut(test.samples, test_samples));
         ensure!(train_len > 0 && test_len > 0, "{}: an empty split", folder.display());
         Ok(Sharded {
             folder: folder.to_path_buf(),
-            train: reader(&index.train),
-            test: reader(&test),
+            train: reader("train", &index.train),
+            test: reader("test", &test),
             index,
             train_len,
             test_len,
@@ -111,7 +116,8 @@ impl Sharded {
 
     /// Starts decoding `plan`, the epoch's batches in the order the trainer will ask for them.
     pub fn begin_epoch(&mut self, epoch: u64, plan: Vec<Vec<i64>>) {
-        let ids = plan.iter().map(|b| b.iter().map(|&s| s as u64).collect()).collect();
+        let ids: Vec<Vec<u64>> = plan.iter().map(|b| b.iter().map(|&s| s as u64).collect()).collect();
+        self.train.will_read(ids.iter().flatten().copied());
         let crop = if self.augment { CropMode::RandomResized } else { CropMode::Whole };
         let transform = Transform { size: self.size, crop, seed: self.seed, epoch };
         let batches = Batches::start(self.train.clone(), ids, transform, self.threads, AHEAD);
