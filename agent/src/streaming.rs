@@ -106,38 +106,11 @@ impl RankStream {
 
     /// What the rank said about the shards it reads.
     pub fn request(&self, request: StreamRequest) {
-        let stream = &self.stream;
         {
-            let mut state = stream.lock();
-            let State { readers, present, .. } = &mut *state;
-            let Some(reader) = readers.get_mut(&self.reader) else { return };
-            let split_of = |name: &str| stream.splits.iter().position(|(n, _)| n == name);
-            match request {
-                StreamRequest::Want { split, shards } => {
-                    let Some(split) = split_of(&split) else { return };
-                    reader.plans.insert(split, Plan { order: shards, ..Plan::default() });
-                }
-                StreamRequest::Need { split, shard } => {
-                    let Some(split) = split_of(&split) else { return };
-                    if !reader.needs.contains(&(split, shard)) {
-                        reader.needs.push((split, shard));
-                    }
-                }
-                StreamRequest::Opened { split, shard } => {
-                    let Some(split) = split_of(&split) else { return };
-                    reader.needs.retain(|need| *need != (split, shard));
-                    if let Some(used) = present.get_mut(&(split, shard)) {
-                        *used = Instant::now();
-                    }
-                    let plan = reader.plans.entry(split).or_default();
-                    plan.opened.insert(shard);
-                    while plan.order.get(plan.passed).is_some_and(|s| plan.opened.contains(s)) {
-                        plan.passed += 1;
-                    }
-                }
-            }
+            let mut state = self.stream.lock();
+            self.stream.apply(&mut state, self.reader, request);
         }
-        stream.wake.notify_one();
+        self.stream.wake.notify_one();
     }
 }
 
@@ -203,6 +176,42 @@ impl Stream {
     /// How many shards the folder holds now, of how many.
     pub fn held(&self) -> (usize, usize) {
         (self.lock().present.len(), self.splits.iter().map(|(_, s)| s.len()).sum())
+    }
+
+    /// What reader `reader` said. A request naming a split or shard the index does not have is dropped:
+    /// the rank's own code never sends one, but an uploaded model can print lines too (TorchScript's
+    /// `print`), and it must not make the agent index out of bounds.
+    fn apply(&self, state: &mut State, reader: u64, request: StreamRequest) {
+        let State { readers, present, .. } = state;
+        let Some(reader) = readers.get_mut(&reader) else { return };
+        let split_of = |name: &str| self.splits.iter().position(|(n, _)| n == name);
+        let known = |split: usize, shard: u32| (shard as usize) < self.splits[split].1.len();
+        match request {
+            StreamRequest::Want { split, shards } => {
+                let Some(split) = split_of(&split) else { return };
+                if shards.iter().all(|&shard| known(split, shard)) {
+                    reader.plans.insert(split, Plan { order: shards, ..Plan::default() });
+                }
+            }
+            StreamRequest::Need { split, shard } => {
+                let Some(split) = split_of(&split).filter(|&split| known(split, shard)) else { return };
+                if !reader.needs.contains(&(split, shard)) {
+                    reader.needs.push((split, shard));
+                }
+            }
+            StreamRequest::Opened { split, shard } => {
+                let Some(split) = split_of(&split).filter(|&split| known(split, shard)) else { return };
+                reader.needs.retain(|need| *need != (split, shard));
+                if let Some(used) = present.get_mut(&(split, shard)) {
+                    *used = Instant::now();
+                }
+                let plan = reader.plans.entry(split).or_default();
+                plan.opened.insert(shard);
+                while plan.order.get(plan.passed).is_some_and(|s| plan.opened.contains(s)) {
+                    plan.passed += 1;
+                }
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -441,6 +450,30 @@ mod tests {
         let work = stream.plan(&mut state);
         assert_eq!(work.fetch, [(0, 30)]);
         assert!(work.over_budget && work.remove.is_empty(), "{work:?}");
+    }
+
+    #[test]
+    fn requests_move_a_readers_plan_and_ones_naming_no_shard_of_the_index_are_dropped() {
+        let (stream, mut state) = planner(10, 10, None);
+        let a = reader(&mut state, Vec::new(), &[]);
+        let split = |name: &str| name.to_string();
+        stream.apply(&mut state, a, StreamRequest::Want { split: split("train"), shards: vec![4, 2, 7] });
+        stream.apply(&mut state, a, StreamRequest::Opened { split: split("train"), shard: 4 });
+        stream.apply(&mut state, a, StreamRequest::Need { split: split("train"), shard: 2 });
+        let reader = &state.readers[&a];
+        assert_eq!((reader.plans[&0].passed, reader.needs.clone()), (1, vec![(0, 2)]));
+        // out of the index, or a split it does not have: nothing changes, nothing panics
+        for request in [
+            StreamRequest::Want { split: split("train"), shards: vec![1, 10] },
+            StreamRequest::Need { split: split("train"), shard: u32::MAX },
+            StreamRequest::Opened { split: split("train"), shard: 10 },
+            StreamRequest::Need { split: split("validation"), shard: 0 },
+        ] {
+            stream.apply(&mut state, a, request);
+        }
+        let reader = &state.readers[&a];
+        assert_eq!((reader.plans[&0].order.clone(), reader.needs.clone()), (vec![4, 2, 7], vec![(0, 2)]));
+        assert_eq!(stream.plan(&mut state).fetch, [(0, 2), (0, 7)]);
     }
 
     #[test]
