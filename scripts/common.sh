@@ -12,7 +12,8 @@ apt_install() {
   [ ${#missing[@]} -eq 0 ] && return 0
   say "installing Debian packages: ${missing[*]}"
   if [ "$APT_UPDATED" -eq 0 ]; then as_root apt-get update -qq; APT_UPDATED=1; fi
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  # shellcheck disable=SC2086 # APT_OPTIONS: options, split on purpose
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ${APT_OPTIONS:-} "${missing[@]}" >/dev/null
 }
 
 # The cache of libtorch, the cargo target folder and the tools (RINGTRAIN_CACHE wins). For root it is

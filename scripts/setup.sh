@@ -89,6 +89,9 @@ apt_install systemd
 apt_install podman
 # tests/multihost.rs partitions a host (a network namespace) with nft.
 apt_install nftables
+# tests/slurm.rs runs a real Slurm cluster (issue 46): the controller, the node daemon, the commands and
+# munge, 22.05 on Debian 12 (14 MiB without the recommended extras; nothing is started by the install).
+APT_OPTIONS=--no-install-recommends apt_install slurmctld slurmd slurm-client munge
 
 # --- the account tenant code runs as -------------------------------------------------------------------
 # Where the agent or the server runs as root, ranks and model checks run as this unprivileged account

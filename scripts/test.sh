@@ -9,7 +9,7 @@ ensure_postgres
 say "DATABASE_URL=$DATABASE_URL"
 # Only `worker` (and the binary) may link libtorch: the server side and the node agent build and test without it.
 say "checking that only ringtrain-worker links libtorch (cargo tree; the first time cargo also fetches the crates)..."
-for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-scheduler ringtrain-api ringtrain-client ringtrain-agent ringtrain-sandbox ringtrain-data; do
+for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-scheduler ringtrain-api ringtrain-client ringtrain-agent ringtrain-sandbox ringtrain-data ringtrain-slurm; do
   if cargo tree -q -p "$crate" -e normal,build --prefix none | grep -q '^torch-sys '; then
     say "error: $crate depends on libtorch (torch-sys); only ringtrain-worker may"; exit 1
   fi

@@ -9,6 +9,7 @@
 pub mod hosts;
 pub mod s3;
 pub mod shards;
+pub mod slurm;
 pub mod webdriver;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,131 @@
+//! ringtrain's Slurm client (`ringtrain_slurm`, issue 46) against a real Slurm cluster of three hosts,
+//! each a network namespace running its own slurmd (tests/support/slurm.rs): one Slurm job of a placement
+//! spans the three hosts, each task on its own host and address; a job that does not fit waits with
+//! Slurm's own reason; the grace signal reaches the running job; one that can never run as asked, or that
+//! names an unknown partition, is said so in Slurm's words; and cancelling leaves nothing in Slurm's queue.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ringtrain_slurm::{BatchJob, JobState, SlurmError, SlurmJob};
+use support::slurm::SlurmCluster;
+
+mod support;
+
+/// A job of `nodes` whole hosts (2 CPUs each) running `script`.
+fn job(cluster: &SlurmCluster, dir: &Path, comment: &str, nodes: u32, script: String) -> BatchJob {
+    BatchJob {
+        name: "ringtrain-test".into(),
+        partition: Some(cluster.partition.clone()),
+        account: None,
+        nodes,
+        tasks_per_node: 1,
+        cpus_per_task: Some(2),
+        gpus_per_node: None,
+        time_limit_minutes: Some(10),
+        grace_seconds: Some(60),
+        comment: comment.into(),
+        output: Some(dir.join("slurm-%j.out")),
+        script,
+    }
+}
+
+/// Slurm's job `id` once `ready` holds of it (within 60 s).
+async fn wait_for(cluster: &SlurmCluster, id: u64, what: &str, ready: impl Fn(&SlurmJob) -> bool) -> SlurmJob {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let jobs = cluster.slurm().jobs("ringtrain:").await.unwrap();
+        if let Some(job) = jobs.into_iter().find(|j| j.id == id) {
+            if ready(&job) {
+                return job;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {id} is not {what} after 60 s: {job:?} (logs in {})",
+                cluster.dir().display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slurm_job_spans_the_hosts_waits_with_slurms_reason_takes_the_signal_and_leaves_nothing_when_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let slurm = cluster.slurm();
+
+    // a placement's job: one task per host, each told its place by Slurm's environment; then it waits for
+    // the grace signal, as ranks do
+    let (tasks, signalled) = (dir.path().join("tasks"), dir.path().join("signalled"));
+    let script = format!(
+        "#!/bin/sh\ntrap 'echo USR1 > {signalled}; exit 0' USR1\n\
+         srun sh -c 'echo \"$SLURM_PROCID $SLURM_NTASKS $SLURMD_NODENAME $(hostname -I)\"' > {tasks}\n\
+         sleep 120 &\nwait\n",
+        signalled = signalled.display(),
+        tasks = tasks.display()
+    );
+    let first = slurm.submit(&job(&cluster, dir.path(), "ringtrain:job-a:1", 3, script)).await.unwrap();
+    let running = wait_for(&cluster, first, "running", |j| j.state == JobState::Running).await;
+    assert_eq!((running.nodes.as_str(), running.reason.as_deref()), ("h[1-3]", None), "{running:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&tasks).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(Instant::now() < deadline, "the three tasks did not report (logs in {})", cluster.dir().display());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut lines: Vec<String> = std::fs::read_to_string(&tasks).unwrap().lines().map(str::to_string).collect();
+    lines.sort();
+    for (rank, line) in lines.iter().enumerate() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let host = rank as u32 + 1;
+        assert_eq!(
+            fields,
+            [rank.to_string().as_str(), "3", format!("h{host}").as_str(), cluster.hosts.address(host).as_str()],
+            "task {rank} runs on host {host}, at its own address: {lines:?}"
+        );
+    }
+
+    // the cluster is full: a second placement waits, with Slurm's reason in ringtrain's words
+    let second = slurm
+        .submit(&job(&cluster, dir.path(), "ringtrain:job-b:1", 3, "#!/bin/sh\nsrun sleep 120\n".into()))
+        .await
+        .unwrap();
+    let waiting =
+        wait_for(&cluster, second, "waiting for resources", |j| j.reason.as_deref() == Some("Resources")).await;
+    assert_eq!(waiting.waiting_reason().as_deref(), Some("waiting in Slurm: Resources"));
+    assert_eq!(waiting.never_runs(), None);
+
+    // the grace signal reaches the running job's script (and steps); it ends, and the second starts
+    slurm.signal(first, "USR1").await.unwrap();
+    wait_for(&cluster, first, "over", |j| !j.state.is_active()).await;
+    assert_eq!(std::fs::read_to_string(&signalled).unwrap_or_default().trim(), "USR1");
+    wait_for(&cluster, second, "running", |j| j.state == JobState::Running).await;
+
+    // asking for more hosts than the partition has: Slurm keeps it pending for ever, ringtrain says why
+    let too_big =
+        slurm.submit(&job(&cluster, dir.path(), "ringtrain:job-c:1", 5, "#!/bin/sh\ntrue\n".into())).await.unwrap();
+    let never = wait_for(&cluster, too_big, "judged never to run", |j| j.never_runs().is_some()).await;
+    let why = never.never_runs().unwrap();
+    assert!(why.contains("Partition") && why.contains("partition cpu"), "{why}");
+
+    // an unknown partition is refused at once, in Slurm's words
+    let mut nowhere = job(&cluster, dir.path(), "ringtrain:job-d:1", 1, "#!/bin/sh\ntrue\n".into());
+    nowhere.partition = Some("nowhere".into());
+    match slurm.submit(&nowhere).await {
+        Err(SlurmError::Refused(message)) => assert!(message.contains("Invalid partition"), "{message}"),
+        other => panic!("an unknown partition is refused: {other:?}"),
+    }
+
+    // cancelled, nothing of ringtrain's is left in Slurm's queue
+    for id in [second, too_big] {
+        slurm.cancel(id).await.unwrap();
+    }
+    for id in [second, too_big] {
+        let ended = wait_for(&cluster, id, "cancelled", |j| !j.state.is_active()).await;
+        assert_eq!(ended.state, JobState::Cancelled, "{ended:?}");
+    }
+    let active: Vec<SlurmJob> =
+        slurm.jobs("ringtrain:").await.unwrap().into_iter().filter(|j| j.state.is_active()).collect();
+    assert!(active.is_empty(), "{active:?}");
+    assert!(cluster.run("squeue", &["-h"]).trim().is_empty());
+}
