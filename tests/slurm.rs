@@ -1,14 +1,23 @@
-//! ringtrain's Slurm client (`ringtrain_slurm`, issue 46) against a real Slurm cluster of three hosts,
-//! each a network namespace running its own slurmd (tests/support/slurm.rs): one Slurm job of a placement
-//! spans the three hosts, each task on its own host and address; a job that does not fit waits with
-//! Slurm's own reason; the grace signal reaches the running job; one that can never run as asked, or that
-//! names an unknown partition, is said so in Slurm's words; and cancelling leaves nothing in Slurm's queue.
+//! Slurm (issue 46) for real: a cluster of three hosts, each a network namespace running its own slurmd
+//! (tests/support/slurm.rs).
+//!
+//! ringtrain's Slurm client (`ringtrain_slurm`): one Slurm job of a placement spans the three hosts, each
+//! task on its own host and address; a job that does not fit waits with Slurm's own reason; the grace
+//! signal reaches the running job; one that can never run as asked, or that names an unknown partition,
+//! is said so in Slurm's words; and cancelling leaves nothing in Slurm's queue.
+//!
+//! The agent as a Slurm step (`srun ringtrain agent --slurm`): agents Slurm started on its three hosts
+//! register with a server through the bridge, a job of 3 ranks is placed on them and trains across the
+//! hosts to the very result the same spec gives on agents given whole to ringtrain, and the allocation goes
+//! back to Slurm once they are idle.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ringtrain_slurm::{BatchJob, JobState, SlurmError, SlurmJob};
+use serde_json::{json, Value};
 use support::slurm::SlurmCluster;
+use support::{assert_complete_series, fashion_mnist, fresh_postgres_database, Cluster};
 
 mod support;
 
@@ -128,4 +137,93 @@ async fn a_slurm_job_spans_the_hosts_waits_with_slurms_reason_takes_the_signal_a
         slurm.jobs("ringtrain:").await.unwrap().into_iter().filter(|j| j.state.is_active()).collect();
     assert!(active.is_empty(), "{active:?}");
     assert!(cluster.run("squeue", &["-h"]).trim().is_empty());
+}
+
+/// The nodes of the server whose names are `names`, with their states and addresses.
+async fn nodes(ringtrain: &Cluster, names: &[String]) -> Vec<Value> {
+    let nodes = ringtrain.api.get("/v1/nodes").await;
+    let all = nodes["nodes"].as_array().unwrap().clone();
+    names.iter().filter_map(|name| all.iter().find(|n| n["name"] == name.as_str()).cloned()).collect()
+}
+
+/// A new agent token.
+async fn agent_token(ringtrain: &Cluster, label: &str) -> String {
+    ringtrain.api.post("/v1/agent-tokens", json!({"label": label})).await["token"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ranks_on_agents_slurm_started_train_across_its_hosts_to_the_result_of_agents_given_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let db = fresh_postgres_database("slurm").await;
+    // the server listens on the bridge, where the hosts reach it (plain HTTP on this private bridge: the
+    // agents are told it is trusted)
+    let mut ringtrain = Cluster::serve_on("slurm", &db, &format!("{}:0", cluster.hosts.gateway())).await;
+
+    // one agent token per node of the allocation, in node order; each step's agent takes its own line
+    let mut tokens = String::new();
+    for i in 1..=3 {
+        tokens.push_str(&agent_token(&ringtrain, &format!("slurm h{i}")).await);
+        tokens.push('\n');
+    }
+    let token_file = dir.path().join("tokens");
+    std::fs::write(&token_file, tokens).unwrap();
+    std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let script = format!(
+        "#!/bin/sh\nexec srun {} agent --slurm --allow-insecure-http --server {} --token-file {} --heartbeat-s 1 --exit-when-idle-s 5\n",
+        env!("CARGO_BIN_EXE_ringtrain"),
+        ringtrain.url,
+        token_file.display()
+    );
+    let mut placement = job(&cluster, dir.path(), "ringtrain:agents:1", 3, script);
+    placement.cpus_per_task = Some(1);
+    let slurm_job = cluster.slurm().submit(&placement).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ringtrain.api.get("/v1/nodes").await["nodes"].as_array().map_or(0, Vec::len) < 3 {
+        let output = std::fs::read_to_string(dir.path().join(format!("slurm-{slurm_job}.out"))).unwrap_or_default();
+        assert!(
+            Instant::now() < deadline,
+            "the steps' agents did not register in 60 s; the Slurm job's output:\n{output}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ringtrain.wait_for_nodes(3).await;
+    let names: Vec<String> = (1..=3).map(|i| format!("h{i}")).collect();
+    for (i, node) in (1..=3).zip(nodes(&ringtrain, &names).await) {
+        assert_eq!(node["address"], cluster.hosts.address(i).as_str(), "the step's agent is on its host: {node}");
+        assert_eq!(node["devices"].as_array().map(Vec::len), Some(1), "one CPU slot, Slurm's allocation: {node}");
+    }
+
+    let api = ringtrain.team("slurm", 3).await;
+    let spec = fashion_mnist("through slurm", 3, 3000, 1);
+    let id = api.submit(&spec).await;
+    let through_slurm = api.wait_state(&id, "succeeded", Duration::from_secs(300)).await;
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    let placed = events["events"][1]["reason"].as_str().unwrap_or_default().to_string();
+    assert!(placed.contains("3 device(s) of 3 node(s)"), "one rank on each host: {placed}");
+    let total = through_slurm["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 3, total);
+
+    // idle, the agents leave and the allocation goes back to Slurm
+    let over = wait_for(&cluster, slurm_job, "over", |j| !j.state.is_active()).await;
+    assert_eq!(over.state, JobState::Completed, "{over:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while nodes(&ringtrain, &names).await.iter().any(|n| n["state"] == "up") {
+        assert!(Instant::now() < deadline, "the steps' nodes are still up a minute after their agents left");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // the same spec on agents given whole to ringtrain: the same result
+    for i in 1..=3 {
+        let token = agent_token(&ringtrain, &format!("whole {i}")).await;
+        ringtrain.start_agent(&format!("whole{i}"), &token, 1);
+    }
+    ringtrain.wait_for_nodes(3).await;
+    let mut same = spec.clone();
+    same["name"] = json!("on agents");
+    let id = api.submit(&same).await;
+    let on_agents = api.wait_state(&id, "succeeded", Duration::from_secs(300)).await;
+    let (a, b) = (&through_slurm["result"]["final_test_error"], &on_agents["result"]["final_test_error"]);
+    eprintln!("3 ranks, MLP on 3,000 Fashion-MNIST images: final test error {a} through Slurm, {b} on agents");
+    assert_eq!(a, b, "through Slurm and on agents: the same result");
 }

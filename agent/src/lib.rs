@@ -21,6 +21,7 @@ pub mod rank;
 mod relay;
 mod report;
 mod shared_memory;
+pub mod slurm_step;
 mod streaming;
 
 use std::collections::HashMap;
@@ -63,7 +64,7 @@ pub struct Args {
     pub cpus: Option<u32>,
     /// Where ranks' files (specs, checkpoints, downloaded datasets) are kept. A rank's folder is removed once
     /// it has ended and its checkpoint reached the server; the agent clears them all when it starts.
-    #[arg(long, default_value = "ringtrain-agent")]
+    #[arg(long, default_value = DEFAULT_WORK_DIR)]
     pub work_dir: PathBuf,
     /// The most the cache of downloaded datasets and models may hold, in GiB (0: no limit): the least
     /// recently used files are removed past it, never one a running rank uses.
@@ -102,7 +103,19 @@ pub struct Args {
     /// single-team install, where every model is trusted.
     #[arg(long, env = "RINGTRAIN_ALLOW_UNSANDBOXED")]
     pub allow_unsandboxed: bool,
+    /// Run as a Slurm job step (`srun ringtrain agent --slurm ...` in an allocation): the node's name, CPU
+    /// slots, GPUs and work folder come from Slurm's environment, the token is line SLURM_NODEID + 1 of
+    /// --token-file (one per node), and the agent leaves once idle (--exit-when-idle-s, default 60).
+    #[arg(long)]
+    pub slurm: bool,
+    /// Exit after this many seconds without a rank to run (a Slurm step's agent: the allocation goes back
+    /// to Slurm with it).
+    #[arg(long)]
+    pub exit_when_idle_s: Option<u64>,
 }
+
+/// The agent's work folder unless told otherwise.
+pub const DEFAULT_WORK_DIR: &str = "ringtrain-agent";
 
 impl Args {
     /// The token given with --token (or the environment), or read from --token-file.
@@ -123,6 +136,7 @@ impl Args {
 
 /// Registers and runs the agent until the process ends.
 pub async fn serve_node(args: Args) -> Result<()> {
+    let args = if args.slurm { slurm_step::configure(args, |name| std::env::var(name).ok())? } else { args };
     let agent = Agent::register(&args).await?;
     agent.run().await
 }
@@ -139,6 +153,8 @@ pub struct Agent {
     lease: Duration,
     outage_grace: Duration,
     ranks: HashMap<AssignmentId, RankHandle>,
+    /// Leave after this long without a rank (a Slurm step's agent).
+    exit_when_idle: Option<Duration>,
     /// Ranks that ended here, with the state reported for them: if the server still lists one (the report
     /// did not get through), it is reported again rather than taken for a rank lost in an agent restart.
     ended: HashMap<AssignmentId, AssignmentState>,
@@ -228,6 +244,7 @@ impl Agent {
             lease: Duration::from_secs(args.lease_s.max(2)),
             outage_grace: Duration::from_secs(args.outage_grace_s.max(args.lease_s).max(2)),
             ranks: HashMap::new(),
+            exit_when_idle: args.exit_when_idle_s.map(Duration::from_secs),
             ended: HashMap::new(),
         })
     }
@@ -241,8 +258,21 @@ impl Agent {
         let heard = Arc::new(Mutex::new(Heard { ok: Instant::now(), refused: false }));
         tokio::spawn(heartbeats(self.ctx.client.clone(), self.node, self.heartbeat, heard.clone()));
         let mut since = None;
+        let mut idle_since = Instant::now();
         loop {
             self.collect_ended().await;
+            if !self.ranks.is_empty() {
+                idle_since = Instant::now();
+            }
+            let mut wait = ringtrain_protocol::timing::MAX_POLL_WAIT;
+            if let Some(limit) = self.exit_when_idle {
+                let idle = idle_since.elapsed();
+                if idle >= limit {
+                    tracing::info!(idle_s = idle.as_secs(), "no rank to run: leaving (--exit-when-idle-s)");
+                    return Ok(());
+                }
+                wait = wait.min(limit - idle + Duration::from_millis(100));
+            }
             let heard_now = heard.lock().map(|h| *h).unwrap_or(Heard { ok: Instant::now(), refused: false });
             if let Some(why) = heard_now.stop_reason(self.lease, self.outage_grace) {
                 if !self.ranks.is_empty() {
@@ -252,7 +282,6 @@ impl Agent {
             }
             // The poll answers at once when anything changes (rank 0's address included), so the wait is
             // only the longest silence.
-            let wait = ringtrain_protocol::timing::MAX_POLL_WAIT;
             match self.ctx.client.poll(self.node, since, wait).await {
                 Ok(poll) => {
                     since = Some(poll.version);

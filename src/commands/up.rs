@@ -123,6 +123,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
         transport: ringtrain_client::Transport::default(),
         rank_user: args.sandbox.rank_user.clone(),
         allow_unsandboxed: args.sandbox.allow_unsandboxed,
+        slurm: false,
+        exit_when_idle_s: None,
     })
     .await?;
     let node = agent.node();

@@ -190,11 +190,28 @@ impl Cluster {
         Self::serve_with(name, database_url, nodes, cpus, true).await
     }
 
+    /// `ringtrain serve` on `database_url` listening on `listen` (an address other hosts reach, e.g. a
+    /// bridge's), with no agent of its own.
+    pub async fn serve_on(name: &str, database_url: &str, listen: &str) -> Cluster {
+        Self::serve_listening(name, database_url, listen, 0, 0, false).await
+    }
+
     async fn serve_with(name: &str, database_url: &str, nodes: usize, cpus: u32, tls: bool) -> Cluster {
+        Self::serve_listening(name, database_url, "127.0.0.1:0", nodes, cpus, tls).await
+    }
+
+    async fn serve_listening(
+        name: &str,
+        database_url: &str,
+        listen: &str,
+        nodes: usize,
+        cpus: u32,
+        tls: bool,
+    ) -> Cluster {
         let dir = scratch(name);
         let tls = tls.then(|| TestCa::make(&dir));
         let (server, address) =
-            start_until(serve_command(ringtrain(), "127.0.0.1:0", database_url, &dir, tls.as_ref()), "listening on ");
+            start_until(serve_command(ringtrain(), listen, database_url, &dir, tls.as_ref()), "listening on ");
         let api = Api::with_ca(&address, ADMIN_TOKEN, tls.as_ref().map(|t| t.ca_cert.as_path()));
         let listen = address.trim_start_matches("http://").trim_start_matches("https://").to_string();
         let server_command = Some((listen, database_url.to_string()));
@@ -279,6 +296,7 @@ impl Cluster {
         std::fs::write(&token_file, token).expect("write the agent token file");
         // the agent refuses a token file other users may read
         std::fs::set_permissions(&token_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        let off_loopback = self.tls.is_none() && !self.url.starts_with("http://127.0.0.1");
         let agent = ringtrain()
             .args(["agent", "--server", &self.url, "--token-file"])
             .arg(&token_file)
@@ -286,6 +304,8 @@ impl Cluster {
             .args(self.tls.iter().flat_map(|t| [std::ffi::OsStr::new("--ca-cert"), t.ca_cert.as_os_str()]))
             .args(["--cpus", &cpus.to_string(), "--heartbeat-s", "1", "--work-dir"])
             .arg(self.dir.join(name))
+            // a server on a test bridge (`serve_on`) speaks plain HTTP off loopback
+            .args(off_loopback.then_some("--allow-insecure-http"))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
