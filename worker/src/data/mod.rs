@@ -154,7 +154,7 @@ impl Normalizer {
     /// Normalised f32 inputs on `device`: `x` goes there as stored (u8 images: a quarter of the bytes of
     /// f32) and is converted and normalised there, so a GPU rank does no per-sample work on the host.
     pub fn apply(&self, x: &Tensor, device: Device) -> Tensor {
-        let xf = x.to_device(device).to_kind(Kind::Float) * self.scale;
+        let xf = to_device(x, device).to_kind(Kind::Float) * self.scale;
         (xf - self.mean.to_device(device)) / self.std.to_device(device)
     }
 
@@ -163,6 +163,13 @@ impl Normalizer {
         self.mean = self.mean.to_device(device);
         self.std = self.std.to_device(device);
     }
+}
+
+/// `x` on `device`: from pinned host memory without waiting for the copy (it is queued on the device's
+/// stream before the kernels that read it, so the host goes on to the next batch meanwhile).
+fn to_device(x: &Tensor, device: Device) -> Tensor {
+    let asynchronous = device.is_cuda() && x.device() == Device::Cpu && x.is_pinned(device);
+    x.to_device_(device, x.kind(), asynchronous, false)
 }
 
 /// A loaded dataset with its normalisation.
@@ -304,6 +311,9 @@ impl Dataset {
         if let Some(n) = &mut self.normalizer {
             n.move_to(device);
         }
+        if let Samples::Sharded(shards) = &mut self.samples {
+            shards.pin_for(device);
+        }
         let Samples::Memory { train, test } = &mut self.samples else { return false };
         if !device.is_cuda() || train.bytes() + test.bytes() > on_device_max_bytes {
             return false;
@@ -363,7 +373,7 @@ impl Dataset {
     fn prepare(&self, inputs: Vec<Tensor>, device: Device) -> Vec<Tensor> {
         match &self.normalizer {
             Some(n) => inputs.iter().map(|x| n.apply(x, device)).collect(),
-            None => inputs.into_iter().map(|x| x.to_device(device)).collect(),
+            None => inputs.iter().map(|x| to_device(x, device)).collect(),
         }
     }
 

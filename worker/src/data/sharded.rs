@@ -41,6 +41,9 @@ pub struct Sharded {
     augment: bool,
     /// This epoch's batches, in the order the trainer asks for them, and the loader making them.
     epoch: Option<(u64, Vec<Vec<i64>>, usize, Batches)>,
+    /// The GPU batches go to: they are made in page-locked (pinned) host memory, whose copy to the device
+    /// runs at the link's full speed and without holding the host (see `to_device` in the parent module).
+    pinned_for: Option<tch::Device>,
 }
 
 impl Sharded {
@@ -79,11 +82,17 @@ impl Sharded {
             seed,
             augment,
             epoch: None,
+            pinned_for: None,
         })
     }
 
     pub fn train_len(&self) -> usize {
         self.train_len
+    }
+
+    /// Batches in pinned host memory from now on, when they go to a GPU.
+    pub fn pin_for(&mut self, device: tch::Device) {
+        self.pinned_for = device.is_cuda().then_some(device);
     }
 
     pub fn test_len(&self) -> usize {
@@ -135,7 +144,7 @@ impl Sharded {
         );
         *at += 1;
         let batch = batches.next_batch().context("the epoch's batches ended early")?.map_err(anyhow::Error::msg)?;
-        Ok(tensors(batch))
+        Ok(tensors(batch, self.pinned_for))
     }
 
     /// Test samples `start..start + len`, centre-cropped, decoded on the loader's threads.
@@ -145,14 +154,19 @@ impl Sharded {
         let transform = Transform { size: self.size, crop, seed: self.seed, epoch: 0 };
         let mut batches = Batches::start(self.test.clone(), ids, transform, self.threads, 1);
         let batch = batches.next_batch().context("no test batch")?.map_err(anyhow::Error::msg)?;
-        Ok(tensors(batch))
+        Ok(tensors(batch, self.pinned_for))
     }
 }
 
-/// The batch's images (B×3×S×S, u8) and labels (B, i64), on the host.
-fn tensors(batch: Batch) -> (Tensor, Tensor) {
+/// The batch's images (B×3×S×S, u8) and labels (B, i64), on the host: the images pinned for `pinned_for`
+/// (as they are where pinning fails, e.g. no page-locked memory left).
+fn tensors(batch: Batch, pinned_for: Option<tch::Device>) -> (Tensor, Tensor) {
     let (n, side) = (batch.labels.len() as i64, i64::from(batch.size));
     let images = Tensor::from_slice(&batch.images).view([n, 3, side, side]);
+    let images = match pinned_for {
+        Some(device) => images.f_pin_memory(device).unwrap_or(images),
+        None => images,
+    };
     let labels = Tensor::from_slice(&batch.labels).to_kind(Kind::Int64);
     (images, labels)
 }
