@@ -188,7 +188,7 @@ async fn ranks_on_agents_slurm_started_train_across_its_hosts_to_the_result_of_a
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     ringtrain.wait_for_nodes(3).await;
-    let names: Vec<String> = (1..=3).map(|i| format!("h{i}")).collect();
+    let names: Vec<String> = (1..=3).map(|i| format!("slurm-{slurm_job}-h{i}")).collect();
     for (i, node) in (1..=3).zip(nodes(&ringtrain, &names).await) {
         assert_eq!(node["address"], cluster.hosts.address(i).as_str(), "the step's agent is on its host: {node}");
         assert_eq!(node["devices"].as_array().map(Vec::len), Some(1), "one CPU slot, Slurm's allocation: {node}");

@@ -25,7 +25,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::cache::{FileCache, SHARDS};
 use crate::rank::NotRunnable;
-use crate::streaming::{RankStream, Stream};
+use crate::streaming::{RankStream, Share, Stream};
 
 /// How this node reaches buckets: the endpoint of an S3-compatible store (None: AWS's, from the region).
 #[derive(Debug, Default)]
@@ -35,6 +35,8 @@ pub struct Buckets {
     streams: std::sync::Mutex<HashMap<PathBuf, Weak<Stream>>>,
     /// One stream started at a time: two ranks of a placement starting together share the first's.
     starting: tokio::sync::Mutex<()>,
+    /// What each stream holds in the cache now: streams share the cache's bound ([`crate::streaming::Share`]).
+    streamed: Arc<std::sync::Mutex<HashMap<PathBuf, u64>>>,
 }
 
 impl Buckets {
@@ -69,7 +71,9 @@ impl Buckets {
         let stream = match running {
             Some(stream) => stream,
             None => {
-                let started = start_stream(cache, url, prefix, store, &folder, &index, &index_bytes, say).await?;
+                let streamed = self.streamed.clone();
+                let started =
+                    start_stream(cache, url, prefix, store, &folder, &index, &index_bytes, streamed, say).await?;
                 self.lock().insert(folder.clone(), Arc::downgrade(&started));
                 started
             }
@@ -84,8 +88,21 @@ impl Buckets {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Weak<Stream>>> {
-        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.streams)
     }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The size of shard `shard` of split `split` of `index`.
+fn shard_bytes(index: &DatasetIndex, split: &str, shard: u32) -> u64 {
+    index
+        .splits()
+        .find(|(name, _)| *name == split)
+        .and_then(|(_, s)| s.shards.get(shard as usize))
+        .map_or(0, |s| s.bytes)
 }
 
 /// Opens the data set's folder in the cache (its index written, what an earlier agent left half done or
@@ -100,6 +117,7 @@ async fn start_stream(
     folder: &Path,
     index: &DatasetIndex,
     index_bytes: &[u8],
+    streamed: Arc<std::sync::Mutex<HashMap<PathBuf, u64>>>,
     say: &mut (dyn FnMut(String) + Send),
 ) -> Result<Arc<Stream>> {
     use std::os::unix::fs::PermissionsExt;
@@ -125,14 +143,19 @@ async fn start_stream(
         }
     }
     write_readable(&folder.join("index.json"), index_bytes).await?;
-    crate::files::make_room(cache.clone()).await;
     let total: u64 = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).sum();
-    let budget = match cache.max_bytes() {
-        Some(max) => Some(max.saturating_sub(cache.bytes_outside(folder)?)),
-        None => None,
-    };
+    let here: u64 = present.iter().map(|(split, shard)| shard_bytes(index, split, *shard)).sum();
+    // room for the whole data set where the limit allows, from entries no rank uses (least recent first)
+    let evicting = cache.clone();
+    let _ = tokio::task::spawn_blocking(move || evicting.evict_for(total - here)).await;
+    let others: u64 = lock(&streamed).iter().filter(|(f, _)| f.as_path() != folder).map(|(_, b)| *b).sum();
+    let fixed = cache.bytes_outside(folder)?.saturating_sub(others);
+    let share = Share::new(cache.max_bytes(), fixed, streamed, folder.to_path_buf());
+    let budget = cache.max_bytes().map(|max| max.saturating_sub(fixed + others));
     let largest = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).max().unwrap_or(0);
-    check_free_space(folder, url, budget.unwrap_or(total).min(total).max(largest)).await?;
+    // what it will still write here: what is missing, at most its share of the cache
+    let to_write = budget.unwrap_or(u64::MAX).saturating_sub(here).min(total - here).max(largest);
+    check_free_space(folder, url, to_write).await?;
     if let Some(budget) = budget.filter(|b| *b < total) {
         say(format!(
             "agent: {url} is {:.2} GiB; this node's cache keeps {:.2} GiB of it at most (--cache-max-gib), so shards \
@@ -141,7 +164,7 @@ async fn start_stream(
             gib(budget)
         ));
     }
-    Ok(Stream::start(url, prefix, store, folder.to_path_buf(), index, present, budget))
+    Ok(Stream::start(url, prefix, store, cache.pin(folder.to_path_buf()), index, present, share))
 }
 
 /// Why a shard did not arrive.

@@ -111,11 +111,17 @@ impl FileCache {
     /// Removes the least recently used files that no rank holds until the cache fits its limit. Pins are
     /// held throughout, so a rank cannot take a file while it is being removed.
     pub fn evict(&self) -> std::io::Result<Evicted> {
+        self.evict_for(0)
+    }
+
+    /// The same, until `extra` more bytes fit too (a data set about to stream in).
+    pub fn evict_for(&self, extra: u64) -> std::io::Result<Evicted> {
         let pins = lock(&self.pins);
         let mut files = self.files()?;
         let mut bytes: u64 = files.iter().map(|f| f.2).sum();
         let mut evicted = Evicted::default();
         if let Some(max) = self.max_bytes {
+            let max = max.saturating_sub(extra);
             files.sort_by_key(|f| f.1);
             for (path, _, size) in files {
                 if bytes <= max {

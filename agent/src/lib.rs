@@ -155,6 +155,8 @@ pub struct Agent {
     ranks: HashMap<AssignmentId, RankHandle>,
     /// Leave after this long without a rank (a Slurm step's agent).
     exit_when_idle: Option<Duration>,
+    /// The last poll listed work for this node.
+    work_listed: bool,
     /// Ranks that ended here, with the state reported for them: if the server still lists one (the report
     /// did not get through), it is reported again rather than taken for a rank lost in an agent restart.
     ended: HashMap<AssignmentId, AssignmentState>,
@@ -245,6 +247,7 @@ impl Agent {
             outage_grace: Duration::from_secs(args.outage_grace_s.max(args.lease_s).max(2)),
             ranks: HashMap::new(),
             exit_when_idle: args.exit_when_idle_s.map(Duration::from_secs),
+            work_listed: false,
             ended: HashMap::new(),
         })
     }
@@ -261,7 +264,9 @@ impl Agent {
         let mut idle_since = Instant::now();
         loop {
             self.collect_ended().await;
-            if !self.ranks.is_empty() {
+            // busy: ranks running, ended ones the server has not let go of yet, or work it listed for
+            // this node that has not started (a rank waiting for rank 0's address)
+            if !self.ranks.is_empty() || !self.ended.is_empty() || self.work_listed {
                 idle_since = Instant::now();
             }
             let mut wait = ringtrain_protocol::timing::MAX_POLL_WAIT;
@@ -308,6 +313,7 @@ impl Agent {
     }
 
     async fn apply(&mut self, poll: Poll) {
+        self.work_listed = !poll.work.is_empty();
         let listed: std::collections::HashSet<AssignmentId> = poll
             .work
             .iter()

@@ -283,7 +283,7 @@ async fn run_inner(
     // reaches the job's logs, and is sent before a failure to prepare is reported
     let placement_dir = rank_dir.parent().context("a rank folder has its placement's around it")?;
     let mut relay = Relay::new(ctx, work, rank_dir.join("out"), placement_dir.to_path_buf());
-    let prepared = match prepare(ctx, work, rank_dir, &mut relay).await {
+    let mut prepared = match prepare(ctx, work, rank_dir, &mut relay).await {
         Ok(prepared) => prepared,
         Err(err) => {
             relay.stderr_line(format!("agent: rank {} could not start: {err:#}", a.rank));
@@ -315,6 +315,9 @@ async fn run_inner(
     }
     let stream = prepared.dataset.as_ref().and_then(DatasetFile::stream);
     let ending = supervise(&mut child, &mut stop, &prepared.stop_file(), &mut relay, stream).await;
+    // the rank is gone: its data set's stream stops fetching for it (its uploads and reports may take a
+    // while, through a server outage)
+    prepared.dataset = None;
     // A success must not overtake the report that the job runs: the server refuses scheduled -> succeeded,
     // and the result would be lost (a short run that ends while the server is unreachable, found by the
     // soak). That report rides out an outage, so it is awaited; after any other ending it is moot.

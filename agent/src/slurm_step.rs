@@ -15,7 +15,7 @@ use crate::Args;
 pub const DEFAULT_IDLE_EXIT_S: u64 = 60;
 
 /// `args` completed from Slurm's environment (`env` reads a variable): what the command line did not say.
-/// - the node's name: `SLURMD_NODENAME`;
+/// - the node's name: `slurm-SLURM_JOB_ID-SLURMD_NODENAME`;
 /// - its CPU slots: `SLURM_CPUS_ON_NODE` (when no GPU is allocated);
 /// - its GPUs: `SLURM_STEP_GPUS` or `SLURM_JOB_GPUS` (the allocation's), else none: never every GPU of
 ///   a machine Slurm shares with other jobs;
@@ -33,7 +33,9 @@ pub fn configure(mut args: Args, env: impl Fn(&str) -> Option<String>) -> Result
     let node = need("SLURMD_NODENAME")?;
     let job = need("SLURM_JOB_ID")?;
     if args.name.is_none() {
-        args.name = Some(node.clone());
+        // one name per allocation: a node's name belongs to the token it first registered with, and each
+        // allocation brings tokens of its own
+        args.name = Some(format!("slurm-{job}-{node}"));
     }
     let gpus = env("SLURM_STEP_GPUS").or_else(|| env("SLURM_JOB_GPUS")).filter(|g| !g.is_empty());
     if args.gpus == "all" {
@@ -97,7 +99,7 @@ mod tests {
         ];
         let token_file = tokens.to_str().unwrap();
         let got = configure(args(&["--slurm", "--token-file", token_file]), env(&slurm)).unwrap();
-        assert_eq!((got.name.as_deref(), got.cpus, got.gpus.as_str()), (Some("h2"), Some(8), "none"));
+        assert_eq!((got.name.as_deref(), got.cpus, got.gpus.as_str()), (Some("slurm-417-h2"), Some(8), "none"));
         assert_eq!(got.work_dir, PathBuf::from("/scratch/local/ringtrain-agent-417-h2"));
         assert_eq!((got.token.as_deref(), got.exit_when_idle_s), (Some("second"), Some(DEFAULT_IDLE_EXIT_S)));
         // GPUs allocated: those, and no CPU slot unless asked; flags given win

@@ -35,6 +35,10 @@ const FETCHES: usize = 8;
 /// Pauses between tries of a shard the store did not give (1, 2, 4, … s: about a minute in all).
 const RETRIES: u32 = 6;
 
+/// A reader's shards fetched past the bound when nothing else may go: what its loader threads wait for
+/// at once. More `need`s than that (an uploaded model can print lines too) wait for room like the rest.
+const URGENT_PER_READER: usize = 4;
+
 /// One shard of one split: (split's place in [`Stream::splits`], shard number in it).
 type ShardId = (usize, u32);
 
@@ -46,10 +50,19 @@ pub(crate) struct Stream {
     folder: PathBuf,
     /// The splits' names and shards (name, bytes, sha256), as the index gives them.
     splits: Vec<(String, Vec<ringtrain_data::ShardInfo>)>,
-    /// The bytes this data set may keep in the cache (None: no bound).
-    budget: Option<u64>,
+    /// The bytes this data set may keep in the cache.
+    share: Share,
     state: Mutex<State>,
     wake: Arc<Notify>,
+    /// The folder, pinned in the cache while the stream lives (fetches may outlive the last rank).
+    _held: Option<CachedFile>,
+}
+
+impl Drop for Stream {
+    /// Wakes the stream's task, which then finds no stream to serve and ends.
+    fn drop(&mut self) {
+        self.wake.notify_one();
+    }
 }
 
 #[derive(Default)]
@@ -88,6 +101,40 @@ impl Plan {
     /// The next `n` shards of the order it has not opened.
     fn upcoming(&self, n: usize) -> impl Iterator<Item = u32> + '_ {
         self.order[self.passed.min(self.order.len())..].iter().copied().filter(|s| !self.opened.contains(s)).take(n)
+    }
+}
+
+/// The bytes of one data set's stream against the node's cache limit: the limit less what the cache's
+/// other entries held when the stream started, less what the node's other streams hold now (each says
+/// its bytes here as they change), so data sets streaming at once share the bound rather than each take it.
+pub(crate) struct Share {
+    max: Option<u64>,
+    fixed: u64,
+    streams: Arc<Mutex<HashMap<PathBuf, u64>>>,
+    folder: PathBuf,
+}
+
+impl Share {
+    pub fn new(max: Option<u64>, fixed: u64, streams: Arc<Mutex<HashMap<PathBuf, u64>>>, folder: PathBuf) -> Share {
+        Share { max, fixed, streams, folder }
+    }
+
+    /// What this stream may hold now (None: no bound).
+    fn budget(&self) -> Option<u64> {
+        let streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let others: u64 = streams.iter().filter(|(folder, _)| **folder != self.folder).map(|(_, b)| *b).sum();
+        self.max.map(|max| max.saturating_sub(self.fixed + others))
+    }
+
+    /// This stream holds `bytes` now.
+    fn holds(&self, bytes: u64) {
+        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(self.folder.clone(), bytes);
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.folder);
     }
 }
 
@@ -130,16 +177,16 @@ struct Work {
 }
 
 impl Stream {
-    /// The stream of `index` (`url`, objects under `prefix`) into `folder`, which already holds the shards
-    /// `present`, keeping at most `budget` bytes there.
+    /// The stream of `index` (`url`, objects under `prefix`) into `held`'s folder, which already holds the
+    /// shards `present`, within its `share` of the cache.
     pub fn start(
         url: &str,
         prefix: &str,
         store: AmazonS3,
-        folder: PathBuf,
+        held: CachedFile,
         index: &DatasetIndex,
         present: Vec<(String, u32)>,
-        budget: Option<u64>,
+        share: Share,
     ) -> Arc<Stream> {
         let splits: Vec<(String, Vec<ringtrain_data::ShardInfo>)> =
             index.splits().map(|(name, split)| (name.to_string(), split.shards.clone())).collect();
@@ -154,11 +201,12 @@ impl Stream {
             url: url.to_string(),
             prefix: prefix.to_string(),
             store,
-            folder,
+            folder: held.path().to_path_buf(),
             splits,
-            budget,
+            share,
             state: Mutex::new(state),
             wake: Arc::default(),
+            _held: Some(held),
         });
         tokio::spawn(run(Arc::downgrade(&stream), stream.wake.clone()));
         stream
@@ -230,18 +278,21 @@ impl Stream {
     fn plan(&self, state: &mut State) -> Work {
         let mut work = Work::default();
         // what the readers wait for now, then their next shards, a reader's first before any reader's second
-        let urgent: Vec<ShardId> = state.readers.values().flat_map(|r| r.needs.iter().copied()).collect();
+        let urgent: Vec<ShardId> =
+            state.readers.values().flat_map(|r| r.needs.iter().take(URGENT_PER_READER).copied()).collect();
         let mut lists: Vec<Vec<ShardId>> = Vec::new();
         for reader in state.readers.values() {
             for (&split, plan) in &reader.plans {
                 lists.push(plan.upcoming(AHEAD).map(|s| (split, s)).collect());
             }
         }
-        let mut ahead = Vec::new();
+        let mut ahead: Vec<ShardId> =
+            state.readers.values().flat_map(|r| r.needs.iter().skip(URGENT_PER_READER).copied()).collect();
         for depth in 0..AHEAD {
             ahead.extend(lists.iter().filter_map(|list| list.get(depth).copied()));
         }
         let keep: HashSet<ShardId> = urgent.iter().chain(&ahead).copied().collect();
+        let budget = self.share.budget();
         let mut seen = HashSet::new();
         let candidates = urgent.iter().map(|s| (*s, true)).chain(ahead.iter().map(|s| (*s, false)));
         for (shard, is_urgent) in candidates {
@@ -255,7 +306,7 @@ impl Stream {
                 break;
             }
             let bytes = self.bytes_of(shard);
-            if let Some(budget) = self.budget {
+            if let Some(budget) = budget {
                 while state.bytes + bytes > budget {
                     // the least recently used shard no reader waits for or will open soon
                     let victim = state.present.iter().filter(|(s, _)| !keep.contains(s)).min_by_key(|(_, used)| **used);
@@ -276,6 +327,7 @@ impl Stream {
             state.bytes += bytes;
             work.fetch.push(shard);
         }
+        self.share.holds(state.bytes);
         work
     }
 
@@ -303,6 +355,7 @@ impl Stream {
             }
             Err(FetchError::Unreadable(why) | FetchError::NotTheIndexs(why)) => {
                 state.bytes -= info.bytes;
+                self.share.holds(state.bytes);
                 state.failed.insert(shard);
                 drop(state);
                 tracing::warn!(url = %self.url, shard = %info.name, %why, "a shard cannot be had: its readers fail");
@@ -338,7 +391,7 @@ async fn run(stream: Weak<Stream>, wake: Arc<Notify>) {
                 let work = stream.plan(&mut state);
                 if work.over_budget && !state.said_over_budget {
                     state.said_over_budget = true;
-                    tracing::warn!(url = %stream.url, budget = stream.budget, "the ranks' next shards do not fit this data set's share of the cache: fetching the ones they wait for past it");
+                    tracing::warn!(url = %stream.url, budget = stream.share.budget(), "the ranks' next shards do not fit this data set's share of the cache: fetching the ones they wait for past it");
                 }
                 if said.elapsed() >= Duration::from_secs(30) && !work.fetch.is_empty() {
                     said = Instant::now();
@@ -385,9 +438,10 @@ mod tests {
             store,
             folder: PathBuf::from("/nonexistent"),
             splits: vec![("train".into(), infos)],
-            budget,
+            share: Share::new(budget, 0, Arc::default(), PathBuf::from("/nonexistent")),
             state: Mutex::default(),
             wake: Arc::default(),
+            _held: None,
         };
         (stream, State::default())
     }
@@ -474,6 +528,24 @@ mod tests {
         let reader = &state.readers[&a];
         assert_eq!((reader.plans[&0].order.clone(), reader.needs.clone()), (vec![4, 2, 7], vec![(0, 2)]));
         assert_eq!(stream.plan(&mut state).fetch, [(0, 2), (0, 7)]);
+    }
+
+    #[test]
+    fn streams_share_the_bound_and_a_reader_gets_few_shards_past_it() {
+        let streams: Arc<Mutex<HashMap<PathBuf, u64>>> = Arc::default();
+        let a = Share::new(Some(100), 10, streams.clone(), PathBuf::from("/cache/a"));
+        let b = Share::new(Some(100), 10, streams.clone(), PathBuf::from("/cache/b"));
+        a.holds(60);
+        assert_eq!((a.budget(), b.budget()), (Some(90), Some(30)));
+        drop(a);
+        assert_eq!(b.budget(), Some(90), "a stream that ended holds nothing");
+        // nothing fits: of the ten shards a reader says it waits for, four come past the bound
+        let (stream, mut state) = planner(40, 10, Some(0));
+        let r = reader(&mut state, Vec::new(), &[]);
+        state.readers.get_mut(&r).unwrap().needs = (0..10).map(|s| (0, s)).collect();
+        let work = stream.plan(&mut state);
+        assert_eq!(work.fetch, [(0, 0), (0, 1), (0, 2), (0, 3)]);
+        assert!(work.over_budget);
     }
 
     #[test]

@@ -86,21 +86,33 @@ impl SplitReader {
                 let entry = open.remove(at).expect("found above");
                 let map = entry.1.clone();
                 open.push_back(entry);
+                // held open: its agent may let its file go (said once per order)
+                if let Some(arrivals) = &self.arrivals {
+                    arrivals.opened(i as u32);
+                }
                 return Ok(map);
             }
         }
         let info = &self.split.shards[i];
         let path = self.folder.join(&info.name);
         let fail = |at: Option<u64>, reason: String| ShardError { shard: info.name.clone(), at, reason };
-        if let Some(arrivals) = &self.arrivals {
-            arrivals.wait_for(&self.folder, &info.name, i as u32).map_err(|why| fail(None, why))?;
-        }
-        let bytes =
-            std::fs::metadata(&path).map_err(|e| fail(None, format!("missing: {}: {e}", path.display())))?.len();
+        let file = loop {
+            if let Some(arrivals) = &self.arrivals {
+                arrivals.wait_for(&self.folder, &info.name, i as u32).map_err(|why| fail(None, why))?;
+            }
+            match std::fs::File::open(&path) {
+                Ok(file) => break file,
+                // streamed: the agent removed it between its arrival and this open (it may, for a shard no
+                // rank was about to open): asked for again
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.arrivals.is_some() => continue,
+                Err(e) => return Err(fail(None, format!("missing: {}: {e}", path.display()))),
+            }
+        };
+        let bytes = file.metadata().map_err(|e| fail(None, format!("{}: {e}", path.display())))?.len();
         if bytes != info.bytes {
             return Err(fail(Some(bytes.min(info.bytes)), format!("is {bytes} bytes, the index says {}", info.bytes)));
         }
-        let map = ShardMap::scan(&path, &info.name, self.classes)?;
+        let map = ShardMap::scan_file(file, &info.name, self.classes)?;
         if map.samples.len() as u64 != info.samples {
             return Err(fail(None, format!("holds {} samples, the index says {}", map.samples.len(), info.samples)));
         }

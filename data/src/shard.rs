@@ -85,8 +85,17 @@ const MAX_CLASS_BYTES: u64 = 32;
 impl ShardMap {
     /// Opens `path` and scans its members. `name` names it in errors; `classes` bounds the class indices.
     pub fn scan(path: &Path, name: &str, classes: u32) -> Result<ShardMap, ShardError> {
+        let file = File::open(path).map_err(|e| ShardError {
+            shard: name.to_string(),
+            at: None,
+            reason: format!("cannot open {}: {e}", path.display()),
+        })?;
+        ShardMap::scan_file(file, name, classes)
+    }
+
+    /// Scans the members of an open shard file (kept open: its samples are read from it later).
+    pub fn scan_file(file: File, name: &str, classes: u32) -> Result<ShardMap, ShardError> {
         let fail = |at: Option<u64>, reason: String| ShardError { shard: name.to_string(), at, reason };
-        let file = File::open(path).map_err(|e| fail(None, format!("cannot open {}: {e}", path.display())))?;
         let mut archive = tar::Archive::new(&file);
         let entries = archive.entries_with_seek().map_err(|e| fail(Some(0), format!("not a tar: {e}")))?;
         let mut samples: Vec<SampleEntry> = Vec::new();

@@ -14,6 +14,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -52,7 +53,7 @@ pub fn failure_file(shard: &str) -> String {
 }
 
 /// How long a rank waits for one shard before it gives up (the agent retries a store that does not answer
-/// for about two minutes first).
+/// for about a minute first).
 pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 /// How often a waiting rank says so on stderr (the job's logs).
@@ -66,23 +67,36 @@ pub struct Arrivals {
     /// Whether the rank said the order it will read in ([`Arrivals::want`]); else it reads the split in
     /// order (a test split), and says so from each shard it misses on.
     ordered: AtomicBool,
+    /// The shards said opened since the last order: each is said once per order (a shard the reader
+    /// still holds open is "opened" again in the next epoch, so its agent knows it may let the file go).
+    said_opened: Mutex<HashSet<u32>>,
 }
 
 impl Arrivals {
     /// `split` ("train" or "test") of `shards` shards.
     pub fn new(split: &str, shards: usize) -> Arrivals {
-        Arrivals { split: split.to_string(), shards: shards as u32, ordered: AtomicBool::new(false) }
+        Arrivals {
+            split: split.to_string(),
+            shards: shards as u32,
+            ordered: AtomicBool::new(false),
+            said_opened: Mutex::default(),
+        }
     }
 
     /// Tells the agent the order in which the rank will open shards (first use first).
     pub fn want(&self, order: Vec<u32>) {
         self.ordered.store(true, Ordering::Relaxed);
+        if let Ok(mut said) = self.said_opened.lock() {
+            said.clear();
+        }
         say(StreamRequest::Want { split: self.split.clone(), shards: order });
     }
 
-    /// Tells the agent shard `shard` was opened.
+    /// Tells the agent shard `shard` is open (once per order).
     pub fn opened(&self, shard: u32) {
-        say(StreamRequest::Opened { split: self.split.clone(), shard });
+        if self.said_opened.lock().map(|mut said| said.insert(shard)).unwrap_or(true) {
+            say(StreamRequest::Opened { split: self.split.clone(), shard });
+        }
     }
 
     /// Waits until shard `shard`, file `name`, is in `folder`; the agent's reason when it cannot bring it.
@@ -93,9 +107,13 @@ impl Arrivals {
         }
         // a split read in order (a test split): the rest of it follows this shard
         if !self.ordered.load(Ordering::Relaxed) {
+            if let Ok(mut said) = self.said_opened.lock() {
+                said.clear();
+            }
             say(StreamRequest::Want { split: self.split.clone(), shards: (shard..self.shards).collect() });
         }
-        say(StreamRequest::Need { split: self.split.clone(), shard });
+        let need = || say(StreamRequest::Need { split: self.split.clone(), shard });
+        need();
         let (started, mut said) = (Instant::now(), Instant::now());
         let failure = folder.join(failure_file(name));
         loop {
@@ -118,6 +136,8 @@ impl Arrivals {
                     "waiting for shard {name}, which this node's agent is fetching ({} s so far)",
                     waited.as_secs()
                 );
+                // said again: the request shares stdout with the model's own prints, which could garble it
+                need();
             }
             std::thread::sleep(Duration::from_millis(20));
         }

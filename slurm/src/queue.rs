@@ -1,5 +1,7 @@
-//! Slurm's jobs as `squeue --json` lists them (Slurm's OpenAPI job document; 22.05 writes v0.0.38, later
-//! releases keep these fields), and what their state means to a ringtrain job waiting on them.
+//! Slurm's jobs as `squeue --json` lists them (Slurm's OpenAPI job document), and what their state means
+//! to a ringtrain job waiting on them. 22.05 writes v0.0.38 (tested against it); from 23.02 on `job_state`
+//! is a list of flags and numbers are objects (`{"set": true, "number": N}`): both forms are read, and a
+//! field that is null or missing reads as empty.
 
 use serde::Deserialize;
 
@@ -93,56 +95,58 @@ impl SlurmJob {
     /// Why this job will never start as asked, if that is why it waits.
     pub fn never_runs(&self) -> Option<String> {
         let reason = self.reason.as_deref().filter(|_| self.state == JobState::Pending)?;
-        NEVER_RUNS.contains(&reason).then(|| {
-            format!(
-                "Slurm will never start it as asked ({reason}: more than partition {} allows one job)",
-                self.partition
-            )
-        })
+        NEVER_RUNS
+            .contains(&reason)
+            .then(|| format!("Slurm will not start it as asked in partition {} ({reason})", self.partition))
     }
 }
 
 #[derive(Deserialize)]
 struct Document {
-    jobs: Vec<Job>,
+    jobs: Vec<serde_json::Value>,
 }
 
-#[derive(Deserialize)]
-struct Job {
-    job_id: JobId,
-    job_state: String,
-    #[serde(default)]
-    state_reason: String,
-    #[serde(default)]
-    comment: String,
-    #[serde(default)]
-    partition: String,
-    #[serde(default)]
-    nodes: String,
-    #[serde(default)]
-    start_time: u64,
+/// A text field: a string, or (23.02 on, for `job_state`) a list whose first item is the state.
+fn text(job: &serde_json::Value, field: &str) -> String {
+    match &job[field] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(items) => items.first().and_then(|v| v.as_str()).unwrap_or_default().to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A number field: a number, or (23.02 on) `{"set": bool, "number": N}`; None when unset or missing.
+fn number(job: &serde_json::Value, field: &str) -> Option<u64> {
+    let value = &job[field];
+    match value.as_object() {
+        Some(object) if object.get("set").and_then(|s| s.as_bool()) == Some(false) => None,
+        Some(object) => object.get("number").and_then(|n| n.as_u64()),
+        None => value.as_u64(),
+    }
 }
 
 /// The jobs of `squeue --json`'s answer.
 pub fn parse(json: &str) -> Result<Vec<SlurmJob>, String> {
     let document: Document = serde_json::from_str(json).map_err(|e| format!("squeue --json: {e}"))?;
-    Ok(document
+    document
         .jobs
-        .into_iter()
+        .iter()
         .map(|job| {
-            let state = JobState::from_slurm(&job.job_state);
+            let id = number(job, "job_id").ok_or_else(|| format!("squeue --json: a job without a job_id: {job}"))?;
+            let state = JobState::from_slurm(&text(job, "job_state"));
             let pending = state == JobState::Pending;
-            SlurmJob {
-                id: job.job_id,
-                reason: Some(job.state_reason).filter(|r| !r.is_empty() && r != "None"),
-                comment: job.comment,
-                partition: job.partition,
-                nodes: job.nodes,
-                expected_start: Some(job.start_time).filter(|&t| pending && t > 0),
+            let reason = text(job, "state_reason");
+            Ok(SlurmJob {
+                id,
+                reason: Some(reason).filter(|r| !r.is_empty() && r != "None"),
+                comment: text(job, "comment"),
+                partition: text(job, "partition"),
+                nodes: text(job, "nodes"),
+                expected_start: number(job, "start_time").filter(|&t| pending && t > 0),
                 state,
-            }
+            })
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]
@@ -172,6 +176,17 @@ mod tests {
         assert_eq!(too_big.expected_start, None, "0: no estimate");
         let never = too_big.never_runs().unwrap();
         assert!(never.contains("PartitionNodeLimit") && never.contains("partition cpu"), "{never}");
+    }
+
+    #[test]
+    fn the_forms_of_later_releases_and_null_fields_are_read() {
+        let later = r#"{"jobs": [{"job_id": 12, "job_state": ["PENDING"], "state_reason": "Priority", "comment": null,
+            "partition": "gpu", "start_time": {"set": true, "infinite": false, "number": 1796600000}},
+            {"job_id": {"set": true, "number": 13}, "job_state": ["RUNNING", "COMPLETING"], "start_time": {"set": false}}]}"#;
+        let jobs = parse(later).unwrap();
+        assert_eq!((jobs[0].id, &jobs[0].state, jobs[0].comment.as_str()), (12, &JobState::Pending, ""));
+        assert_eq!((jobs[0].reason.as_deref(), jobs[0].expected_start), (Some("Priority"), Some(1796600000)));
+        assert_eq!((jobs[1].id, &jobs[1].state, jobs[1].expected_start), (13, &JobState::Running, None));
     }
 
     #[test]

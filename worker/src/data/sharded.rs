@@ -62,18 +62,20 @@ impl Sharded {
             bail!("{}: the data set has no test split (pack it with --test)", folder.display())
         };
         let classes = index.classes.len() as u32;
-        let reader = |name: &str, split: &SplitIndex| {
-            let reader = SplitReader::new(folder.to_path_buf(), split.clone(), classes, OPEN_SHARDS);
-            // a bucket's shards arrive while the rank trains, fetched by its node's agent
-            Arc::new(if streamed { reader.streamed(Arrivals::new(name, split.shards.len())) } else { reader })
-        };
         let cut = |n: u64, limit: Option<u64>| limit.map_or(n, |l| l.min(n)) as usize;
         let (train_len, test_len) = (cut(index.train.samples, train_samples), cut(test.samples, test_samples));
+        // `kept` samples are read, from the split's first shards: a shard past them is never asked for
+        let reader = |name: &str, split: &SplitIndex, kept: usize| {
+            let reader = SplitReader::new(folder.to_path_buf(), split.clone(), classes, OPEN_SHARDS);
+            let shards = split.first_samples().iter().filter(|&&first| first < kept as u64).count();
+            // a bucket's shards arrive while the rank trains, fetched by its node's agent
+            Arc::new(if streamed { reader.streamed(Arrivals::new(name, shards)) } else { reader })
+        };
         ensure!(train_len > 0 && test_len > 0, "{}: an empty split", folder.display());
         Ok(Sharded {
             folder: folder.to_path_buf(),
-            train: reader("train", &index.train),
-            test: reader("test", &test),
+            train: reader("train", &index.train, train_len),
+            test: reader("test", &test, test_len),
             index,
             train_len,
             test_len,
