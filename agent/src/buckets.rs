@@ -88,21 +88,8 @@ impl Buckets {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Weak<Stream>>> {
-        lock(&self.streams)
+        crate::cache::lock(&self.streams)
     }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The size of shard `shard` of split `split` of `index`.
-fn shard_bytes(index: &DatasetIndex, split: &str, shard: u32) -> u64 {
-    index
-        .splits()
-        .find(|(name, _)| *name == split)
-        .and_then(|(_, s)| s.shards.get(shard as usize))
-        .map_or(0, |s| s.bytes)
 }
 
 /// Opens the data set's folder in the cache (its index written, what an earlier agent left half done or
@@ -123,7 +110,7 @@ async fn start_stream(
     use std::os::unix::fs::PermissionsExt;
     tokio::fs::create_dir_all(folder).await?;
     tokio::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o755)).await?;
-    let mut present = Vec::new();
+    let (mut present, mut here) = (Vec::new(), 0);
     let mut entries = tokio::fs::read_dir(folder).await?;
     let shards: HashMap<&str, (&str, u32, u64)> = index
         .splits()
@@ -136,7 +123,8 @@ async fn start_stream(
         match shards.get(file.as_str()) {
             // written whole and checked by an agent of this node (renamed into place only then)
             Some(&(split, shard, bytes)) if entry.metadata().await?.len() == bytes => {
-                present.push((split.to_string(), shard))
+                present.push((split.to_string(), shard));
+                here += bytes;
             }
             _ if file == "index.json" => {}
             _ => tokio::fs::remove_file(entry.path()).await?,
@@ -144,11 +132,11 @@ async fn start_stream(
     }
     write_readable(&folder.join("index.json"), index_bytes).await?;
     let total: u64 = index.splits().flat_map(|(_, split)| split.shards.iter()).map(|s| s.bytes).sum();
-    let here: u64 = present.iter().map(|(split, shard)| shard_bytes(index, split, *shard)).sum();
     // room for the whole data set where the limit allows, from entries no rank uses (least recent first)
     let evicting = cache.clone();
     let _ = tokio::task::spawn_blocking(move || evicting.evict_for(total - here)).await;
-    let others: u64 = lock(&streamed).iter().filter(|(f, _)| f.as_path() != folder).map(|(_, b)| *b).sum();
+    let others: u64 =
+        crate::cache::lock(&streamed).iter().filter(|(f, _)| f.as_path() != folder).map(|(_, b)| *b).sum();
     let fixed = cache.bytes_outside(folder)?.saturating_sub(others);
     let share = Share::new(cache.max_bytes(), fixed, streamed, folder.to_path_buf());
     let budget = cache.max_bytes().map(|max| max.saturating_sub(fixed + others));

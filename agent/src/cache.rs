@@ -208,7 +208,8 @@ fn is_partial(path: &Path) -> bool {
     path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.starts_with("part-"))
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// A lock whose holder panicked is still taken: the maps it guards stay consistent between statements.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::buckets::{fetch_shard, FetchError};
-use crate::cache::CachedFile;
+use crate::cache::{lock, CachedFile};
 
 /// Shards fetched ahead of the last one a rank opened, per rank and split: two windows of the epoch's
 /// order (`ringtrain_data::order::WINDOW_SHARDS`), so the next window is whole before the rank reaches it.
@@ -121,20 +121,20 @@ impl Share {
 
     /// What this stream may hold now (None: no bound).
     fn budget(&self) -> Option<u64> {
-        let streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let streams = lock(&self.streams);
         let others: u64 = streams.iter().filter(|(folder, _)| **folder != self.folder).map(|(_, b)| *b).sum();
         self.max.map(|max| max.saturating_sub(self.fixed + others))
     }
 
     /// This stream holds `bytes` now.
     fn holds(&self, bytes: u64) {
-        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(self.folder.clone(), bytes);
+        lock(&self.streams).insert(self.folder.clone(), bytes);
     }
 }
 
 impl Drop for Share {
     fn drop(&mut self) {
-        self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.folder);
+        lock(&self.streams).remove(&self.folder);
     }
 }
 
@@ -263,7 +263,7 @@ impl Stream {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.state)
     }
 
     fn bytes_of(&self, (split, shard): ShardId) -> u64 {
