@@ -337,3 +337,57 @@ fn an_uploaded_model_trains_on_a_plain_data_set_of_one_x() {
     assert_eq!(run.epochs.len(), 2);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Shards of named tensors: the multi-input example's safetensors file packed by `ringtrain datasets pack`
+/// trains the scripted model from `shards:` as it does from the upload (the same test error bound), and the
+/// same 2-worker job on 1 process of 2 virtual ranks and on 2 processes takes the same samples in the same
+/// order (every iteration's loss within 1e-5 relative; elastic, so gradients are summed in worker order).
+#[test]
+fn a_scripted_model_trains_from_shards_of_named_tensors_the_same_at_any_number_of_processes() {
+    let dir = scratch("named-shards");
+    let shards = dir.join("shards");
+    let packed = Command::new(env!("CARGO_BIN_EXE_ringtrain"))
+        .args(["datasets", "pack"])
+        .arg(repo("examples/multi-input/data.safetensors"))
+        .arg(&shards)
+        .args(["--shard-mib", "0.5"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&packed.stdout);
+    assert!(packed.status.success(), "pack failed:\n{}", String::from_utf8_lossy(&packed.stderr));
+    assert!(
+        said.contains("packed 3 classes: 4000 training samples in") && said.contains("1000 test samples"),
+        "{said}"
+    );
+
+    let mut example: Value =
+        serde_json::from_slice(&std::fs::read(repo("examples/multi-input/spec.json")).unwrap()).unwrap();
+    example["model"]["uploaded"] = UPLOAD_ID.into();
+    example["dataset"] = format!("shards:{}", shards.display()).into();
+    example["devices"] = json!({"min": 1});
+    example["log_every_iterations"] = 1.into();
+    let spec = write_spec(&dir, "spec", &example);
+    let model = ["--model-file".to_string(), repo("examples/multi-input/model.pt").to_string_lossy().into_owned()];
+    let args: Vec<String> = model.into_iter().chain(["--model-inputs".into(), EXAMPLE_INPUTS.into()]).collect();
+    let losses = |output: &Output| -> Vec<(u64, f64)> {
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|l| match serde_json::from_str(l) {
+                Ok(Metric::Iteration { rank: 0, iteration, loss, .. }) => Some((iteration, loss)),
+                _ => None,
+            })
+            .collect()
+    };
+    let two = train(&spec, 2, &args, &dir.join("two"));
+    let run = result(&dir.join("two"));
+    assert!(run.final_test_error < 0.2, "final test error {}", run.final_test_error);
+    let virtual_ranks: Vec<String> = args.iter().cloned().chain(["--virtual-ranks".into(), "2".into()]).collect();
+    let one = train(&spec, 1, &virtual_ranks, &dir.join("one"));
+    let (one, two) = (losses(&one), losses(&two));
+    assert_eq!(one.len(), 6 * (4000 / 64), "every iteration of the 6 epochs");
+    assert_eq!(one.len(), two.len());
+    for ((i, a), (_, b)) in one.iter().zip(&two) {
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(b.abs()), "iteration {i}: {a} on 1 process, {b} on 2");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

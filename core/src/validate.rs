@@ -85,8 +85,11 @@ impl JobSpec {
             }),
             _ => {}
         }
-        if self.model.uploaded.is_some() && !matches!(self.dataset, crate::DatasetRef::Uploaded(_)) {
-            p.check(false, "dataset", || "an uploaded model trains on an uploaded dataset (its id)".into());
+        let named_inputs = matches!(self.dataset, crate::DatasetRef::Uploaded(_) | crate::DatasetRef::Shards { .. });
+        if self.model.uploaded.is_some() && !named_inputs {
+            p.check(false, "dataset", || {
+                "an uploaded model trains on an uploaded dataset (its id) or a sharded one (shards:...)".into()
+            });
         }
         if self.model.uploaded.is_none() && self.loss.is_some_and(Loss::regresses) {
             p.check(false, "loss", || "the built-in models classify: only cross_entropy applies".into());

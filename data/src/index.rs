@@ -8,11 +8,22 @@
 //!  "test": {"samples": 200, "shards": […]}}
 //! ```
 //!
+//! A data set of named tensors (`"kind": "tensors"`, for uploaded models) lists its inputs instead of the
+//! pixel statistics, and either class names or the shape of the values its labels are:
+//!
+//! ```json
+//! {"format": "ringtrain-shards/1", "kind": "tensors", "classes": [],
+//!  "inputs": [{"name": "numeric", "dtype": "f32", "shape": [8]}, {"name": "tokens", "dtype": "i64", "shape": [16]}],
+//!  "values": [], "train": {…}, "test": {…}}
+//! ```
+//!
 //! Every field is checked ([`DatasetIndex::check`]) and a problem names its field: an index that lies
 //! (counts that do not add up, a shard name that would leave the data set's folder) is refused before
 //! anything is read.
 
 use serde::{Deserialize, Serialize};
+
+use crate::npy::Dtype;
 
 /// The format this crate reads and writes.
 pub const FORMAT: &str = "ringtrain-shards/1";
@@ -23,6 +34,8 @@ pub const FORMAT: &str = "ringtrain-shards/1";
 pub enum SampleKind {
     /// `KEY.jpg` (or `.jpeg`, `.png`) with `KEY.cls`, the class index as decimal text.
     Images,
+    /// `KEY.x.NAME.npy` for each input, with `KEY.cls` (a class) or `KEY.y.npy` (values, f32).
+    Tensors,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,8 +45,16 @@ pub struct DatasetIndex {
     pub kind: SampleKind,
     /// The class names, by index (an image folder's sub-folder names, sorted).
     pub classes: Vec<String>,
-    /// Per-channel statistics of the pixels (in [0, 1]) the pipeline normalises with.
-    pub normalize: Normalize,
+    /// Per-channel statistics of the pixels (in [0, 1]) the pipeline normalises with: images only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<Normalize>,
+    /// Each sample's named tensors, in the order they were packed: tensors only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<TensorSpec>,
+    /// The shape of one sample's values (`[]` or `[M]`, f32) when the labels are values to regress rather
+    /// than classes (then `classes` is empty): tensors only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<Vec<u64>>,
     pub train: SplitIndex,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test: Option<SplitIndex>,
@@ -44,6 +65,34 @@ pub struct DatasetIndex {
 pub struct Normalize {
     pub mean: [f32; 3],
     pub std: [f32; 3],
+}
+
+/// One named input of a data set of tensors: what each sample's `KEY.x.NAME.npy` holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: Dtype,
+    /// One sample's shape (without the batch's dimension).
+    pub shape: Vec<u64>,
+}
+
+impl TensorSpec {
+    /// The bytes of one sample's elements.
+    pub fn sample_bytes(&self) -> u64 {
+        self.shape.iter().product::<u64>().saturating_mul(self.dtype.size() as u64)
+    }
+}
+
+/// The most bytes one sample's tensor may hold (a 1024×1024×16 f32 volume): a batch is assembled in memory.
+pub const MAX_TENSOR_BYTES: u64 = 64 << 20;
+
+/// At most this many named inputs.
+pub const MAX_INPUTS: usize = 64;
+
+/// Whether `name` may name an input (as an upload's `x.NAME`): 1 to 100 letters, digits or underscores.
+pub fn input_name_ok(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 100 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,17 +142,16 @@ impl DatasetIndex {
         if self.format != FORMAT {
             problems.push(problem("format", format!("must be {FORMAT:?} (got {:?})", self.format)));
         }
-        if self.classes.is_empty() || self.classes.len() > MAX_CLASSES {
+        let values = self.kind == SampleKind::Tensors && self.values.is_some();
+        if values && !self.classes.is_empty() {
+            problems.push(problem("classes", "must be empty when the labels are values"));
+        } else if !values && (self.classes.is_empty() || self.classes.len() > MAX_CLASSES) {
             problems
                 .push(problem("classes", format!("must name 1 to {MAX_CLASSES} classes (got {})", self.classes.len())));
         }
-        for (channel, (&mean, &std)) in self.normalize.mean.iter().zip(&self.normalize.std).enumerate() {
-            if !(0.0..=1.0).contains(&mean) {
-                problems.push(problem(format!("normalize.mean[{channel}]"), format!("must be in [0, 1] (got {mean})")));
-            }
-            if !(std > 0.0 && std <= 1.0) {
-                problems.push(problem(format!("normalize.std[{channel}]"), format!("must be in (0, 1] (got {std})")));
-            }
+        match self.kind {
+            SampleKind::Images => self.check_images(&mut problems),
+            SampleKind::Tensors => self.check_tensors(&mut problems),
         }
         self.train.check("train", &mut problems);
         if let Some(test) = &self.test {
@@ -118,6 +166,54 @@ impl DatasetIndex {
             Ok(())
         } else {
             Err(problems)
+        }
+    }
+
+    fn check_images(&self, problems: &mut Vec<IndexError>) {
+        if self.normalize.is_none() {
+            problems.push(problem("normalize", "an image data set needs its pixels' per-channel mean and std"));
+        }
+        let stats = self.normalize.iter().flat_map(|n| n.mean.iter().zip(&n.std));
+        for (channel, (&mean, &std)) in stats.enumerate() {
+            if !(0.0..=1.0).contains(&mean) {
+                problems.push(problem(format!("normalize.mean[{channel}]"), format!("must be in [0, 1] (got {mean})")));
+            }
+            if !(std > 0.0 && std <= 1.0) {
+                problems.push(problem(format!("normalize.std[{channel}]"), format!("must be in (0, 1] (got {std})")));
+            }
+        }
+        if !self.inputs.is_empty() {
+            problems.push(problem("inputs", "an image data set has no named inputs"));
+        }
+        if self.values.is_some() {
+            problems.push(problem("values", "an image data set's labels are classes"));
+        }
+    }
+
+    fn check_tensors(&self, problems: &mut Vec<IndexError>) {
+        if self.normalize.is_some() {
+            problems.push(problem("normalize", "a data set of tensors is not normalised by the pipeline"));
+        }
+        if self.inputs.is_empty() || self.inputs.len() > MAX_INPUTS {
+            problems.push(problem("inputs", format!("must name 1 to {MAX_INPUTS} inputs (got {})", self.inputs.len())));
+        }
+        for (i, input) in self.inputs.iter().enumerate() {
+            if !input_name_ok(&input.name) {
+                problems.push(problem(format!("inputs[{i}].name"), "must be 1 to 100 letters, digits or underscores"));
+            } else if self.inputs[..i].iter().any(|other| other.name == input.name) {
+                problems.push(problem(format!("inputs[{i}].name"), format!("{} is named twice", input.name)));
+            }
+            if input.shape.len() > 8 || input.shape.contains(&0) || input.sample_bytes() > MAX_TENSOR_BYTES {
+                problems.push(problem(
+                    format!("inputs[{i}].shape"),
+                    format!("must have at most 8 dimensions, none 0, and at most {MAX_TENSOR_BYTES} bytes a sample"),
+                ));
+            }
+        }
+        if let Some(shape) = &self.values {
+            if shape.len() > 1 || shape.first().is_some_and(|&m| m == 0 || m > 1 << 20) {
+                problems.push(problem("values", "must be [] (one value a sample) or [M], M from 1 to 2^20"));
+            }
         }
     }
 
@@ -210,7 +306,9 @@ mod tests {
             format: FORMAT.into(),
             kind: SampleKind::Images,
             classes: vec!["a".into(), "b".into()],
-            normalize: Normalize { mean: [0.5; 3], std: [0.25; 3] },
+            normalize: Some(Normalize { mean: [0.5; 3], std: [0.25; 3] }),
+            inputs: Vec::new(),
+            values: None,
             train: SplitIndex { samples: 30, shards: vec![shard("train-0.tar", 10), shard("train-1.tar", 20)] },
             test: Some(SplitIndex { samples: 5, shards: vec![shard("test-0.tar", 5)] }),
         }
@@ -231,7 +329,7 @@ mod tests {
         index.train.shards[0].sha256 = "XYZ".into();
         index.test.as_mut().unwrap().shards[0].name = "train-0.tar".into();
         index.test.as_mut().unwrap().shards[0].bytes = 100;
-        index.normalize.std[1] = 0.0;
+        index.normalize.as_mut().unwrap().std[1] = 0.0;
         let fields: Vec<String> = index.check().unwrap_err().into_iter().map(|e| e.field).collect();
         assert_eq!(
             fields,
@@ -245,6 +343,32 @@ mod tests {
             ]
         );
         assert!(DatasetIndex::from_json("{\"format\": 1}").unwrap_err()[0].field == "index.json");
+    }
+
+    #[test]
+    fn an_index_of_tensors_names_its_inputs_and_its_labels() {
+        let mut index = index();
+        index.kind = SampleKind::Tensors;
+        index.normalize = None;
+        index.inputs = vec![TensorSpec { name: "tokens".into(), dtype: Dtype::I64, shape: vec![16] }];
+        assert_eq!(DatasetIndex::from_json(&index.to_json()).unwrap(), index);
+        index.values = Some(vec![2]);
+        index.classes.clear();
+        assert!(index.check().is_ok());
+        index.inputs.push(TensorSpec { name: "tokens".into(), dtype: Dtype::F32, shape: vec![0] });
+        index.inputs.push(TensorSpec { name: "a b".into(), dtype: Dtype::F32, shape: vec![1 << 30] });
+        index.values = Some(vec![2, 3]);
+        index.classes.push("a".into());
+        let fields: Vec<String> = index.check().unwrap_err().into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            ["classes", "inputs[1].name", "inputs[1].shape", "inputs[2].name", "inputs[2].shape", "values"]
+        );
+        let mut images = self::index();
+        images.normalize = None;
+        images.values = Some(vec![]);
+        let fields: Vec<String> = images.check().unwrap_err().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["normalize", "values"]);
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! - [`index`]: the shard format's index (`index.json`: the splits, their shards with sizes, sample counts
 //!   and checksums, the class names, the per-channel statistics) and its checks;
 //! - [`shard`]: one shard, a POSIX tar of WebDataset-style samples (`KEY.jpg` or `KEY.png` beside
-//!   `KEY.cls`), read by member offsets so a reader takes only the samples it needs;
+//!   `KEY.cls`, or `KEY.x.NAME.npy` for named inputs), read by member offsets so a reader takes only the samples it needs;
 //! - [`pack`]: an image folder (one sub-folder per class, the torchvision and ImageNet layout) into shards;
+//! - [`pack_tensors`]: a safetensors data set of named tensors (an upload's layout) into shards;
 //! - [`order`]: which sample comes when in an epoch, a function of the seed and the epoch alone;
+//! - [`npy`]: one sample's tensor as a NumPy `.npy` member (shards of named tensors);
 //! - [`image`]: decoding (JPEG, PNG) and Goyal's augmentation, into CHW bytes;
 //! - [`loader`]: a rank's batches, decoded ahead on a pool of threads, in the order the epoch asks for;
 //! - [`stream`]: what a rank says to its agent about the shards it will open, while a bucket's shards
@@ -17,8 +19,10 @@ pub mod bucket;
 pub mod image;
 pub mod index;
 pub mod loader;
+pub mod npy;
 pub mod order;
 pub mod pack;
+pub mod pack_tensors;
 pub mod shard;
 pub mod stream;
 pub mod synthetic;

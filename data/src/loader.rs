@@ -17,7 +17,7 @@ use ringtrain_core::random::SplitMix64;
 use crate::image::{centre_crop, crop_into, decode_for, random_resized_crop, size, whole};
 use crate::index::SplitIndex;
 use crate::order::{augmentation_seed, locate};
-use crate::shard::{ShardError, ShardMap};
+use crate::shard::{Layout, ShardError, ShardMap};
 use crate::stream::{first_use_order, Arrivals};
 
 /// One split of a data set whose shards are files in one folder (a shared filesystem, or the node's cache).
@@ -26,7 +26,7 @@ pub struct SplitReader {
     folder: PathBuf,
     split: SplitIndex,
     firsts: Vec<u64>,
-    classes: u32,
+    layout: Layout,
     /// The shards scanned so far, most recently used last; at most `max_open`.
     open: Mutex<VecDeque<(usize, Arc<ShardMap>)>>,
     max_open: usize,
@@ -35,14 +35,27 @@ pub struct SplitReader {
     arrivals: Option<Arrivals>,
 }
 
-/// A sample as stored: its bytes, how they are encoded, its class.
+/// An image as stored: its bytes, how they are encoded, its class.
 pub type StoredSample = (Vec<u8>, crate::shard::ImageFormat, u32);
 
 impl SplitReader {
-    pub fn new(folder: PathBuf, split: SplitIndex, classes: u32, max_open: usize) -> SplitReader {
+    pub fn new(folder: PathBuf, split: SplitIndex, layout: Layout, max_open: usize) -> SplitReader {
         let firsts = split.first_samples();
         let open = Mutex::new(VecDeque::new());
-        SplitReader { folder, split, firsts, classes, open, max_open: max_open.max(1), arrivals: None }
+        SplitReader { folder, split, firsts, layout, open, max_open: max_open.max(1), arrivals: None }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The bytes one sample takes in each part of a batch: its image's (3×size×size), or each of its
+    /// tensors' (the inputs in the index's order, then the values).
+    pub fn part_bytes(&self, size: u32) -> Vec<usize> {
+        match &self.layout {
+            Layout::Images { .. } => vec![3 * size as usize * size as usize],
+            Layout::Tensors { .. } => self.layout.tensors().iter().map(|(_, t)| t.sample_bytes() as usize).collect(),
+        }
     }
 
     /// A reader whose shards arrive while it reads (see [`crate::stream`]).
@@ -63,8 +76,29 @@ impl SplitReader {
         self.split.samples
     }
 
-    /// Sample `id` (numbered through the split) as stored.
+    /// Image `id` (numbered through the split) as stored.
     pub fn sample(&self, id: u64) -> Result<StoredSample, ShardError> {
+        let (map, member) = self.sample_map(id)?;
+        let bytes = map.read(member)?;
+        let entry = &map.samples[member];
+        let format = entry.format.ok_or_else(|| ShardError {
+            shard: map.name.clone(),
+            at: None,
+            reason: format!("sample {} is not an image", entry.key),
+        })?;
+        Ok((bytes, format, entry.class))
+    }
+
+    /// The read members of sample `id` as stored (each input's `.npy`, then the values'), and its class.
+    pub fn tensor_sample(&self, id: u64) -> Result<(Vec<Vec<u8>>, u32), ShardError> {
+        let (map, member) = self.sample_map(id)?;
+        let parts =
+            (0..map.samples[member].members.len()).map(|m| map.read_member(member, m)).collect::<Result<_, _>>()?;
+        Ok((parts, map.samples[member].class))
+    }
+
+    /// The map of the shard holding sample `id`, and the sample's place in it.
+    fn sample_map(&self, id: u64) -> Result<(Arc<ShardMap>, usize), ShardError> {
         if id >= self.split.samples {
             return Err(ShardError {
                 shard: "-".into(),
@@ -73,10 +107,7 @@ impl SplitReader {
             });
         }
         let (shard, member) = locate(&self.firsts, id);
-        let map = self.shard(shard)?;
-        let bytes = map.read(member as usize)?;
-        let entry = &map.samples[member as usize];
-        Ok((bytes, entry.format, entry.class))
+        Ok((self.shard(shard)?, member as usize))
     }
 
     /// The scanned map of shard `i`, checked against the index.
@@ -112,7 +143,7 @@ impl SplitReader {
         if bytes != info.bytes {
             return Err(fail(Some(bytes.min(info.bytes)), format!("is {bytes} bytes, the index says {}", info.bytes)));
         }
-        let map = ShardMap::scan_file(file, &info.name, self.classes)?;
+        let map = ShardMap::scan_file(file, &info.name, &self.layout)?;
         if map.samples.len() as u64 != info.samples {
             return Err(fail(None, format!("holds {} samples, the index says {}", map.samples.len(), info.samples)));
         }
@@ -154,29 +185,48 @@ pub enum CropMode {
     Whole,
 }
 
-/// One batch: `labels.len()` images of 3×size×size bytes, channel-major, in the order asked.
+/// One batch of `labels.len()` samples in the order asked: its parts (see [`SplitReader::part_bytes`]),
+/// sample after sample: the images (3×size×size bytes each, channel-major), or each tensor's elements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
-    pub images: Vec<u8>,
+    pub parts: Vec<Vec<u8>>,
+    /// The classes (0 when the labels are values, which are the last part).
     pub labels: Vec<i64>,
     pub size: u32,
 }
 
-/// Decodes one sample as `transform` says into `out` (3×size×size bytes); returns its class.
+impl Batch {
+    /// The images of a batch of images.
+    pub fn images(&self) -> &[u8] {
+        self.parts.first().map_or(&[], Vec::as_slice)
+    }
+}
+
+/// Reads one sample as `transform` says into `out` (one buffer per part: the image, decoded, cropped and
+/// resized; or each tensor's elements, checked against the index); returns its class.
 pub fn load_sample(
     reader: &SplitReader,
     id: u64,
     transform: Transform,
     resizer: &mut Resizer,
     scratch: &mut Option<fast_image_resize::images::Image<'static>>,
-    out: &mut [u8],
+    out: &mut [Vec<u8>],
 ) -> Result<u32, String> {
-    let (bytes, format, class) = reader.sample(id).map_err(|e| e.to_string())?;
     let name = |reason: String| {
         let (shard, member) = locate(&reader.firsts, id);
         let info = &reader.split.shards[shard];
         format!("shard {} sample {member} (sample {id} of the split): {reason}", info.name)
     };
+    if let Layout::Tensors { .. } = reader.layout {
+        let (stored, class) = reader.tensor_sample(id).map_err(|e| e.to_string())?;
+        for ((bytes, (member, spec)), out) in stored.iter().zip(reader.layout.tensors()).zip(out.iter_mut()) {
+            let elements = crate::npy::decode(bytes, spec.dtype, &spec.shape);
+            out.copy_from_slice(elements.map_err(|why| name(format!("{member} {why}")))?);
+        }
+        return Ok(class);
+    }
+    let out = &mut out[0];
+    let (bytes, format, class) = reader.sample(id).map_err(|e| e.to_string())?;
     let (width, height) = size(&bytes, format).map_err(name)?;
     let crop = match transform.crop {
         CropMode::RandomResized => {
@@ -191,6 +241,9 @@ pub fn load_sample(
     Ok(class)
 }
 
+/// A batch being filled: its parts, its labels, and how many of its samples are still to come.
+type Filling = (Vec<Vec<u8>>, Vec<i64>, usize);
+
 /// What the threads and the consumer share.
 #[derive(Debug, Default)]
 struct State {
@@ -198,8 +251,8 @@ struct State {
     next: (usize, usize),
     /// Batches handed out so far.
     consumed: usize,
-    /// Batches being filled: their bytes, labels and samples still to come.
-    filling: HashMap<usize, (Vec<u8>, Vec<i64>, usize)>,
+    /// Batches being filled: their parts, labels and samples still to come.
+    filling: HashMap<usize, Filling>,
     ready: BTreeMap<usize, Batch>,
     failed: Option<String>,
     stop: bool,
@@ -273,8 +326,9 @@ impl Drop for Batches {
 /// in its batch.
 fn work(shared: &(Mutex<State>, Condvar), plan: &[Vec<u64>], reader: &SplitReader, transform: Transform, ahead: usize) {
     let (lock, changed) = shared;
-    let sample_bytes = 3 * transform.size as usize * transform.size as usize;
-    let (mut resizer, mut scratch, mut out) = (Resizer::new(), None, vec![0u8; sample_bytes]);
+    let part_bytes = reader.part_bytes(transform.size);
+    let mut out: Vec<Vec<u8>> = part_bytes.iter().map(|&n| vec![0u8; n]).collect();
+    let (mut resizer, mut scratch) = (Resizer::new(), None);
     loop {
         let (batch, position) = {
             let Ok(mut state) = lock.lock() else { return };
@@ -282,7 +336,8 @@ fn work(shared: &(Mutex<State>, Condvar), plan: &[Vec<u64>], reader: &SplitReade
                 // an empty batch in the plan is ready as it is
                 while state.next.0 < plan.len() && plan[state.next.0].is_empty() {
                     let empty = state.next.0;
-                    state.ready.insert(empty, Batch { images: Vec::new(), labels: Vec::new(), size: transform.size });
+                    let parts = vec![Vec::new(); part_bytes.len()];
+                    state.ready.insert(empty, Batch { parts, labels: Vec::new(), size: transform.size });
                     state.next = (empty + 1, 0);
                     changed.notify_all();
                 }
@@ -305,14 +360,17 @@ fn work(shared: &(Mutex<State>, Condvar), plan: &[Vec<u64>], reader: &SplitReade
             Err(why) => state.failed = Some(why),
             Ok(class) => {
                 let size = plan[batch].len();
-                let (images, labels, left) =
-                    state.filling.entry(batch).or_insert_with(|| (vec![0u8; size * sample_bytes], vec![0; size], size));
-                images[position * sample_bytes..(position + 1) * sample_bytes].copy_from_slice(&out);
+                let (parts, labels, left) = state.filling.entry(batch).or_insert_with(|| {
+                    (part_bytes.iter().map(|&n| vec![0u8; size * n]).collect(), vec![0; size], size)
+                });
+                for ((part, sample), &n) in parts.iter_mut().zip(&out).zip(&part_bytes) {
+                    part[position * n..(position + 1) * n].copy_from_slice(sample);
+                }
                 labels[position] = i64::from(class);
                 *left -= 1;
                 if *left == 0 {
-                    if let Some((images, labels, _)) = state.filling.remove(&batch) {
-                        state.ready.insert(batch, Batch { images, labels, size: transform.size });
+                    if let Some((parts, labels, _)) = state.filling.remove(&batch) {
+                        state.ready.insert(batch, Batch { parts, labels, size: transform.size });
                     }
                 }
             }

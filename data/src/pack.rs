@@ -1,5 +1,5 @@
 //! `ringtrain datasets pack`: an image folder (one sub-folder per class, the torchvision and ImageNet
-//! layout) into shards and their index.
+//! layout) into shards and their index (a safetensors data set of named tensors: [`crate::pack_tensors`]).
 //!
 //! Every file is decoded once, on every core, so a file that is not a readable JPEG or PNG is reported by
 //! name and left out rather than failing a job later. The kept images are shuffled (a fixed seed) before
@@ -115,10 +115,23 @@ pub fn pack(train: &Path, test: Option<&Path>, out: &Path, options: &PackOptions
         format: FORMAT.into(),
         kind: SampleKind::Images,
         classes: classes.clone(),
-        normalize: stats,
+        normalize: Some(stats),
+        inputs: Vec::new(),
+        values: None,
         train: train_split,
         test: test_split,
     };
+    write_index(&index, out, classes.len(), skipped)
+}
+
+/// Checks `index` and writes it into `out`, last and atomically (a folder with an `index.json` is a whole
+/// data set); what was packed.
+pub(crate) fn write_index(
+    index: &DatasetIndex,
+    out: &Path,
+    classes: usize,
+    skipped: Vec<Skipped>,
+) -> Result<PackReport, PackError> {
     index.check().map_err(|problems| {
         PackError::Input(problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
     })?;
@@ -129,7 +142,7 @@ pub fn pack(train: &Path, test: Option<&Path>, out: &Path, options: &PackOptions
     let shards = |s: &SplitIndex| s.shards.iter().map(|s| s.bytes).sum::<u64>();
     Ok(PackReport {
         index: path,
-        classes: classes.len(),
+        classes,
         train_samples: index.train.samples,
         train_shards: index.train.shards.len(),
         test_samples: index.test.as_ref().map_or(0, |t| t.samples),
@@ -214,7 +227,7 @@ fn pack_split(
     Ok((SplitIndex { samples, shards }, normalize))
 }
 
-fn close(writer: Option<(PathBuf, ShardWriter, u64)>) -> Result<ShardInfo, PackError> {
+pub(crate) fn close(writer: Option<(PathBuf, ShardWriter, u64)>) -> Result<ShardInfo, PackError> {
     let Some((path, shard, _)) = writer else { return Err(PackError::Input("no open shard".into())) };
     let samples = shard.samples;
     let bytes = shard.finish().map_err(io(&path))?;

@@ -8,6 +8,7 @@ use ringtrain_data::index::DatasetIndex;
 use ringtrain_data::loader::{Batch, Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::order::EpochOrder;
 use ringtrain_data::pack::{pack, PackOptions};
+use ringtrain_data::shard::Layout;
 
 const CLASSES: u32 = 4;
 const PER_CLASS: u32 = 30;
@@ -40,7 +41,7 @@ fn packed() -> Packed {
 }
 
 fn reader(out: &Path, index: &DatasetIndex) -> Arc<SplitReader> {
-    Arc::new(SplitReader::new(out.to_path_buf(), index.train.clone(), index.classes.len() as u32, 4))
+    Arc::new(SplitReader::new(out.to_path_buf(), index.train.clone(), Layout::of(index), 4))
 }
 
 /// The epoch's batches of `n`, taken in order by `threads` threads.
@@ -62,7 +63,7 @@ fn every_sample_comes_once_per_epoch_the_same_for_any_number_of_threads() {
         assert_eq!(labels.iter().filter(|&&l| l == class).count(), PER_CLASS as usize, "class {class}");
     }
     assert_eq!(one, epoch(&p, 3, 16), "the same bytes, crops and flips with three threads");
-    assert_eq!(one[0].images.len(), 16 * 3 * 32 * 32);
+    assert_eq!(one[0].images().len(), 16 * 3 * 32 * 32);
 }
 
 #[test]

@@ -28,7 +28,9 @@ pub enum Datasets {
     Delete(DeleteArgs),
     /// Pack an image folder (one sub-folder per class: the torchvision and ImageNet layout) into shards and
     /// their index.json (the shard format: docs/user-guide.md, "Your own data at scale"). Every image is
-    /// decoded once; a file that is not a readable JPEG or PNG is named and left out.
+    /// decoded once; a file that is not a readable JPEG or PNG is named and left out. A safetensors file of
+    /// named inputs (an upload's layout: x.NAME, y, optionally x_test.NAME and y_test) packs into shards of
+    /// named tensors, for uploaded models.
     Pack(PackArgs),
 }
 
@@ -103,11 +105,12 @@ impl RegisterArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct PackArgs {
-    /// The training images: DIR/CLASS/*.jpg|png.
+    /// The training images: DIR/CLASS/*.jpg|png; or a safetensors data set of named inputs.
     train: PathBuf,
     /// Where the shards and index.json go (made if missing).
     out: PathBuf,
     /// The test images, in class folders named as the training ones (e.g. ImageNet's val/ sorted into them).
+    /// (A safetensors file holds its own test split, x_test and y_test, or has its last tenth held out.)
     #[arg(long)]
     test: Option<PathBuf>,
     /// Close a shard once it holds this many MiB (fractions allowed: small data sets in many shards).
@@ -144,13 +147,23 @@ fn pack(args: &PackArgs) -> ExitCode {
     if let Some(threads) = args.threads {
         options.threads = threads.max(1);
     }
-    eprintln!(
-        "packing {} into {} (every image is decoded once, on {} threads)...",
-        args.train.display(),
-        args.out.display(),
-        options.threads
-    );
-    match ringtrain_data::pack::pack(&args.train, args.test.as_deref(), &args.out, &options) {
+    let packed = if args.train.is_file() {
+        if args.test.is_some() {
+            eprintln!("datasets pack: error: --test: a safetensors file holds its own test split (x_test, y_test)");
+            return ExitCode::from(2);
+        }
+        eprintln!("packing the named tensors of {} into {}...", args.train.display(), args.out.display());
+        ringtrain_data::pack_tensors::pack_tensors(&args.train, &args.out, &options)
+    } else {
+        eprintln!(
+            "packing {} into {} (every image is decoded once, on {} threads)...",
+            args.train.display(),
+            args.out.display(),
+            options.threads
+        );
+        ringtrain_data::pack::pack(&args.train, args.test.as_deref(), &args.out, &options)
+    };
+    match packed {
         Ok(report) if args.json => {
             println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
             ExitCode::SUCCESS
@@ -160,7 +173,7 @@ fn pack(args: &PackArgs) -> ExitCode {
                 println!("left out {}: {}", skipped.path.display(), skipped.why);
             }
             println!(
-                "packed {} classes: {} training images in {} shards, {} test images in {} shards, {:.1} MiB; {} file(s) left out; index {}",
+                "packed {} classes: {} training samples in {} shards, {} test samples in {} shards, {:.1} MiB; {} file(s) left out; index {}",
                 report.classes,
                 report.train_samples,
                 report.train_shards,

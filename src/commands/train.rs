@@ -74,8 +74,9 @@ pub struct Args {
     /// (`shards:s3://...`), which the agent copied into its cache.
     #[arg(long)]
     dataset_file: Option<PathBuf>,
-    /// The TorchScript file of the spec's uploaded model (`model.uploaded`).
-    #[arg(long, requires = "dataset_file")]
+    /// The TorchScript file of the spec's uploaded model (`model.uploaded`): with --dataset-file, or on a
+    /// `shards:` folder of named tensors.
+    #[arg(long)]
     model_file: Option<PathBuf>,
     /// The uploaded model's inputs in `forward`'s order, comma-separated: the dataset's tensors x.NAME.
     /// Default: the dataset's one x.

@@ -245,6 +245,7 @@ impl<'c> Trainer<'c> {
             test_samples: spec.test_samples,
             // a bucket's shards arrive while the rank trains (the agent streams them into its cache)
             streamed: options.dataset_file.is_some() && spec.dataset.bucket_url().is_some(),
+            inputs: options.model_inputs.clone(),
         };
         let loaded = match (&options.dataset_file, &spec.dataset) {
             // a bucket's shards, which the agent streams into its cache (a folder it passes open)
@@ -259,6 +260,10 @@ impl<'c> Trainer<'c> {
             (None, other) => Dataset::load(other, spec.train_samples, spec.test_samples),
         };
         let mut data = loaded.map_err(|e| JobError(format!("the data set cannot be used: {e:#}")))?;
+        if data.holds_named_tensors() && spec.model.uploaded.is_none() {
+            let why = "the data set's samples are named tensors: train an uploaded model on it".to_string();
+            return Err(JobError(why).into());
+        }
         data.place_on(options.device, options.data_on_device_max_bytes);
         let effective = Effective::new(spec, data.train_len() as u64)
             .map_err(|errors| JobError(format!("invalid spec for this dataset: {}", join(&errors))))?;

@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use ringtrain_core::dataset::{check_idx_path, parse_bucket_url};
 use ringtrain_core::{DatasetId, DatasetRef, FieldError, JobSpec};
 use ringtrain_data::index::{DatasetIndex, ShardInfo};
-use ringtrain_store::{Dataset, NewDataset};
+use ringtrain_store::{Dataset, DatasetInput, NewDataset};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
@@ -93,8 +93,17 @@ pub async fn register_dataset(
             train_samples: index.train.samples.min(i64::MAX as u64) as i64,
             sample_shape: Vec::new(),
             num_classes: index.classes.len().min(i32::MAX as usize) as i32,
-            inputs: Vec::new(),
-            labels: "classes".into(),
+            // a data set of named tensors shows its inputs and labels as an upload of them does
+            inputs: index
+                .inputs
+                .iter()
+                .map(|input| DatasetInput {
+                    name: input.name.clone(),
+                    dtype: input.dtype.safetensors_name().into(),
+                    shape: input.shape.iter().map(|&d| d.min(i64::MAX as u64) as i64).collect(),
+                })
+                .collect(),
+            labels: if index.values.is_some() { "values" } else { "classes" }.into(),
             source: Some(source),
         })
         .await?;

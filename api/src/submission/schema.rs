@@ -164,7 +164,7 @@ fn job_spec() -> Value {
                     "init": {"type": ["string", "null"], "enum": ["goyal", "pytorch", "tch", null],
                              "description": "mlp and lenet5 only: how the weights start. goyal (default): He-normal, the last layer N(0, 0.01), biases 0; pytorch: PyTorch's layer defaults; tch: ringtrain's before 2026-12-06."},
                     "uploaded": {"type": "string", "format": "uuid",
-                                 "description": "An uploaded model's id (POST /v1/models); it trains on an uploaded dataset holding its inputs."}
+                                 "description": "An uploaded model's id (POST /v1/models); it trains on an uploaded dataset holding its inputs, or a sharded data set of named tensors (shards:...)."}
                 }
             },
             "loss": {"type": ["string", "null"], "enum": ["cross_entropy", "mse", "huber", null],

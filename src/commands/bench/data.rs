@@ -180,7 +180,7 @@ fn write_decoded(shards: &Path, index: &DatasetIndex, samples: usize, size: u32,
     let reader = Arc::new(SplitReader::new(
         shards.to_path_buf(),
         index.train.clone(),
-        index.classes.len() as u32,
+        ringtrain_data::shard::Layout::of(index),
         2 * WINDOW_SHARDS,
     ));
     let plan = vec![(0..samples as u64).collect()];
@@ -188,7 +188,7 @@ fn write_decoded(shards: &Path, index: &DatasetIndex, samples: usize, size: u32,
     let mut batches = Batches::start(reader, plan, transform, 2, 1);
     let batch = batches.next_batch().context("no batch")?.map_err(anyhow::Error::msg)?;
     let side = i64::from(size);
-    let x = tch::Tensor::from_slice(&batch.images).view([samples as i64, 3, side, side]);
+    let x = tch::Tensor::from_slice(batch.images()).view([samples as i64, 3, side, side]);
     let y = tch::Tensor::from_slice(&batch.labels);
     let (x_test, y_test) = (x.narrow(0, 0, 1), y.narrow(0, 0, 1));
     tch::Tensor::write_safetensors(&[("x", &x), ("y", &y), ("x_test", &x_test), ("y_test", &y_test)], file)?;
@@ -249,7 +249,7 @@ fn ringtrain_rate(args: &DataArgs, shards: &Path, index: &DatasetIndex, threads:
     let reader = Arc::new(SplitReader::new(
         shards.to_path_buf(),
         index.train.clone(),
-        index.classes.len() as u32,
+        ringtrain_data::shard::Layout::of(index),
         2 * WINDOW_SHARDS,
     ));
     let transform = Transform { size: args.size, crop: CropMode::RandomResized, seed: 1, epoch: 0 };

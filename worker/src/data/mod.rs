@@ -260,9 +260,17 @@ impl Dataset {
     /// Opens a sharded data set (streamed: see [`sharded`]).
     pub fn load_shards(folder: &Path, options: &ShardOptions) -> Result<Dataset> {
         let shards = sharded::Sharded::open(folder, options)?;
-        let labels = Labels::Classes(shards.classes());
-        let normalizer = Some(shards.normalizer());
+        let labels = match shards.value_outputs() {
+            Some(outputs) => Labels::Values { outputs },
+            None => Labels::Classes(shards.classes()),
+        };
+        let normalizer = shards.normalizer();
         Ok(Dataset { samples: Samples::Sharded(Box::new(shards)), labels, normalizer })
+    }
+
+    /// Whether the samples are named tensors in shards, which only an uploaded model takes.
+    pub fn holds_named_tensors(&self) -> bool {
+        matches!(&self.samples, Samples::Sharded(shards) if shards.holds_tensors())
     }
 
     fn from_splits(
@@ -349,7 +357,7 @@ impl Dataset {
     pub fn sample_shape(&self) -> Vec<i64> {
         match &self.samples {
             Samples::Memory { train, .. } => train.inputs[0].size()[1..].to_vec(),
-            Samples::Sharded(shards) => vec![3, i64::from(shards.size), i64::from(shards.size)],
+            Samples::Sharded(shards) => shards.sample_shape(),
         }
     }
 
@@ -385,10 +393,7 @@ impl Dataset {
                 let idx = Tensor::from_slice(indices).to_device(train.y.device());
                 (train.inputs.iter().map(|x| x.index_select(0, &idx)).collect(), train.y.index_select(0, &idx))
             }
-            Samples::Sharded(shards) => {
-                let (x, y) = shards.next_train(indices)?;
-                (vec![x], y)
-            }
+            Samples::Sharded(shards) => shards.next_train(indices)?,
         };
         Ok((self.prepare(inputs, device), y.to_device(device)))
     }
@@ -400,17 +405,14 @@ impl Dataset {
                 let part = test.narrow(start as i64, len as i64);
                 (part.inputs, part.y)
             }
-            Samples::Sharded(shards) => {
-                let (x, y) = shards.test_batch(start, len)?;
-                (vec![x], y)
-            }
+            Samples::Sharded(shards) => shards.test_batch(start, len)?,
         };
         Ok((self.prepare(inputs, device), y.to_device(device)))
     }
 }
 
 /// How a sharded data set is read (see [`sharded`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ShardOptions {
     /// The side images are cropped and resized to.
     pub image_size: u32,
@@ -425,6 +427,8 @@ pub struct ShardOptions {
     /// The shards arrive while the rank trains (a bucket's, fetched by the node's agent into its cache):
     /// a shard not there yet is waited for, not an error.
     pub streamed: bool,
+    /// The named inputs an uploaded model takes, in its order (a data set of named tensors).
+    pub inputs: Option<Vec<String>>,
 }
 
 impl Default for ShardOptions {
@@ -437,6 +441,7 @@ impl Default for ShardOptions {
             train_samples: None,
             test_samples: None,
             streamed: false,
+            inputs: None,
         }
     }
 }
