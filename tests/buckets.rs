@@ -215,3 +215,43 @@ async fn a_data_set_larger_than_the_nodes_cache_streams_through_it_to_the_same_r
     assert!(a.as_f64().unwrap() < 0.75, "it learned from the bucket (chance: 0.9): {job}");
     assert_eq!(a, b, "streamed through a small cache or read from a folder: the same result");
 }
+
+/// A store that stops answering while a job streams from it costs the job an attempt, not the job: the
+/// agent tries each shard for about a minute, the ranks then fail saying the store is unavailable for now
+/// (not a job error), and once the store answers again the job is tried again and succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_stops_answering_costs_an_attempt_not_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    // many small shards: the ranks still need some when the store goes
+    let shards = support::shards::packed_from(dir.path(), 6000, 400, 0.05);
+    open_to_ranks(dir.path());
+    let mut server = S3Server::start(&dir.path().join("s3"), BUCKET);
+    upload(&server.client(BUCKET), &shards, "team-a/fashion", &[]).await;
+    server.export_to_environment();
+    std::env::set_var("RINGTRAIN_IDX_ROOTS", dir.path());
+    let cluster = support::Cluster::up("outage", 2).await;
+    let api = cluster.team("vision", 2).await;
+    grant(&cluster, &format!("s3://{BUCKET}/team-a")).await;
+    let mut spec = spec("outage", &format!("shards:s3://{BUCKET}/team-a/fashion"));
+    spec["epochs"] = json!(2);
+    spec["max_restarts"] = json!(20);
+    let id = api.submit(&spec).await;
+    api.wait_job(&id, Duration::from_secs(120), "its first iterations", |job| {
+        job["progress"]["iterations_done"].as_u64() > Some(2)
+    })
+    .await;
+    server.stop();
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let said = loop {
+        let logs = api.get(&format!("/v1/jobs/{id}/logs?q=unavailable")).await.to_string();
+        if logs.contains("the store is unavailable for now") {
+            break logs;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rank said the store was unavailable: {logs}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    assert!(said.contains("shard train-"), "the shard is named: {said}");
+    server.restart();
+    let job = api.wait_state(&id, "succeeded", Duration::from_secs(400)).await;
+    assert!(job["attempt"].as_i64().unwrap() >= 2, "tried again after the outage: {job}");
+}

@@ -9,7 +9,10 @@
 //! Every shard is checked against its index's size and sha256 as it arrives, into `NAME.part-UUID`
 //! renamed when whole, so a rank only ever sees whole shards. One that cannot be had (missing from the
 //! bucket, other bytes than its index says) gets `NAME.failed` beside its place, holding why: the rank
-//! fails naming it. A store that does not answer is tried again for about a minute first.
+//! fails naming it. A store that does not answer is tried again for about a minute first; if it still does
+//! not, the file says the store is unavailable for now (`ringtrain_data::stream::UNAVAILABLE`): the rank's
+//! error is then not a job error, the job is tried again, and the shard is tried afresh for the next
+//! rank that reads it on this node.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use object_store::aws::AmazonS3;
 use ringtrain_data::index::DatasetIndex;
-use ringtrain_data::stream::{failure_file, StreamRequest};
+use ringtrain_data::stream::{failure_file, StreamRequest, UNAVAILABLE};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -70,7 +73,10 @@ struct State {
     /// The shards in the folder, with when they were last fetched or opened.
     present: HashMap<ShardId, Instant>,
     fetching: HashSet<ShardId>,
+    /// Shards that cannot be had: missing, or not their index's (for good).
     failed: HashSet<ShardId>,
+    /// Shards the store did not give after every try: tried afresh for the next rank that starts.
+    unavailable: HashSet<ShardId>,
     /// Bytes of the shards present or being fetched.
     bytes: u64,
     readers: HashMap<u64, Reader>,
@@ -215,10 +221,22 @@ impl Stream {
     /// A new reader of this stream, for one rank, holding `held` (the folder) until it ends.
     pub fn reader(self: &Arc<Self>, held: CachedFile) -> RankStream {
         let mut state = self.lock();
+        self.retry_unavailable(&mut state);
         let reader = state.next_reader;
         state.next_reader += 1;
         state.readers.insert(reader, Reader::default());
         RankStream { stream: self.clone(), reader, held }
+    }
+
+    /// A new rank (the job tried again, or another job) tries afresh what the store did not give: its
+    /// failures are forgotten and their files removed.
+    fn retry_unavailable(&self, state: &mut State) {
+        for shard in std::mem::take(&mut state.unavailable) {
+            let failure = self.folder.join(failure_file(self.name_of(shard)));
+            if let Err(err) = std::fs::remove_file(&failure) {
+                tracing::warn!(error = %err, file = %failure.display(), "cannot remove a shard's failure");
+            }
+        }
     }
 
     /// How many shards the folder holds now, of how many.
@@ -299,7 +317,7 @@ impl Stream {
             if !seen.insert(shard) || state.present.contains_key(&shard) || state.fetching.contains(&shard) {
                 continue;
             }
-            if state.failed.contains(&shard) {
+            if state.failed.contains(&shard) || state.unavailable.contains(&shard) {
                 continue;
             }
             if state.fetching.len() >= FETCHES {
@@ -353,10 +371,19 @@ impl Stream {
                 state.fetched.0 += 1;
                 state.fetched.1 += info.bytes;
             }
-            Err(FetchError::Unreadable(why) | FetchError::NotTheIndexs(why)) => {
+            Err(err) => {
                 state.bytes -= info.bytes;
                 self.share.holds(state.bytes);
-                state.failed.insert(shard);
+                let why = match err {
+                    FetchError::Unreadable(why) => {
+                        state.unavailable.insert(shard);
+                        format!("{why} ({UNAVAILABLE}: the job is tried again)")
+                    }
+                    FetchError::NotTheIndexs(why) => {
+                        state.failed.insert(shard);
+                        why
+                    }
+                };
                 drop(state);
                 tracing::warn!(url = %self.url, shard = %info.name, %why, "a shard cannot be had: its readers fail");
                 let failure = self.folder.join(failure_file(&info.name));
@@ -563,5 +590,27 @@ mod tests {
             assert!(all < 10);
         }
         assert_eq!(state.present.len() + state.fetching.len(), AHEAD);
+    }
+
+    #[test]
+    fn a_shard_the_store_did_not_give_is_tried_afresh_for_the_next_rank_and_a_damaged_one_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut stream, mut state) = planner(4, 100, None);
+        stream.folder = dir.path().to_path_buf();
+        let id = reader(&mut state, vec![0, 1, 2, 3], &[]);
+        state.readers.get_mut(&id).unwrap().needs = vec![(0, 1), (0, 2)];
+        state.unavailable.insert((0, 1));
+        state.failed.insert((0, 2));
+        std::fs::write(dir.path().join(failure_file("train-000001.tar")), "unavailable").unwrap();
+        let work = stream.plan(&mut state);
+        assert!(!work.fetch.contains(&(0, 1)) && !work.fetch.contains(&(0, 2)), "{:?}", work.fetch);
+        for shard in &work.fetch {
+            state.fetching.remove(shard);
+        }
+        state.bytes = 0;
+        stream.retry_unavailable(&mut state);
+        assert!(!dir.path().join(failure_file("train-000001.tar")).exists(), "the rank would fail on it again");
+        let work = stream.plan(&mut state);
+        assert!(work.fetch.contains(&(0, 1)) && !work.fetch.contains(&(0, 2)), "{:?}", work.fetch);
     }
 }

@@ -52,6 +52,16 @@ pub fn failure_file(shard: &str) -> String {
     format!("{shard}.failed")
 }
 
+/// Said in a failure that another attempt may not meet (the store did not answer, a shard did not arrive
+/// in time): the rank's error is then not a job error, and the job is tried again (its `max_restarts`),
+/// where a shard that is missing or not its index's fails it for good.
+pub const UNAVAILABLE: &str = "the store is unavailable for now";
+
+/// Whether a loader's error is one another attempt may not meet (see [`UNAVAILABLE`]).
+pub fn is_transient(error: &str) -> bool {
+    error.contains(UNAVAILABLE)
+}
+
 /// How long a rank waits for one shard before it gives up (the agent retries a store that does not answer
 /// for about a minute first).
 pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(15 * 60);
@@ -126,7 +136,7 @@ impl Arrivals {
             let waited = started.elapsed();
             if waited >= ARRIVAL_TIMEOUT {
                 return Err(format!(
-                    "shard {name} did not arrive from the bucket in {} minutes",
+                    "shard {name} did not arrive from the bucket in {} minutes ({UNAVAILABLE})",
                     ARRIVAL_TIMEOUT.as_secs() / 60
                 ));
             }

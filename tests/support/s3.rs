@@ -13,6 +13,7 @@ pub const SECRET_KEY: &str = "s3cr3t-for-the-agent-only";
 /// An s3s-fs server; killed when dropped.
 pub struct S3Server {
     child: Child,
+    port: u16,
     pub endpoint: String,
     /// Where bucket `B`'s object `K` lies: `root/B/K`.
     pub root: PathBuf,
@@ -21,27 +22,24 @@ pub struct S3Server {
 impl S3Server {
     /// A server storing under `root`, with the empty buckets `buckets` (a bucket is a folder).
     pub fn start(root: &Path, buckets: &str) -> S3Server {
-        let binary = std::env::var("RINGTRAIN_S3S_FS").unwrap_or_else(|_| "s3s-fs".into());
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         for bucket in buckets.split(',') {
             std::fs::create_dir_all(root.join(bucket)).unwrap();
         }
-        let child = Command::new(&binary)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
-            .args(["--secret-key", SECRET_KEY])
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start the S3 server {binary:?}: {e} (scripts/test.sh installs s3s-fs and sets RINGTRAIN_S3S_FS)")
-            });
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "the S3 server did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        S3Server { child, endpoint: format!("http://127.0.0.1:{port}"), root: root.to_path_buf() }
+        let endpoint = format!("http://127.0.0.1:{port}");
+        S3Server { child: serve(root, port), port, endpoint, root: root.to_path_buf() }
+    }
+
+    /// The server stops answering (killed): a store down.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The server answers again, on the same port, with what it stored.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = serve(&self.root, self.port);
     }
 
     /// A client of `bucket` with the server's credentials.
@@ -71,4 +69,25 @@ impl Drop for S3Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts s3s-fs on `port` storing under `root`, once it listens.
+fn serve(root: &Path, port: u16) -> Child {
+    let binary = std::env::var("RINGTRAIN_S3S_FS").unwrap_or_else(|_| "s3s-fs".into());
+    let child = Command::new(&binary)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
+        .args(["--secret-key", SECRET_KEY])
+        .arg(root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start the S3 server {binary:?}: {e} (scripts/test.sh installs s3s-fs and sets RINGTRAIN_S3S_FS)")
+        });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the S3 server did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
 }

@@ -455,7 +455,7 @@ impl<'c> Trainer<'c> {
         let n = self.spec.per_worker_batch as usize;
         let indices = batch_indices(permutation, self.total_ranks, virtual_rank, step_in_epoch, n);
         let device = self.options.device;
-        let (mut x, y) = self.data.train_batch(indices, device).map_err(|e| JobError(format!("{e:#}")))?;
+        let (mut x, y) = self.data.train_batch(indices, device).map_err(data_error)?;
         self.faults.poison_if_due(iteration, &mut x[0]);
         let started = self.clock();
         let (model, loss_kind, classes) = (&mut self.model, self.loss, self.data.classes());
@@ -506,8 +506,7 @@ impl<'c> Trainer<'c> {
             let mut start = range.start;
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
-                let (x, y) =
-                    self.data.test_batch(start, size, self.options.device).map_err(|e| JobError(format!("{e:#}")))?;
+                let (x, y) = self.data.test_batch(start, size, self.options.device).map_err(data_error)?;
                 let (model, loss_kind, classes) = (&mut self.model, self.loss, self.data.classes());
                 let (loss, tally) = precision::forward_in(self.spec.precision, self.options.device, || {
                     loss_and_tally(loss_kind, classes, &model.forward(&x, false)?, &y)
@@ -668,4 +667,14 @@ pub(crate) fn loss_and_tally(loss: Loss, classes: i64, out: &Tensor, y: &Tensor)
 
 fn join(errors: &[ringtrain_core::FieldError]) -> String {
     errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// A loader's error as the rank's: a job error (not retried: a damaged data set fails every attempt alike),
+/// except where the store was unavailable for now, which another attempt may not meet.
+fn data_error(err: anyhow::Error) -> anyhow::Error {
+    let text = format!("{err:#}");
+    match ringtrain_data::stream::is_transient(&text) {
+        true => anyhow::anyhow!(text),
+        false => JobError(text).into(),
+    }
 }
