@@ -28,7 +28,7 @@ enum Command {
     /// The quickstart: server (embedded SQLite) and a local agent with this machine's devices.
     Up(commands::up::Args),
     /// Serve the REST API and run the scheduler (Postgres or embedded SQLite).
-    Serve(commands::serve::Args),
+    Serve(Box<commands::serve::Args>),
     /// Run a node agent: offer this machine's devices to a server and run the ranks it places here.
     Agent(commands::agent::Args),
     /// Train: one rank of a job (--rank/--world/--rendezvous), or K local rank processes (--local K).
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Schedule(args) => commands::schedule::run(args),
         Command::Up(args) => commands::up::run(args),
-        Command::Serve(args) => commands::serve::run(args),
+        Command::Serve(args) => commands::serve::run(*args),
         Command::Agent(args) => commands::agent::run(args),
         Command::Train(args) => commands::train::run(args),
         Command::Login(args) => commands::block_on("login", commands::login::run(args)),

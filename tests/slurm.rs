@@ -39,6 +39,20 @@ fn job(cluster: &SlurmCluster, dir: &Path, comment: &str, nodes: u32, script: St
     }
 }
 
+/// Any Slurm job `id` (whatever its comment) once `ready` holds of it (within 60 s).
+async fn wait_for_any(cluster: &SlurmCluster, id: u64, what: &str, ready: impl Fn(&SlurmJob) -> bool) -> SlurmJob {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(job) = cluster.slurm().jobs("").await.unwrap().into_iter().find(|j| j.id == id) {
+            if ready(&job) {
+                return job;
+            }
+        }
+        assert!(Instant::now() < deadline, "job {id} is not {what} after 60 s (logs in {})", cluster.dir().display());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Slurm's job `id` once `ready` holds of it (within 60 s).
 async fn wait_for(cluster: &SlurmCluster, id: u64, what: &str, ready: impl Fn(&SlurmJob) -> bool) -> SlurmJob {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -226,4 +240,106 @@ async fn ranks_on_agents_slurm_started_train_across_its_hosts_to_the_result_of_a
     let (a, b) = (&through_slurm["result"]["final_test_error"], &on_agents["result"]["final_test_error"]);
     eprintln!("3 ranks, MLP on 3,000 Fashion-MNIST images: final test error {a} through Slurm, {b} on agents");
     assert_eq!(a, b, "through Slurm and on agents: the same result");
+}
+
+/// The agent tokens a Slurm pool made, and whether each is revoked.
+async fn pool_tokens(ringtrain: &Cluster) -> Vec<(String, bool)> {
+    let tokens = ringtrain.api.get("/v1/agent-tokens").await;
+    tokens["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["label"].as_str().is_some_and(|l| l.starts_with("slurm pool:")))
+        .map(|t| (t["label"].as_str().unwrap().to_string(), !t["revoked_at"].is_null()))
+        .collect()
+}
+
+/// A Slurm pool: a server with no agents of its own, told to ask Slurm for CPU nodes (2 slots each). A
+/// 3-rank job gets one Slurm job of 2 nodes running the agent, trains on them with a complete metric
+/// series, and the allocation goes back once the agents are idle (their tokens revoked). A job that the
+/// busy cluster cannot take now waits with Slurm's reason in its pending reason, and cancelling it
+/// cancels its Slurm job; one larger than the pool's largest Slurm job fails at once, saying so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slurm_pool_asks_slurm_for_the_nodes_a_job_lacks_and_gives_them_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let db = fresh_postgres_database("slurmpool").await;
+    let pool_dir = dir.path().join("pool");
+    for (name, value) in [
+        ("RINGTRAIN_SLURM_PARTITION", cluster.partition.clone()),
+        ("RINGTRAIN_SLURM_DEVICE", "cpu".into()),
+        ("RINGTRAIN_SLURM_DEVICES_PER_NODE", "2".into()),
+        ("RINGTRAIN_SLURM_MAX_NODES", "3".into()),
+        ("RINGTRAIN_SLURM_TIME_MINUTES", "10".into()),
+        ("RINGTRAIN_SLURM_CONF", cluster.conf.display().to_string()),
+        ("RINGTRAIN_SLURM_DIR", pool_dir.display().to_string()),
+        ("RINGTRAIN_SLURM_AGENT_COMMAND", env!("CARGO_BIN_EXE_ringtrain").into()),
+        ("RINGTRAIN_SLURM_AGENT_ARGS", "--heartbeat-s 1 --exit-when-idle-s 5".into()),
+    ] {
+        std::env::set_var(name, value);
+    }
+    let ringtrain = Cluster::serve_on("slurmpool", &db, &format!("{}:0", cluster.hosts.gateway())).await;
+    let api = ringtrain.team("slurm", 6).await;
+
+    // another user's job holds two of the three hosts
+    let other = job(&cluster, dir.path(), "someone else", 2, "#!/bin/sh\nsrun sleep 600\n".into());
+    let other = cluster.slurm().submit(&other).await.unwrap();
+    wait_for_any(&cluster, other, "running", |j| j.state == JobState::Running).await;
+
+    // 3 ranks and no agent: one Slurm job of 2 nodes of 2 CPUs, named by the job's id, which waits in
+    // Slurm; the job says so in Slurm's words
+    let spec = fashion_mnist("through the pool", 3, 6000, 2);
+    let id = api.submit(&spec).await;
+    let job = api
+        .wait_job(&id, Duration::from_secs(60), "waiting in Slurm", |job| {
+            job["pending_reason"]["slurm"]["reason"].as_str().is_some_and(|r| r == "Resources")
+        })
+        .await;
+    let message = job["pending_reason"]["message"].as_str().unwrap();
+    assert!(message.contains("waiting in Slurm: Resources"), "{message}");
+    let slurm_job = job["pending_reason"]["slurm"]["job"].as_u64().unwrap();
+    let ours = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
+    assert_eq!(ours.iter().map(|j| j.id).collect::<Vec<_>>(), [slurm_job], "one Slurm job, named by the job's id");
+
+    // another waits too; cancelled, its Slurm job goes with it
+    let waiting = api.submit(&fashion_mnist("cancelled while waiting", 3, 3000, 1)).await;
+    let job = api
+        .wait_job(&waiting, Duration::from_secs(60), "waiting in Slurm", |job| {
+            job["pending_reason"]["slurm"]["job"].is_u64()
+        })
+        .await;
+    let pending_id = job["pending_reason"]["slurm"]["job"].as_u64().unwrap();
+    api.post(&format!("/v1/jobs/{waiting}/cancel"), json!({})).await;
+    let cancelled = wait_for(&cluster, pending_id, "cancelled", |j| !j.state.is_active()).await;
+    assert_eq!(cancelled.state, JobState::Cancelled, "{cancelled:?}");
+
+    // more than 3 nodes of 2: never
+    let too_large = api.submit(&fashion_mnist("too large", 8, 3000, 1)).await;
+    let failed = api.wait_state(&too_large, "failed", Duration::from_secs(30)).await;
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("the Slurm pool's largest job is 6 (3 nodes of 2)"), "{error}");
+
+    // the other user's job ends: the pool's Slurm job starts, its agents register and the job runs there
+    cluster.slurm().cancel(other).await.unwrap();
+    wait_for(&cluster, slurm_job, "running", |j| j.state == JobState::Running).await;
+
+    // the first job trains on the pool's nodes to its end; idle, its agents leave, and so does its allocation
+    let done = api.wait_state(&id, "succeeded", Duration::from_secs(300)).await;
+    let total = done["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 3, total);
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    let placed = events["events"][1]["reason"].as_str().unwrap_or_default().to_string();
+    assert!(placed.contains("3 device(s) of 2 node(s)"), "the pool's two nodes: {placed}");
+    let over = wait_for(&cluster, slurm_job, "over", |j| !j.state.is_active()).await;
+    assert_eq!(over.state, JobState::Completed, "{over:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tokens = pool_tokens(&ringtrain).await;
+        if tokens.len() >= 4 && tokens.iter().all(|(_, revoked)| *revoked) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pool's agent tokens are still valid: {tokens:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(cluster.run("squeue", &["-h"]).trim().is_empty(), "nothing left in Slurm's queue");
 }

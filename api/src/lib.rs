@@ -24,6 +24,7 @@ pub mod resources;
 pub mod resume;
 pub mod routes;
 pub mod search;
+pub mod slurm_pool;
 pub mod state;
 pub mod storage;
 pub mod submission;

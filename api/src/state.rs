@@ -153,6 +153,8 @@ pub struct AppState {
     pub model_checks: Arc<CheckSlots>,
     /// Tokens found, while [`AppState::listen_to_other_servers`] hears their revocations.
     pub tokens: Arc<TokenCache>,
+    /// Devices Slurm owns, asked for per job (`serve --slurm-partition`; see [`crate::slurm_pool`]).
+    pub slurm_pool: Option<Arc<crate::slurm_pool::SlurmPool>>,
 }
 
 impl AppState {
@@ -171,7 +173,14 @@ impl AppState {
             largest_memory: Arc::new(LargestMemory::default()),
             model_checks: Arc::new(CheckSlots::new()),
             tokens: Arc::new(TokenCache::default()),
+            slurm_pool: None,
         }
+    }
+
+    /// This server asks Slurm for devices as `config` says (see [`crate::slurm_pool`]).
+    pub fn with_slurm_pool(mut self, config: crate::slurm_pool::SlurmPoolConfig) -> Self {
+        self.slurm_pool = Some(Arc::new(crate::slurm_pool::SlurmPool::new(config)));
+        self
     }
 
     /// Jobs or assignments changed: move the database's change version on (what agents' long polls

@@ -14,6 +14,7 @@ pub mod models;
 pub mod pool;
 pub mod schedule;
 pub mod serve;
+pub mod serve_slurm;
 pub mod study;
 pub mod train;
 pub mod up;

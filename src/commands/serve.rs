@@ -56,6 +56,8 @@ pub struct Args {
     pub limits: super::limits::LimitArgs,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub slurm: super::serve_slurm::SlurmArgs,
 }
 
 /// How tenant code (model checks here; ranks on agents) is confined (see `ringtrain_sandbox`).
@@ -155,9 +157,15 @@ impl Server {
             _ => None,
         };
         tracing::info!(%address, database = %redact(&url), tls = tls.is_some(), "serving");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut state = AppState::new(store, config);
+        if let Some(pool) = args.slurm.config(&args.data_dir, address, &format!("{scheme}://{address}"))? {
+            tracing::info!(partition = %pool.partition, agents_reach = %pool.server_url, "asking Slurm for devices");
+            state = state.with_slurm_pool(pool);
+        }
         Ok(Server {
             address,
-            state: AppState::new(store, config),
+            state,
             bootstrap_token,
             listener,
             tls,
@@ -190,10 +198,16 @@ impl Server {
         self.limits.apply_to_loop(&mut loop_config);
         loop_config.view = self.state.config.scheduling;
         loop_config.paused = self.scheduler_paused.clone();
+        if self.state.slurm_pool.is_some() {
+            // a job the agents cannot place waits for Slurm's nodes, and the Slurm pool fails what Slurm
+            // will not run (ringtrain_api::slurm_pool), not the grace period
+            loop_config.unplaceable_grace = std::time::Duration::MAX;
+        }
         let scheduler = self.state.scheduler(loop_config);
         let mut scheduler = tokio::spawn(scheduler.run());
         let listener = tokio::spawn(self.state.clone().listen_to_other_servers());
         let retention = tokio::spawn(self.state.clone().expire_leftovers());
+        let slurm_pool = tokio::spawn(self.state.clone().run_slurm_pool());
         // with each caller's address, which admission limits callers without a valid token by
         let service = app(self.state).into_make_service_with_connect_info::<SocketAddr>();
         let serving: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> = match self.tls {
@@ -220,6 +234,7 @@ impl Server {
         scheduler.abort();
         listener.abort();
         retention.abort();
+        slurm_pool.abort();
         result
     }
 }

@@ -78,6 +78,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
         tls_key: None,
         limits: args.limits.clone(),
         sandbox: args.sandbox.clone(),
+        // `up` is one machine: its own agent, no Slurm
+        slurm: Default::default(),
     })
     .await?;
     let url = format!("http://{}", server.address);
