@@ -343,3 +343,54 @@ async fn a_slurm_pool_asks_slurm_for_the_nodes_a_job_lacks_and_gives_them_back()
     }
     assert!(cluster.run("squeue", &["-h"]).trim().is_empty(), "nothing left in Slurm's queue");
 }
+
+/// Slurm's grace signal before a time limit (`--signal=USR1@N`, sent here at once with `scancel
+/// --signal=USR1`): the pool's agents have their ranks checkpoint and stop, and leave; the job goes back to
+/// the queue, the pool asks Slurm for nodes again, and the job resumes from that checkpoint where it
+/// stopped: nothing trained twice, nothing lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slurm_jobs_grace_signal_checkpoints_the_job_which_resumes_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let db = fresh_postgres_database("slurmgrace").await;
+    for (name, value) in [
+        ("RINGTRAIN_SLURM_PARTITION", cluster.partition.clone()),
+        ("RINGTRAIN_SLURM_DEVICE", "cpu".into()),
+        ("RINGTRAIN_SLURM_DEVICES_PER_NODE", "2".into()),
+        ("RINGTRAIN_SLURM_CONF", cluster.conf.display().to_string()),
+        ("RINGTRAIN_SLURM_DIR", dir.path().join("pool").display().to_string()),
+        ("RINGTRAIN_SLURM_AGENT_COMMAND", env!("CARGO_BIN_EXE_ringtrain").into()),
+        ("RINGTRAIN_SLURM_AGENT_ARGS", "--heartbeat-s 1 --exit-when-idle-s 5".into()),
+    ] {
+        std::env::set_var(name, value);
+    }
+    let ringtrain = Cluster::serve_on("slurmgrace", &db, &format!("{}:0", cluster.hosts.gateway())).await;
+    let api = ringtrain.team("slurm", 6).await;
+    let mut spec = fashion_mnist("stopped by slurm", 2, 12000, 2);
+    spec["model"] = json!({"name": "lenet5"});
+    let id = api.submit(&spec).await;
+    api.wait_job(&id, Duration::from_secs(120), "training", |job| {
+        job["progress"]["iterations_done"].as_i64() > Some(20)
+    })
+    .await;
+    let first = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
+    let first = first.iter().find(|j| j.state == JobState::Running).expect("the job's Slurm job runs").id;
+    cluster.slurm().signal(first, "USR1").await.unwrap();
+
+    // the first Slurm job ends once its agents left; the job runs again on a second one and succeeds
+    let over = wait_for(&cluster, first, "over", |j| !j.state.is_active()).await;
+    assert_eq!(over.state, JobState::Completed, "the agents left on their own: {over:?}");
+    let done = api.wait_state(&id, "succeeded", Duration::from_secs(300)).await;
+    let placements = done["placements"].as_array().unwrap();
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    let logs = api.get(&format!("/v1/jobs/{id}/logs?q=rank")).await;
+    assert_eq!(placements.len(), 2, "stopped once, resumed once: {placements:?}\nevents: {events}\nlogs: {logs}");
+    assert_eq!(placements[0]["iterations_lost"], 0, "the stop checkpointed where it stopped: {placements:?}");
+    let resumed = placements[1]["resumed_from_iteration"].as_i64().unwrap();
+    assert!(resumed > 20, "resumed mid-run, not from the start: {placements:?}");
+    let total = done["effective"]["total_iterations"].as_i64().unwrap();
+    assert!(resumed < total);
+    assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
+    let ours = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
+    assert!(ours.iter().any(|j| j.id != first), "the pool asked Slurm again: {ours:?}");
+}

@@ -144,6 +144,8 @@ pub async fn serve_node(args: Args) -> Result<()> {
 struct RankHandle {
     stop: watch::Sender<Option<StopRequest>>,
     task: JoinHandle<AssignmentState>,
+    /// What it runs: the job, the placement's attempt, its rank.
+    job: (ringtrain_core::JobId, i32, i32),
 }
 
 pub struct Agent {
@@ -155,6 +157,14 @@ pub struct Agent {
     ranks: HashMap<AssignmentId, RankHandle>,
     /// Leave after this long without a rank (a Slurm step's agent).
     exit_when_idle: Option<Duration>,
+    /// SIGUSR1 came (Slurm's grace signal before a time limit): every rank checkpoints and stops, no new
+    /// work starts, and the agent leaves once its ranks have ended.
+    leaving: bool,
+    /// The placements whose rank 0 ran here when the agent began to leave: reported as stopped (to resume
+    /// from their checkpoints) once this node offers no devices.
+    leaving_placements: Vec<(ringtrain_core::JobId, i32)>,
+    /// What this node registered as (for the re-registration without devices as it leaves).
+    registered: (String, String),
     /// The last poll listed work for this node.
     work_listed: bool,
     /// Ranks that ended here, with the state reported for them: if the server still lists one (the report
@@ -227,7 +237,7 @@ impl Agent {
         let ctx = AgentContext {
             client,
             node_id: node.id,
-            node_name: name,
+            node_name: name.clone(),
             address,
             work_dir,
             cache,
@@ -238,6 +248,7 @@ impl Agent {
             buckets: buckets::Buckets::new(args.s3_endpoint.clone()),
             sandbox,
             segments: Default::default(),
+            leaving: Default::default(),
         };
         Ok(Agent {
             ctx: Arc::new(ctx),
@@ -247,6 +258,9 @@ impl Agent {
             outage_grace: Duration::from_secs(args.outage_grace_s.max(args.lease_s).max(2)),
             ranks: HashMap::new(),
             exit_when_idle: args.exit_when_idle_s.map(Duration::from_secs),
+            leaving: false,
+            leaving_placements: Vec::new(),
+            registered: (name.clone(), address.to_string()),
             work_listed: false,
             ended: HashMap::new(),
         })
@@ -260,10 +274,16 @@ impl Agent {
     pub async fn run(mut self) -> Result<()> {
         let heard = Arc::new(Mutex::new(Heard { ok: Instant::now(), refused: false }));
         tokio::spawn(heartbeats(self.ctx.client.clone(), self.node, self.heartbeat, heard.clone()));
+        let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+            .context("cannot listen for SIGUSR1")?;
         let mut since = None;
         let mut idle_since = Instant::now();
         loop {
             self.collect_ended().await;
+            if self.leaving && self.ranks.is_empty() {
+                self.left().await;
+                return Ok(());
+            }
             // busy: ranks running, ended ones the server has not let go of yet, or work it listed for
             // this node that has not started (a rank waiting for rank 0's address)
             if !self.ranks.is_empty() || !self.ended.is_empty() || self.work_listed {
@@ -287,7 +307,15 @@ impl Agent {
             }
             // The poll answers at once when anything changes (rank 0's address included), so the wait is
             // only the longest silence.
-            match self.ctx.client.poll(self.node, since, wait).await {
+            let client = self.ctx.client.clone();
+            let polled = tokio::select! {
+                polled = client.poll(self.node, since, wait) => polled,
+                _ = usr1.recv() => {
+                    self.leave();
+                    continue;
+                }
+            };
+            match polled {
                 Ok(poll) => {
                     since = Some(poll.version);
                     self.apply(poll).await;
@@ -366,7 +394,7 @@ impl Agent {
         }
         for work in poll.work {
             let id = work.assignment.id;
-            if self.ranks.contains_key(&id) {
+            if self.ranks.contains_key(&id) || self.leaving {
                 continue;
             }
             if let Some(state) = self.ended.get(&id) {
@@ -383,8 +411,9 @@ impl Agent {
                 continue; // the poll that brings rank 0's address starts it
             }
             let (stop, receiver) = watch::channel(None);
+            let job = (work.assignment.job_id, work.assignment.attempt, work.assignment.rank);
             let task = tokio::spawn(rank::run(self.ctx.clone(), work, receiver));
-            self.ranks.insert(id, RankHandle { stop, task });
+            self.ranks.insert(id, RankHandle { stop, task, job });
         }
     }
 
@@ -394,6 +423,48 @@ impl Agent {
         let report = ResultReport::failed(a.attempt, error, true);
         let _ = self.ctx.client.report_result(a.job_id, &report).await;
         let _ = self.ctx.client.set_assignment_state(a.id, AssignmentState::Running, AssignmentState::Failed).await;
+    }
+
+    /// SIGUSR1: what Slurm sends `--slurm-grace-s` before a job's time limit (`--signal=USR1@N`). Every
+    /// rank checkpoints and stops (the job goes back to the queue and resumes from that checkpoint), no new
+    /// work starts here, and the agent leaves once its ranks have ended.
+    fn leave(&mut self) {
+        if self.leaving {
+            return;
+        }
+        self.leaving = true;
+        self.ctx.leaving.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.leaving_placements = self.ranks.values().filter(|r| r.job.2 == 0).map(|r| (r.job.0, r.job.1)).collect();
+        tracing::warn!(ranks = self.ranks.len(), "SIGUSR1: this node leaves; its ranks checkpoint and stop");
+        let why = "this node leaves (SIGUSR1: its Slurm job's time limit is near)";
+        for rank in self.ranks.values() {
+            let escalates = rank.stop.borrow().is_none();
+            if escalates {
+                let _ = rank.stop.send(Some(StopRequest { why: why.into(), checkpoint_first: true }));
+            }
+        }
+    }
+
+    /// Every rank stopped (with its checkpoint delivered): the node offers no devices any more, so the
+    /// scheduler places nothing here, and then the placements whose rank 0 ran here go back to the queue
+    /// to resume from those checkpoints (in that order: otherwise a placement could come straight back
+    /// to this node).
+    async fn left(&mut self) {
+        let (name, address) = &self.registered;
+        if let Err(err) = self.ctx.client.register(name, address, &[]).await {
+            tracing::warn!(error = %err, "cannot withdraw this node's devices; the server finds it lost soon");
+        }
+        for (job, attempt) in std::mem::take(&mut self.leaving_placements) {
+            let why = format!(
+                "stopped with a checkpoint: node {} left (SIGUSR1: its Slurm job's time limit is near)",
+                self.ctx.node_name
+            );
+            match report::report_outcome(&self.ctx, job, &ResultReport::failed(attempt, why, true)).await {
+                Ok(answer) => tracing::info!(%job, job_state = %answer.state, "reported the stop"),
+                Err(err) => tracing::info!(%job, error = %err, "the stop was not taken (the placement is over)"),
+            }
+        }
+        tracing::info!("every rank stopped with a checkpoint: leaving (SIGUSR1)");
     }
 
     fn stop_all(&mut self, why: &str) {

@@ -57,6 +57,8 @@ pub struct AgentContext {
     pub sandbox: RankSandbox,
     /// The shared memory of placements whose ranks are all on this node.
     pub(crate) segments: PlacementSegments,
+    /// The agent leaves (SIGUSR1): its ranks' stops are reported by the agent once it offers no devices.
+    pub(crate) leaving: std::sync::atomic::AtomicBool,
 }
 
 /// How often metrics are sent and rank 0's checkpoints looked for: often enough that the API trails the
@@ -352,11 +354,19 @@ async fn conclude(
             (AssignmentState::Cancelled, true)
         }
         Ending::Exited(status) if status.code() == Some(i32::from(EXIT_STOPPED)) => {
-            // Preempted: every rank stopped at the same iteration and rank 0 wrote a checkpoint of it, which
-            // the job's next placement resumes from.
+            // Preempted, or a node of the placement leaves: every rank stopped at the same iteration and rank
+            // 0 wrote a checkpoint of it, which the job's next placement resumes from.
             // The next placement resumes from this checkpoint: worth riding out a server restart.
             let delivered = a.rank != 0 || relay.upload_retrying(false, OUTCOME_TRIES).await;
-            tracing::info!("stopped after a checkpoint (preempted)");
+            tracing::info!("stopped after a checkpoint");
+            if a.rank == 0 && !ctx.leaving.load(std::sync::atomic::Ordering::SeqCst) {
+                // A stop the scheduler did not ask for (another node of the placement left: its Slurm
+                // job's time limit is near) sends the job back to the queue at once, to resume from that
+                // checkpoint. After a preemption the placement is already over, and this report is refused
+                // as stale. (A leaving agent reports its own rank 0's stop once it offers no devices.)
+                let why = "stopped with a checkpoint before its end: a node of the placement left";
+                report_failure(ctx, work, why, true).await;
+            }
             (AssignmentState::Cancelled, delivered)
         }
         Ending::Exited(status) if status.success() => {

@@ -190,6 +190,10 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     }
+    if args.exit_with_parent {
+        // an agent's rank: Slurm's grace signal is its agent's to answer (with a checkpoint)
+        ringtrain_worker::signals::leave_grace_signal_to_agent();
+    }
     // First, before any thread starts or any input but the spec is opened.
     if let Some(dir) = &args.sandbox.sandbox_dir {
         let applied = ringtrain_sandbox::enter(&rank_confinement(args, &spec, dir), args.sandbox.enforcement())

@@ -16,6 +16,7 @@ pub mod optim;
 pub mod peak_memory;
 pub mod precision;
 pub mod process_usage;
+pub mod signals;
 pub mod trainer;
 
 pub use collective::{
