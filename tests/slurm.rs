@@ -10,6 +10,12 @@
 //! register with a server through the bridge, a job of 3 ranks is placed on them and trains across the
 //! hosts to the very result the same spec gives on agents given whole to ringtrain, and the allocation goes
 //! back to Slurm once they are idle.
+//!
+//! The Slurm pool (`serve --slurm-partition`): the server asks Slurm for the nodes a waiting job lacks and
+//! the job trains there; a job Slurm holds pending says so with Slurm's reason, and cancelling it cancels
+//! its Slurm job; one too large fails at once; Slurm's grace signal checkpoints the job, which resumes
+//! where it stopped on the next Slurm job; a node going DOWN is a lost agent, and the job resumes on the
+//! others from its checkpoint.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -393,4 +399,52 @@ async fn a_slurm_jobs_grace_signal_checkpoints_the_job_which_resumes_where_it_st
     assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
     let ours = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
     assert!(ours.iter().any(|j| j.id != first), "the pool asked Slurm again: {ours:?}");
+}
+
+/// A node going DOWN in Slurm mid-training is a lost agent to the job: Slurm ends the job's Slurm job, the
+/// server finds the nodes lost and queues the job again, the pool asks Slurm for nodes among those left,
+/// and the job resumes from its newest checkpoint to the end, its metric series complete.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_going_down_in_slurm_is_a_lost_agent_and_the_job_resumes_on_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let db = fresh_postgres_database("slurmdown").await;
+    for (name, value) in [
+        ("RINGTRAIN_SLURM_PARTITION", cluster.partition.clone()),
+        ("RINGTRAIN_SLURM_DEVICE", "cpu".into()),
+        ("RINGTRAIN_SLURM_DEVICES_PER_NODE", "2".into()),
+        ("RINGTRAIN_SLURM_CONF", cluster.conf.display().to_string()),
+        ("RINGTRAIN_SLURM_DIR", dir.path().join("pool").display().to_string()),
+        ("RINGTRAIN_SLURM_AGENT_COMMAND", env!("CARGO_BIN_EXE_ringtrain").into()),
+        ("RINGTRAIN_SLURM_AGENT_ARGS", "--heartbeat-s 1 --exit-when-idle-s 5".into()),
+    ] {
+        std::env::set_var(name, value);
+    }
+    let ringtrain = Cluster::serve_on("slurmdown", &db, &format!("{}:0", cluster.hosts.gateway())).await;
+    let api = ringtrain.team("slurm", 6).await;
+    let mut spec = fashion_mnist("a node goes down", 3, 9000, 3);
+    spec["model"] = json!({"name": "lenet5"});
+    spec["lr"]["base"] = json!(0.02);
+    spec["max_restarts"] = json!(5);
+    let id = api.submit(&spec).await;
+    // past its first checkpoint (an epoch), on 2 of the 3 hosts
+    api.wait_job(&id, Duration::from_secs(180), "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1))
+        .await;
+    let first = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
+    let first = first.into_iter().find(|j| j.state == JobState::Running).expect("the job's Slurm job runs");
+    let host = if first.nodes.contains('2') { "h2" } else { "h1" };
+    cluster.run("scontrol", &["update", &format!("nodename={host}"), "state=down", "reason=ringtrain-test"]);
+
+    let done = api.wait_state(&id, "succeeded", Duration::from_secs(400)).await;
+    let placements = done["placements"].as_array().unwrap();
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    assert!(placements.len() >= 2, "placed again after the node went down: {placements:?}\nevents: {events}");
+    let resumed = placements.last().unwrap()["resumed_from_iteration"].as_i64().unwrap();
+    assert!(resumed > 0, "resumed from a checkpoint, not from the start: {placements:?}");
+    let total = done["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 3, total);
+    let lost = events.to_string();
+    assert!(lost.contains("was lost") || lost.contains("killed"), "the node's loss is in the job's events: {events}");
+    let jobs = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
+    assert!(jobs.iter().any(|j| j.id != first.id), "the pool asked Slurm again: {jobs:?}");
 }
