@@ -7,6 +7,9 @@
 //!
 //! It talks to the server only over HTTP with its agent token, in the wire types of [`ringtrain_protocol`];
 //! it never links libtorch (the rank processes do).
+//!
+//! Over 450 lines: registration and the loop (poll, start, stop, leave on SIGUSR1) share one state, the
+//! ranks this node holds. Splitting the loop from registration is the next step when it grows.
 
 mod buckets;
 pub mod cache;

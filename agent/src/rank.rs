@@ -1,6 +1,9 @@
 //! One rank of one placement, from start to report: prepare its files (spec, dataset, the checkpoint to
 //! resume from), start `ringtrain train --rank ...`, relay its metrics in batches and (rank 0) its
 //! checkpoints, and report how it ended. Stopped through `stop` (a cancel, a preemption, a lost lease).
+//!
+//! Over 450 lines: preparing, supervising and concluding one rank read the same prepared files and
+//! relay. Moving the conclusion (uploads and reports) to a module of its own is the next step.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};

@@ -13,6 +13,8 @@
 //! not, the file says the store is unavailable for now (`ringtrain_data::stream::UNAVAILABLE`): the rank's
 //! error is then not a job error, the job is tried again, and the shard is tried afresh for the next
 //! rank that reads it on this node.
+//!
+//! Over 450 lines with the unit tests of its planning, which need the stream's private state.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -123,6 +123,13 @@ impl SlurmPool {
 }
 
 impl AppState {
+    /// Adds what Slurm says of queued job `job`'s pending Slurm job (a Slurm pool's) to its pending reason.
+    pub fn annotate_slurm(&self, job: JobId, pending_reason: &mut Option<Value>) {
+        if let (Some(pool), Some(reason)) = (&self.slurm_pool, pending_reason.as_mut()) {
+            pool.annotate(job, reason);
+        }
+    }
+
     /// The Slurm pool's loop (see the module's doc), until the server stops.
     pub async fn run_slurm_pool(self) {
         let Some(pool) = self.slurm_pool.clone() else { return };

@@ -201,18 +201,11 @@ async fn views(state: &AppState, user: &User, jobs: &[Job]) -> ApiResult<Vec<Job
         let mut view = JobView::from(job);
         if let Some((standings, reader)) = &standings {
             view = view.with_standing(standings.get(&job.id), reader);
-            with_slurm(state, job.id, &mut view);
+            state.annotate_slurm(job.id, &mut view.pending_reason);
         }
         views.push(with_progress(state, job, view).await?);
     }
     Ok(views)
-}
-
-/// Adds what Slurm says of a queued job's pending Slurm job to its pending reason (a Slurm pool's).
-fn with_slurm(state: &AppState, job: JobId, view: &mut JobView) {
-    if let (Some(pool), Some(reason)) = (&state.slurm_pool, view.pending_reason.as_mut()) {
-        pool.annotate(job, reason);
-    }
 }
 
 /// Adds a running job's progress.
@@ -446,7 +439,7 @@ pub async fn get_job(
     let standing = insight.standing(&job);
     let reader = Reader::new(&user, &insight.read.view);
     let mut view = view.with_standing(standing.as_ref(), &reader);
-    with_slurm(&state, job.id, &mut view);
+    state.annotate_slurm(job.id, &mut view.pending_reason);
     let planned = insight.read.view.queued.iter().any(|q| q.id == job.id);
     if planned {
         let estimate = queue::estimate(&state, &insight, insight.read.view.clone(), job.id).await?;
