@@ -260,6 +260,26 @@ async fn pool_tokens(ringtrain: &Cluster) -> Vec<(String, bool)> {
         .collect()
 }
 
+/// A server with no agents whose Slurm pool asks `cluster` for CPU nodes of 2 slots (at most 3 per job,
+/// 10 minutes), its agents heartbeating every second and leaving after 5 s idle.
+async fn serve_with_pool(cluster: &SlurmCluster, dir: &Path, name: &str) -> Cluster {
+    let db = fresh_postgres_database(name).await;
+    for (variable, value) in [
+        ("RINGTRAIN_SLURM_PARTITION", cluster.partition.clone()),
+        ("RINGTRAIN_SLURM_DEVICE", "cpu".into()),
+        ("RINGTRAIN_SLURM_DEVICES_PER_NODE", "2".into()),
+        ("RINGTRAIN_SLURM_MAX_NODES", "3".into()),
+        ("RINGTRAIN_SLURM_TIME_MINUTES", "10".into()),
+        ("RINGTRAIN_SLURM_CONF", cluster.conf.display().to_string()),
+        ("RINGTRAIN_SLURM_DIR", dir.join("pool").display().to_string()),
+        ("RINGTRAIN_SLURM_AGENT_COMMAND", env!("CARGO_BIN_EXE_ringtrain").into()),
+        ("RINGTRAIN_SLURM_AGENT_ARGS", "--heartbeat-s 1 --exit-when-idle-s 5".into()),
+    ] {
+        std::env::set_var(variable, value);
+    }
+    Cluster::serve_on(name, &db, &format!("{}:0", cluster.hosts.gateway())).await
+}
+
 /// A Slurm pool: a server with no agents of its own, told to ask Slurm for CPU nodes (2 slots each). A
 /// 3-rank job gets one Slurm job of 2 nodes running the agent, trains on them with a complete metric
 /// series, and the allocation goes back once the agents are idle (their tokens revoked). A job that the
@@ -269,22 +289,7 @@ async fn pool_tokens(ringtrain: &Cluster) -> Vec<(String, bool)> {
 async fn a_slurm_pool_asks_slurm_for_the_nodes_a_job_lacks_and_gives_them_back() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = SlurmCluster::start(dir.path(), 3, 2);
-    let db = fresh_postgres_database("slurmpool").await;
-    let pool_dir = dir.path().join("pool");
-    for (name, value) in [
-        ("RINGTRAIN_SLURM_PARTITION", cluster.partition.clone()),
-        ("RINGTRAIN_SLURM_DEVICE", "cpu".into()),
-        ("RINGTRAIN_SLURM_DEVICES_PER_NODE", "2".into()),
-        ("RINGTRAIN_SLURM_MAX_NODES", "3".into()),
-        ("RINGTRAIN_SLURM_TIME_MINUTES", "10".into()),
-        ("RINGTRAIN_SLURM_CONF", cluster.conf.display().to_string()),
-        ("RINGTRAIN_SLURM_DIR", pool_dir.display().to_string()),
-        ("RINGTRAIN_SLURM_AGENT_COMMAND", env!("CARGO_BIN_EXE_ringtrain").into()),
-        ("RINGTRAIN_SLURM_AGENT_ARGS", "--heartbeat-s 1 --exit-when-idle-s 5".into()),
-    ] {
-        std::env::set_var(name, value);
-    }
-    let ringtrain = Cluster::serve_on("slurmpool", &db, &format!("{}:0", cluster.hosts.gateway())).await;
+    let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmpool").await;
     let api = ringtrain.team("slurm", 6).await;
 
     // another user's job holds two of the three hosts
@@ -358,19 +363,7 @@ async fn a_slurm_pool_asks_slurm_for_the_nodes_a_job_lacks_and_gives_them_back()
 async fn a_slurm_jobs_grace_signal_checkpoints_the_job_which_resumes_where_it_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = SlurmCluster::start(dir.path(), 3, 2);
-    let db = fresh_postgres_database("slurmgrace").await;
-    for (name, value) in [
-        ("RINGTRAIN_SLURM_PARTITION", cluster.partition.clone()),
-        ("RINGTRAIN_SLURM_DEVICE", "cpu".into()),
-        ("RINGTRAIN_SLURM_DEVICES_PER_NODE", "2".into()),
-        ("RINGTRAIN_SLURM_CONF", cluster.conf.display().to_string()),
-        ("RINGTRAIN_SLURM_DIR", dir.path().join("pool").display().to_string()),
-        ("RINGTRAIN_SLURM_AGENT_COMMAND", env!("CARGO_BIN_EXE_ringtrain").into()),
-        ("RINGTRAIN_SLURM_AGENT_ARGS", "--heartbeat-s 1 --exit-when-idle-s 5".into()),
-    ] {
-        std::env::set_var(name, value);
-    }
-    let ringtrain = Cluster::serve_on("slurmgrace", &db, &format!("{}:0", cluster.hosts.gateway())).await;
+    let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmgrace").await;
     let api = ringtrain.team("slurm", 6).await;
     let mut spec = fashion_mnist("stopped by slurm", 2, 12000, 2);
     spec["model"] = json!({"name": "lenet5"});
@@ -408,19 +401,7 @@ async fn a_slurm_jobs_grace_signal_checkpoints_the_job_which_resumes_where_it_st
 async fn a_node_going_down_in_slurm_is_a_lost_agent_and_the_job_resumes_on_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = SlurmCluster::start(dir.path(), 3, 2);
-    let db = fresh_postgres_database("slurmdown").await;
-    for (name, value) in [
-        ("RINGTRAIN_SLURM_PARTITION", cluster.partition.clone()),
-        ("RINGTRAIN_SLURM_DEVICE", "cpu".into()),
-        ("RINGTRAIN_SLURM_DEVICES_PER_NODE", "2".into()),
-        ("RINGTRAIN_SLURM_CONF", cluster.conf.display().to_string()),
-        ("RINGTRAIN_SLURM_DIR", dir.path().join("pool").display().to_string()),
-        ("RINGTRAIN_SLURM_AGENT_COMMAND", env!("CARGO_BIN_EXE_ringtrain").into()),
-        ("RINGTRAIN_SLURM_AGENT_ARGS", "--heartbeat-s 1 --exit-when-idle-s 5".into()),
-    ] {
-        std::env::set_var(name, value);
-    }
-    let ringtrain = Cluster::serve_on("slurmdown", &db, &format!("{}:0", cluster.hosts.gateway())).await;
+    let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmdown").await;
     let api = ringtrain.team("slurm", 6).await;
     let mut spec = fashion_mnist("a node goes down", 3, 9000, 3);
     spec["model"] = json!({"name": "lenet5"});

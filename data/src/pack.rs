@@ -152,6 +152,17 @@ pub(crate) fn write_index(
     })
 }
 
+/// 0..n in the order a split's samples are packed: shuffled by the seed (the test split by another
+/// stream than the training split's), so a window of shards already mixes the classes.
+pub(crate) fn shuffled(n: usize, seed: u64, split: &str) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = SplitMix64::new(seed ^ if split == "train" { 0 } else { 0x7E57 });
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    order
+}
+
 /// The sub-folders of `dir`, sorted by name (torchvision's `ImageFolder` order: class i is the i-th).
 fn class_folders(dir: &Path) -> Result<Vec<String>, PackError> {
     let mut names = Vec::new();
@@ -192,11 +203,7 @@ fn pack_split(
         files.sort();
         candidates.extend(files.into_iter().map(|path| Candidate { path, class: class as u32 }));
     }
-    let mut order: Vec<usize> = (0..candidates.len()).collect();
-    let mut rng = SplitMix64::new(options.seed ^ if split == "train" { 0 } else { 0x7E57 });
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    let order: Vec<usize> = shuffled(candidates.len(), options.seed, split);
     let want_stats = if split == "train" { options.stats_images } else { 0 };
     let kept = decode_all(&candidates, &order, want_stats, options.threads.max(1), skipped);
     if kept.is_empty() {

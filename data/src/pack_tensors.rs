@@ -13,8 +13,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use ringtrain_core::random::SplitMix64;
-
 use crate::index::{input_name_ok, DatasetIndex, SampleKind, SplitIndex, TensorSpec, FORMAT, MAX_CLASSES};
 use crate::npy::{self, Dtype};
 use crate::pack::{close, PackError, PackOptions, PackReport};
@@ -273,14 +271,10 @@ struct Writer<'a> {
 impl Writer<'_> {
     /// Writes `split`'s samples, shuffled, as shards named `NAME-NNNNNN.tar`.
     fn split(&self, name: &str, split: &Split) -> Result<SplitIndex, PackError> {
-        let mut order: Vec<u64> = (0..split.samples).collect();
-        let mut rng = SplitMix64::new(self.options.seed ^ if name == "train" { 0 } else { 0x7E57 });
-        for i in (1..order.len()).rev() {
-            order.swap(i, rng.below(i as u64 + 1) as usize);
-        }
+        let order = crate::pack::shuffled(split.samples as usize, self.options.seed, name);
         let mut shards = Vec::new();
         let mut open: Option<(PathBuf, ShardWriter, u64)> = None;
-        for (n, &sample) in order.iter().enumerate() {
+        for (n, sample) in order.into_iter().map(|s| s as u64).enumerate() {
             if open.is_none() {
                 let path = self.out.join(format!("{name}-{:06}.tar", shards.len()));
                 let writer = ShardWriter::create(&path).map_err(|e| PackError::Io { path: path.clone(), source: e })?;
