@@ -159,6 +159,15 @@ async fn a_slurm_job_spans_the_hosts_waits_with_slurms_reason_takes_the_signal_a
     assert!(cluster.run("squeue", &["-h"]).trim().is_empty());
 }
 
+/// Once Slurm's queue is empty (within `seconds`).
+async fn wait_for_empty_queue(cluster: &SlurmCluster, seconds: u64) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while !cluster.run("squeue", &["-h"]).trim().is_empty() {
+        assert!(Instant::now() < deadline, "Slurm jobs left: {}", cluster.run("squeue", &["-h"]));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The nodes of the server whose names are `names`, with their states and addresses.
 async fn nodes(ringtrain: &Cluster, names: &[String]) -> Vec<Value> {
     let nodes = ringtrain.api.get("/v1/nodes").await;
@@ -309,6 +318,14 @@ async fn a_slurm_pool_asks_slurm_for_the_nodes_a_job_lacks_and_gives_them_back()
     let message = job["pending_reason"]["message"].as_str().unwrap();
     assert!(message.contains("waiting in Slurm: Resources"), "{message}");
     let slurm_job = job["pending_reason"]["slurm"]["job"].as_u64().unwrap();
+    // its estimate is Slurm's expected start (squeue --start): when the other job's 10 minutes are up
+    let job = api
+        .wait_job(&id, Duration::from_secs(60), "Slurm's expected start", |job| job["estimated_start"]["kind"] == "at")
+        .await;
+    let basis = job["estimated_start"]["basis"].as_str().unwrap();
+    assert!(basis.contains(&format!("Slurm job {slurm_job}")) && basis.contains("squeue --start"), "{basis}");
+    let seconds = job["estimated_start"]["seconds"].as_f64().unwrap();
+    assert!((300.0..=600.0).contains(&seconds), "within the other job's 10 minutes: {seconds} s");
     let ours = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
     assert_eq!(ours.iter().map(|j| j.id).collect::<Vec<_>>(), [slurm_job], "one Slurm job, named by the job's id");
 
@@ -353,6 +370,24 @@ async fn a_slurm_pool_asks_slurm_for_the_nodes_a_job_lacks_and_gives_them_back()
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(cluster.run("squeue", &["-h"]).trim().is_empty(), "nothing left in Slurm's queue");
+
+    // a maintenance reservation of every host for an hour: a job waits with Slurm's reason for it
+    // (22.05's squeue --json says ReqNodeNotAvail, its text adds "Reserved for maintenance"), expected to
+    // start when the reservation ends, and its cancel leaves nothing in Slurm
+    let reserve = ["create", "reservation", "reservationname=maint", "starttime=now", "duration=60", "nodes=ALL"];
+    cluster.run("scontrol", &[&reserve[..], &["users=root", "flags=maint"]].concat());
+    let held = api.submit(&fashion_mnist("behind a reservation", 2, 1000, 1)).await;
+    let job = api
+        .wait_job(&held, Duration::from_secs(60), "waiting for the reservation", |job| {
+            job["pending_reason"]["slurm"]["reason"] == "ReqNodeNotAvail" && job["estimated_start"]["kind"] == "at"
+        })
+        .await;
+    let message = job["pending_reason"]["message"].as_str().unwrap();
+    assert!(message.ends_with("; waiting in Slurm: ReqNodeNotAvail"), "{message}");
+    let seconds = job["estimated_start"]["seconds"].as_f64().unwrap();
+    assert!((3000.0..=3600.0).contains(&seconds), "when the hour's reservation ends: {seconds} s");
+    api.post(&format!("/v1/jobs/{held}/cancel"), json!({})).await;
+    wait_for_empty_queue(&cluster, 30).await;
 }
 
 /// Slurm's grace signal before a time limit (`--signal=USR1@N`, sent here at once with `scancel
@@ -394,6 +429,15 @@ async fn a_slurm_jobs_grace_signal_checkpoints_the_job_which_resumes_where_it_st
     assert!(ours.iter().any(|j| j.id != first), "the pool asked Slurm again: {ours:?}");
 }
 
+/// A LeNet-5 job that may be stopped and lose nodes (5 restarts) and still learn (lr 0.02).
+fn interruptible(name: &str, workers: u32, train: u32, epochs: u32) -> Value {
+    let mut spec = fashion_mnist(name, workers, train, epochs);
+    spec["model"] = json!({"name": "lenet5"});
+    spec["lr"]["base"] = json!(0.02);
+    spec["max_restarts"] = json!(5);
+    spec
+}
+
 /// A node going DOWN in Slurm mid-training is a lost agent to the job: Slurm ends the job's Slurm job, the
 /// server finds the nodes lost and queues the job again, the pool asks Slurm for nodes among those left,
 /// and the job resumes from its newest checkpoint to the end, its metric series complete.
@@ -403,16 +447,11 @@ async fn a_node_going_down_in_slurm_is_a_lost_agent_and_the_job_resumes_on_the_o
     let cluster = SlurmCluster::start(dir.path(), 3, 2);
     let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmdown").await;
     let api = ringtrain.team("slurm", 6).await;
-    let mut spec = fashion_mnist("a node goes down", 3, 9000, 3);
-    spec["model"] = json!({"name": "lenet5"});
-    spec["lr"]["base"] = json!(0.02);
-    spec["max_restarts"] = json!(5);
-    let id = api.submit(&spec).await;
+    let id = api.submit(&interruptible("a node goes down", 3, 9000, 3)).await;
     // past its first checkpoint (an epoch), on 2 of the 3 hosts
     api.wait_job(&id, Duration::from_secs(180), "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1))
         .await;
-    let first = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
-    let first = first.into_iter().find(|j| j.state == JobState::Running).expect("the job's Slurm job runs");
+    let first = running_slurm_job(&cluster, &id).await;
     let host = if first.nodes.contains('2') { "h2" } else { "h1" };
     cluster.run("scontrol", &["update", &format!("nodename={host}"), "state=down", "reason=ringtrain-test"]);
 
@@ -428,4 +467,102 @@ async fn a_node_going_down_in_slurm_is_a_lost_agent_and_the_job_resumes_on_the_o
     assert!(lost.contains("was lost") || lost.contains("killed"), "the node's loss is in the job's events: {events}");
     let jobs = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
     assert!(jobs.iter().any(|j| j.id != first.id), "the pool asked Slurm again: {jobs:?}");
+}
+
+/// A ringtrain reclaim on a Slurm pool: team a borrows team b's idle share on nodes the pool got from
+/// Slurm for it; b's job takes b's guarantee back, so a's job checkpoints and stops (ringtrain's preemption:
+/// the Slurm job keeps running, its agents stay), b's job runs on the devices it gave back, and a's job
+/// resumes where it stopped once they are free again: nothing trained twice, and Slurm's queue ends empty.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ringtrain_reclaim_preempts_a_borrower_on_slurm_nodes_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmreclaim").await;
+    let team_a = ringtrain.team("team-a", 2).await;
+    let team_b = ringtrain.team("team-b", 4).await;
+
+    // a asks for 4, twice its guarantee: the pool gets 2 nodes of 2 from Slurm, and a borrows b's share
+    let mut spec = fashion_mnist("a borrows", 4, 4000, 4);
+    spec["model"] = json!({"name": "lenet5"});
+    let borrower = team_a.submit(&spec).await;
+    team_a.wait_first_checkpoint(&borrower, Duration::from_secs(240)).await;
+    let first = cluster.slurm().jobs(&format!("ringtrain:{borrower}")).await.unwrap();
+    let first = first.into_iter().find(|j| j.state == JobState::Running).expect("the borrower's Slurm job runs");
+
+    // b wants 2 of its guarantee back
+    let claimer = team_b.submit(&fashion_mnist("b reclaims", 2, 1000, 1)).await;
+    team_b.wait_state(&claimer, "succeeded", Duration::from_secs(240)).await;
+    let resumed = team_a.wait_state(&borrower, "succeeded", Duration::from_secs(400)).await;
+    let events = team_a.get(&format!("/v1/jobs/{borrower}/events")).await;
+    assert!(resumed["preemptions"].as_i64().unwrap() >= 1, "the borrower was not preempted: {resumed}\n{events}");
+    assert!(events.to_string().contains("reclaimed by another team"), "{events}");
+    assert_eq!(resumed["result"]["iterations_lost"], 0, "it checkpointed where it stopped: {resumed}");
+    let placements = resumed["placements"].as_array().unwrap();
+    assert!(placements[1]["resumed_from_iteration"].as_i64() > Some(0), "resumed mid-run: {placements:?}");
+    let total = resumed["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&team_a.metrics(&borrower, "iteration").await, 4, total);
+
+    // the preemption was ringtrain's: the Slurm job it ran on was not cancelled, its agents left once idle
+    let over = wait_for(&cluster, first.id, "over", |j| !j.state.is_active()).await;
+    assert_eq!(over.state, JobState::Completed, "ringtrain's reclaim leaves the Slurm job be: {over:?}");
+    wait_for_empty_queue(&cluster, 60).await;
+}
+
+/// The running Slurm job of ringtrain job `id` (its pool's), once there is one (within 120 s).
+async fn running_slurm_job(cluster: &SlurmCluster, id: &str) -> SlurmJob {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let jobs = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
+        if let Some(running) = jobs.into_iter().find(|j| j.state == JobState::Running) {
+            return running;
+        }
+        assert!(Instant::now() < deadline, "no running Slurm job for {id} (logs in {})", cluster.dir().display());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The long form of the pool tests above, run by hand (the operator guide, "Running on Slurm", names it):
+/// one 4-rank run through a pool of three hosts meets Slurm's interruptions in turn — the grace signal in
+/// its second epoch, then one of its nodes going DOWN in its fourth — and trains to the final test error
+/// of the same spec and seed run through the pool untouched (within 0.5 point), its metric series
+/// complete, nothing left in Slurm's queue.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "the long form (about 2 minutes here): cargo nextest run -p ringtrain --test slurm --run-ignored only"]
+async fn long_a_run_through_a_slurm_pool_survives_its_interruptions_to_the_result_of_one_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmlong").await;
+    let api = ringtrain.team("slurm", 6).await;
+    let mut spec = interruptible("left alone", 4, 60000, 6);
+    let alone = api.submit(&spec).await;
+    let alone = api.wait_state(&alone, "succeeded", Duration::from_secs(1200)).await;
+    // its agents gone, so the next job gets a Slurm job of its own
+    wait_for_empty_queue(&cluster, 60).await;
+
+    spec["name"] = json!("interrupted");
+    let id = api.submit(&spec).await;
+    api.wait_job(&id, Duration::from_secs(600), "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1))
+        .await;
+    let first = running_slurm_job(&cluster, &id).await;
+    cluster.slurm().signal(first.id, "USR1").await.unwrap();
+    wait_for(&cluster, first.id, "over", |j| !j.state.is_active()).await;
+
+    api.wait_job(&id, Duration::from_secs(900), "its fourth epoch", |job| job["progress"]["epoch"].as_i64() >= Some(3))
+        .await;
+    let second = running_slurm_job(&cluster, &id).await;
+    let host = if second.nodes.contains('2') { "h2" } else { "h1" };
+    cluster.run("scontrol", &["update", &format!("nodename={host}"), "state=down", "reason=ringtrain-long-test"]);
+
+    let done = api.wait_state(&id, "succeeded", Duration::from_secs(1200)).await;
+    let placements = done["placements"].as_array().unwrap();
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    assert!(placements.len() >= 3, "stopped, lost a node, resumed each time: {placements:?}\nevents: {events}");
+    assert_eq!(placements[0]["iterations_lost"], 0, "the grace signal checkpointed where it stopped: {placements:?}");
+    let total = done["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 4, total);
+    let (interrupted, untouched) =
+        (done["result"]["final_test_error"].as_f64().unwrap(), alone["result"]["final_test_error"].as_f64().unwrap());
+    eprintln!("final test error: interrupted {interrupted:.4}, left alone {untouched:.4}");
+    assert!((interrupted - untouched).abs() <= 0.005, "interrupted {interrupted} against {untouched} left alone");
+    wait_for_empty_queue(&cluster, 60).await;
 }

@@ -286,7 +286,7 @@ fn named(jobs: &[JobId]) -> Vec<Option<JobId>> {
 }
 
 /// "45 s", "14 min", "3.2 h".
-fn duration_words(seconds: f64) -> String {
+pub(crate) fn duration_words(seconds: f64) -> String {
     if seconds < 90.0 {
         format!("{} s", seconds.round())
     } else if seconds < 5400.0 {

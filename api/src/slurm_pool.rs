@@ -11,7 +11,8 @@
 //! state of its own to find them again: each pass reads `squeue`, cancels a pending Slurm job whose
 //! ringtrain job no longer waits (it ended, was cancelled, or was placed elsewhere), fails a ringtrain job
 //! Slurm refuses or will never start as asked (in Slurm's words), and submits for the jobs that wait
-//! with none. While a job's Slurm job is pending, its view says so with Slurm's reason and expected start.
+//! with none. While a job's Slurm job is pending, its view says so with Slurm's reason, and its estimated
+//! start is Slurm's (`squeue --start`): the job waits for Slurm's nodes, not for ringtrain's jobs to end.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -26,6 +27,8 @@ use ringtrain_slurm::{BatchJob, JobState as SlurmState, SlurmError, SlurmJob};
 use ringtrain_store::{NewToken, Role, Transition};
 use serde_json::{json, Value};
 
+use crate::queue::{duration_words, EstimatedStart};
+use crate::routes::jobs::JobView;
 use crate::state::AppState;
 
 /// How often the loop looks.
@@ -116,6 +119,38 @@ impl SlurmPool {
         }
     }
 
+    /// When `job` may start, as Slurm expects its pending Slurm job to (`squeue --start`'s time, which
+    /// Slurm's scheduler sets once it has planned the job); unknown until then.
+    pub fn estimate(&self, job: JobId) -> Option<EstimatedStart> {
+        let pending = self.pending.lock().ok()?;
+        let slurm = pending.get(&job)?;
+        let expected = slurm.expected_start.and_then(|at| chrono::DateTime::from_timestamp(at as i64, 0));
+        Some(match expected {
+            Some(at) => {
+                // a time Slurm has not revised yet may be just past: "now" rather than a negative wait
+                let seconds = ((at - ringtrain_store::now()).num_milliseconds() as f64 / 1e3).max(0.0);
+                EstimatedStart {
+                    kind: "at".into(),
+                    seconds: Some(seconds),
+                    at: Some(at),
+                    jobs: Vec::new(),
+                    basis: format!(
+                        "Slurm expects to start its Slurm job {} in ~{} (squeue --start)",
+                        slurm.id,
+                        duration_words(seconds)
+                    ),
+                }
+            }
+            None => EstimatedStart {
+                kind: "unknown".into(),
+                seconds: None,
+                at: None,
+                jobs: Vec::new(),
+                basis: format!("it waits for Slurm job {}, whose start Slurm has not estimated yet", slurm.id),
+            },
+        })
+    }
+
     /// The Slurm job a ringtrain job of `devices` devices asks for: nodes of `devices_per_node`.
     fn nodes_for(&self, devices: u32) -> u32 {
         devices.div_ceil(self.config.devices_per_node.max(1))
@@ -123,10 +158,15 @@ impl SlurmPool {
 }
 
 impl AppState {
-    /// Adds what Slurm says of queued job `job`'s pending Slurm job (a Slurm pool's) to its pending reason.
-    pub fn annotate_slurm(&self, job: JobId, pending_reason: &mut Option<Value>) {
-        if let (Some(pool), Some(reason)) = (&self.slurm_pool, pending_reason.as_mut()) {
+    /// Adds what Slurm says of queued job `job`'s pending Slurm job (a Slurm pool's) to its view: Slurm's
+    /// reason to its pending reason, and Slurm's expected start as its estimated start.
+    pub fn annotate_slurm(&self, job: JobId, view: &mut JobView) {
+        let Some(pool) = &self.slurm_pool else { return };
+        if let Some(reason) = view.pending_reason.as_mut() {
             pool.annotate(job, reason);
+        }
+        if let Some(estimate) = pool.estimate(job) {
+            view.estimated_start = Some(estimate);
         }
     }
 

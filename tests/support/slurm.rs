@@ -72,7 +72,7 @@ impl SlurmCluster {
             "ClusterName=rt\nSlurmctldHost={}({})\nSlurmctldPort={port}\nSlurmdPort={}\nAuthType=auth/munge\n\
              CredType=cred/munge\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\n\
              SelectTypeParameters=CR_CPU\nMailProg=/bin/true\nSlurmUser=root\nSlurmdUser=root\nReturnToService=2\n\
-             SchedulerType=sched/backfill\nStateSaveLocation={dir}/state\nSlurmdSpoolDir={dir}/%n\n\
+             SchedulerType=sched/backfill\nSchedulerParameters=bf_interval=2\nStateSaveLocation={dir}/state\nSlurmdSpoolDir={dir}/%n\n\
              SlurmctldPidFile={dir}/slurmctld.pid\nSlurmdPidFile={dir}/%n.pid\nSlurmctldLogFile={dir}/slurmctld.log\n\
              SlurmdLogFile={dir}/%n.log\nMinJobAge=30\n",
             short_host.trim(),

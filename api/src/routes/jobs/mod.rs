@@ -201,7 +201,7 @@ async fn views(state: &AppState, user: &User, jobs: &[Job]) -> ApiResult<Vec<Job
         let mut view = JobView::from(job);
         if let Some((standings, reader)) = &standings {
             view = view.with_standing(standings.get(&job.id), reader);
-            state.annotate_slurm(job.id, &mut view.pending_reason);
+            state.annotate_slurm(job.id, &mut view);
         }
         views.push(with_progress(state, job, view).await?);
     }
@@ -439,11 +439,11 @@ pub async fn get_job(
     let standing = insight.standing(&job);
     let reader = Reader::new(&user, &insight.read.view);
     let mut view = view.with_standing(standing.as_ref(), &reader);
-    state.annotate_slurm(job.id, &mut view.pending_reason);
     let planned = insight.read.view.queued.iter().any(|q| q.id == job.id);
     if planned {
         let estimate = queue::estimate(&state, &insight, insight.read.view.clone(), job.id).await?;
         view.estimated_start = Some(estimate.for_reader(&reader));
     }
+    state.annotate_slurm(job.id, &mut view);
     Ok(Json(view))
 }
