@@ -1,11 +1,16 @@
-//! Builds the C shim that decodes a crop of a JPEG with libjpeg-turbo (csrc/jpeg_region.c) and links
-//! libjpeg-turbo statically (Debian's libjpeg62-turbo-dev, which scripts/setup.sh installs): nothing to
+//! Builds the C shims that decode a crop of a JPEG (csrc/jpeg_region.c) and rewrite one with restart
+//! markers (csrc/jpeg_restart.c) with libjpeg-turbo, and links libjpeg-turbo statically (Debian's libjpeg62-turbo-dev, which scripts/setup.sh installs): nothing to
 //! install on a worker, nothing more to carry to a GPU machine.
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/jpeg_region.c");
+    println!("cargo:rerun-if-changed=csrc/jpeg_restart.c");
     println!("cargo:rerun-if-env-changed=RINGTRAIN_LIBJPEG_DIR");
-    cc::Build::new().file("csrc/jpeg_region.c").opt_level(3).warnings(true).compile("ringtrain_jpeg_region");
+    cc::Build::new()
+        .files(["csrc/jpeg_region.c", "csrc/jpeg_restart.c"])
+        .opt_level(3)
+        .warnings(true)
+        .compile("ringtrain_jpeg_region");
     let folder = std::env::var("RINGTRAIN_LIBJPEG_DIR").ok().or_else(|| {
         ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"]
             .into_iter()

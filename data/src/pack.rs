@@ -3,9 +3,12 @@
 //!
 //! Every file is decoded once, on every core, so a file that is not a readable JPEG or PNG is reported by
 //! name and left out rather than failing a job later. The kept images are shuffled (a fixed seed) before
-//! they are cut into shards, so a window of shards already mixes the classes (`order`); they are stored as
-//! they were (no re-encoding). The per-channel mean and std come from a sample of the decoded training
-//! images. The index is written last, atomically: a folder with an `index.json` is a whole data set.
+//! they are cut into shards, so a window of shards already mixes the classes (`order`). A baseline JPEG is
+//! stored rewritten losslessly with restart markers every few MCUs (the same coefficients, so the same
+//! pixels; never re-encoded), so that the loader decodes only the restart intervals a crop covers
+//! (`image::restart`); other files are stored as they were. The per-channel mean and std come from a
+//! sample of the decoded training images. The index is written last, atomically: a folder with an
+//! `index.json` is a whole data set.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -212,19 +215,22 @@ fn pack_split(
     let normalize = normalize(&kept);
     let mut shards = Vec::new();
     let mut writer: Option<(PathBuf, ShardWriter, u64)> = None;
-    for (n, image) in kept.into_iter().enumerate() {
-        if writer.is_none() {
-            let name = format!("{split}-{:06}.tar", shards.len());
-            let path = out.join(&name);
-            writer = Some((path.clone(), ShardWriter::create(&path).map_err(io(&path))?, 0));
-        }
-        if let Some((path, shard, bytes)) = writer.as_mut() {
-            let stored = std::fs::read(&image.path).map_err(io(&image.path))?;
-            shard.append(&format!("{n:09}"), image.format, &stored, image.class).map_err(io(path))?;
-            *bytes += stored.len() as u64 + 2048;
-            if *bytes >= options.shard_bytes {
-                shards.push(close(writer.take())?);
+    let mut n = 0usize;
+    for chunk in kept.chunks(STORE_CHUNK) {
+        for (image, stored) in chunk.iter().zip(stored_bytes(chunk, options.threads.max(1))?) {
+            if writer.is_none() {
+                let name = format!("{split}-{:06}.tar", shards.len());
+                let path = out.join(&name);
+                writer = Some((path.clone(), ShardWriter::create(&path).map_err(io(&path))?, 0));
             }
+            if let Some((path, shard, bytes)) = writer.as_mut() {
+                shard.append(&format!("{n:09}"), image.format, &stored, image.class).map_err(io(path))?;
+                *bytes += stored.len() as u64 + 2048;
+                if *bytes >= options.shard_bytes {
+                    shards.push(close(writer.take())?);
+                }
+            }
+            n += 1;
         }
     }
     if writer.is_some() {
@@ -232,6 +238,49 @@ fn pack_split(
     }
     let samples = shards.iter().map(|s: &ShardInfo| s.samples).sum();
     Ok((SplitIndex { samples, shards }, normalize))
+}
+
+/// Images read (and rewritten) at once, on every thread, before they are written in order.
+const STORE_CHUNK: usize = 256;
+
+/// The bytes each image is stored as, read again from its file: a baseline JPEG rewritten with restart
+/// markers (`image::jpeg::with_restarts`: the same pixels, and a crop's decoding then reads only the
+/// intervals it covers), unless that made it more than 5% larger; anything else as it is.
+fn stored_bytes(images: &[Kept], threads: usize) -> Result<Vec<Vec<u8>>, PackError> {
+    let stored = in_parallel(images.len(), threads, |at| {
+        let image = &images[at];
+        let bytes = std::fs::read(&image.path).map_err(io(&image.path))?;
+        Ok(match image.format {
+            ImageFormat::Jpeg => match crate::image::jpeg::with_restarts(&bytes) {
+                Ok(Some(rewritten)) if rewritten.len() <= bytes.len() + bytes.len() / 20 => rewritten,
+                _ => bytes,
+            },
+            ImageFormat::Png => bytes,
+        })
+    });
+    stored.into_iter().map(|r| r.unwrap_or_else(|| Err(PackError::Input("an image was not read".into())))).collect()
+}
+
+/// `work(i)` for each i of 0..n on `threads` threads, the results in order (None only where a thread
+/// could not record one).
+fn in_parallel<T: Send>(n: usize, threads: usize, work: impl Fn(usize) -> T + Sync) -> Vec<Option<T>> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let at = next.fetch_add(1, Ordering::Relaxed);
+                if at >= n {
+                    break;
+                }
+                let result = work(at);
+                if let Ok(mut all) = results.lock() {
+                    all[at] = Some(result);
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap_or_default()
 }
 
 pub(crate) fn close(writer: Option<(PathBuf, ShardWriter, u64)>) -> Result<ShardInfo, PackError> {
@@ -254,22 +303,9 @@ fn decode_all(
     threads: usize,
     skipped: &mut Vec<Skipped>,
 ) -> Vec<Kept> {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Kept, String>>>> = Mutex::new((0..order.len()).map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let at = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&i) = order.get(at) else { break };
-                let result = read_one(&candidates[i], at < stats_images);
-                if let Ok(mut all) = results.lock() {
-                    all[at] = Some(result);
-                }
-            });
-        }
-    });
+    let results = in_parallel(order.len(), threads, |at| read_one(&candidates[order[at]], at < stats_images));
     let mut kept = Vec::with_capacity(order.len());
-    for (at, result) in results.into_inner().unwrap_or_default().into_iter().enumerate() {
+    for (at, result) in results.into_iter().enumerate() {
         match result {
             Some(Ok(image)) => kept.push(image),
             Some(Err(why)) => skipped.push(Skipped { path: candidates[order[at]].path.clone(), why }),

@@ -42,13 +42,29 @@ fn jitter(rng: &mut SplitMix64, by: f64) -> f64 {
     (rng.unit() - 0.5) * 2.0 * by
 }
 
-/// JPEG bytes of `pixels` (RGB) at `quality`.
+/// JPEG bytes of `pixels` (RGB) at `quality`, its chroma at full resolution (4:4:4).
 pub fn jpeg(pixels: &[u8], width: u32, height: u32, quality: u8) -> Result<Vec<u8>, String> {
+    encode(pixels, width, height, quality, jpeg_encoder::SamplingFactor::R_4_4_4)
+}
+
+/// JPEG bytes of `pixels` (RGB) at `quality`, its chroma at half resolution each way (4:2:0, what cameras
+/// and most encoders write by default).
+pub fn jpeg_420(pixels: &[u8], width: u32, height: u32, quality: u8) -> Result<Vec<u8>, String> {
+    encode(pixels, width, height, quality, jpeg_encoder::SamplingFactor::R_4_2_0)
+}
+
+fn encode(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    quality: u8,
+    sampling: jpeg_encoder::SamplingFactor,
+) -> Result<Vec<u8>, String> {
     let mut bytes = Vec::new();
     let (w, h) = (u16::try_from(width).map_err(|e| e.to_string())?, u16::try_from(height).map_err(|e| e.to_string())?);
-    jpeg_encoder::Encoder::new(&mut bytes, quality)
-        .encode(pixels, w, h, jpeg_encoder::ColorType::Rgb)
-        .map_err(|e| e.to_string())?;
+    let mut encoder = jpeg_encoder::Encoder::new(&mut bytes, quality);
+    encoder.set_sampling_factor(sampling);
+    encoder.encode(pixels, w, h, jpeg_encoder::ColorType::Rgb).map_err(|e| e.to_string())?;
     Ok(bytes)
 }
 

@@ -40,6 +40,14 @@ extern "C" {
         error_len: usize,
     ) -> c_int;
     fn rt_jpeg_free(pixels: *mut u8);
+    fn rt_jpeg_with_restarts(
+        data: *const u8,
+        len: c_ulong,
+        out: *mut *mut u8,
+        out_len: *mut c_ulong,
+        error: *mut c_char,
+        error_len: usize,
+    ) -> c_int;
 }
 
 /// What [`region`] decoded: `width`×`height` RGB pixels of the image scaled by `scale`/8, starting at column
@@ -105,4 +113,36 @@ pub fn region(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32) -> Result<
     // SAFETY: the buffer came from the C side's malloc and is freed once, after the copy above.
     unsafe { rt_jpeg_free(raw.pixels) };
     Ok(Region { pixels, width: raw.width, height: raw.height, left: raw.left, top: raw.top, scale: raw.scale })
+}
+
+/// `bytes` rewritten losslessly with restart markers every few MCUs (`csrc/jpeg_restart.c`: the same
+/// coefficients, so the same pixels; optimal Huffman tables), so that a crop can be decoded from the
+/// intervals it covers ([`super::restart`]); None for a JPEG that is decoded whole anyway (progressive or
+/// arithmetic-coded).
+pub fn with_restarts(bytes: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let (mut out, mut out_len): (*mut u8, c_ulong) = (std::ptr::null_mut(), 0);
+    let mut error = [0 as c_char; 200];
+    // SAFETY: as in `size`; on 0 the C side hands over `out` (`out_len` bytes, malloc'd by libjpeg's memory
+    // destination), copied and freed below exactly once; otherwise `out` stays null.
+    let status = unsafe {
+        rt_jpeg_with_restarts(
+            bytes.as_ptr(),
+            bytes.len() as c_ulong,
+            &mut out,
+            &mut out_len,
+            error.as_mut_ptr(),
+            error.len(),
+        )
+    };
+    match status {
+        0 => {
+            // SAFETY: on success `out` points to `out_len` initialised bytes the C side allocated.
+            let rewritten = unsafe { std::slice::from_raw_parts(out, out_len as usize) }.to_vec();
+            // SAFETY: allocated by malloc on the C side, freed once, after the copy above.
+            unsafe { rt_jpeg_free(out) };
+            Ok(Some(rewritten))
+        }
+        1 => Ok(None),
+        _ => Err(message(&error)),
+    }
 }

@@ -20,6 +20,7 @@ use ringtrain_core::random::SplitMix64;
 use crate::shard::ImageFormat;
 
 pub mod jpeg;
+pub mod restart;
 
 /// A decoded image, RGB, row by row.
 #[derive(Debug, Clone)]
@@ -62,11 +63,21 @@ pub fn size(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
 }
 
 /// Decodes what `crop` needs of the image for an output of `out`×`out`: the decoded pixels and the crop
-/// in their coordinates (a JPEG's crop region at a reduced scale; a PNG whole, the crop as it was).
+/// in their coordinates (a JPEG's crop region at a reduced scale, from the crop's restart intervals alone
+/// where it has them; a PNG whole, the crop as it was).
 pub fn decode_for(bytes: &[u8], format: ImageFormat, crop: Crop, out: u32) -> Result<(Rgb, Crop), String> {
     match format {
         ImageFormat::Png => Ok((decode_png(bytes)?, crop)),
         ImageFormat::Jpeg => {
+            // the crop's restart intervals alone where the JPEG has them (as `datasets pack` writes it)
+            let sub = restart::sub_image(bytes, crop.left, crop.top, crop.width, crop.height);
+            let (bytes, crop) = match &sub {
+                Some(sub) => (
+                    &sub.jpeg[..],
+                    Crop { left: crop.left - f64::from(sub.left), top: crop.top - f64::from(sub.top), ..crop },
+                ),
+                None => (bytes, crop),
+            };
             let region = jpeg::region(bytes, crop.left, crop.top, crop.width, crop.height, out)?;
             let scale = f64::from(region.scale) / 8.0;
             let rgb = expect_rgb(Rgb { width: region.width, height: region.height, pixels: region.pixels })?;
@@ -206,17 +217,26 @@ pub fn crop_into(
     );
     resizer.resize(&src, dst, &options).map_err(|e| e.to_string())?;
     let (size, plane) = (size as usize, size as usize * size as usize);
-    let hwc = dst.buffer();
-    for y in 0..size {
-        for x in 0..size {
-            let from = (y * size + if crop.flip { size - 1 - x } else { x }) * 3;
-            let to = y * size + x;
-            out[to] = hwc[from];
-            out[plane + to] = hwc[from + 1];
-            out[2 * plane + to] = hwc[from + 2];
+    let (red, rest) = out.split_at_mut(plane);
+    let (green, blue) = rest.split_at_mut(plane);
+    // row by row, through iterators (no index checks): 7% of the loader's time as indexed loops
+    for (y, row) in dst.buffer().chunks_exact(size * 3).enumerate() {
+        let span = y * size..(y + 1) * size;
+        let planes = (&mut red[span.clone()], &mut green[span.clone()], &mut blue[span]);
+        if crop.flip {
+            into_planes(planes, row.chunks_exact(3).rev());
+        } else {
+            into_planes(planes, row.chunks_exact(3));
         }
     }
     Ok(())
+}
+
+/// One row of RGB pixels into its row of each channel's plane.
+fn into_planes<'a>((red, green, blue): (&mut [u8], &mut [u8], &mut [u8]), pixels: impl Iterator<Item = &'a [u8]>) {
+    for (((r, g), b), pixel) in red.iter_mut().zip(green).zip(blue).zip(pixels) {
+        (*r, *g, *b) = (pixel[0], pixel[1], pixel[2]);
+    }
 }
 
 #[cfg(test)]
