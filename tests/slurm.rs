@@ -469,6 +469,40 @@ async fn a_node_going_down_in_slurm_is_a_lost_agent_and_the_job_resumes_on_the_o
     assert!(jobs.iter().any(|j| j.id != first.id), "the pool asked Slurm again: {jobs:?}");
 }
 
+/// Slurm's own preemption (`PreemptMode=CANCEL`: a job of the higher-tier `urgent` partition wants every
+/// host) ends the pool's Slurm job, its agents and ranks killed: to the ringtrain job it is a lost agent.
+/// It is queued again, the pool asks Slurm for nodes, and once the urgent job is over it resumes from its
+/// newest checkpoint, its metric series complete.
+#[tokio::test(flavor = "multi_thread")]
+async fn slurms_own_preemption_is_a_lost_agent_and_the_job_resumes_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = SlurmCluster::start(dir.path(), 3, 2);
+    let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmpreempt").await;
+    let api = ringtrain.team("slurm", 6).await;
+    let id = api.submit(&interruptible("preempted by Slurm", 3, 9000, 3)).await;
+    api.wait_job(&id, Duration::from_secs(180), "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1))
+        .await;
+    let first = running_slurm_job(&cluster, &id).await;
+
+    let urgent = BatchJob {
+        partition: Some("urgent".into()),
+        ..job(&cluster, dir.path(), "urgent", 3, "#!/bin/sh\nsrun sleep 20\n".into())
+    };
+    cluster.slurm().submit(&urgent).await.unwrap();
+    let preempted = wait_for(&cluster, first.id, "preempted", |j| !j.state.is_active()).await;
+    assert!(matches!(preempted.state, JobState::Preempted | JobState::Cancelled), "Slurm preempted it: {preempted:?}");
+
+    let done = api.wait_state(&id, "succeeded", Duration::from_secs(400)).await;
+    let placements = done["placements"].as_array().unwrap();
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    assert!(placements.len() >= 2, "placed again after Slurm's preemption: {placements:?}\nevents: {events}");
+    let resumed = placements.last().unwrap()["resumed_from_iteration"].as_i64().unwrap();
+    assert!(resumed > 0, "resumed from a checkpoint, not from the start: {placements:?}");
+    let total = done["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 3, total);
+    wait_for_empty_queue(&cluster, 60).await;
+}
+
 /// A ringtrain reclaim on a Slurm pool: team a borrows team b's idle share on nodes the pool got from
 /// Slurm for it; b's job takes b's guarantee back, so a's job checkpoints and stops (ringtrain's preemption:
 /// the Slurm job keeps running, its agents stay), b's job runs on the devices it gave back, and a's job

@@ -84,9 +84,13 @@ impl SlurmCluster {
         for (i, name) in (1..=nodes).zip(&names) {
             conf.push_str(&format!("NodeName={name} NodeAddr={} CPUs={cpus} State=UNKNOWN\n", hosts.address(i)));
         }
+        // `urgent`, a partition of a higher tier over the same nodes, whose jobs preempt (cancel) the
+        // others' when they need the nodes: Slurm's own preemption
         conf.push_str(&format!(
-            "PartitionName={partition} Nodes={} Default=YES MaxTime=INFINITE State=UP\n",
-            names.join(",")
+            "PreemptType=preempt/partition_prio\nPreemptMode=CANCEL\n\
+             PartitionName={partition} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n\
+             PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2\n",
+            nodes = names.join(",")
         ));
         let conf_path = dir.join("slurm.conf");
         std::fs::write(&conf_path, conf).unwrap();
