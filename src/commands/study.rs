@@ -2,6 +2,8 @@
 //! through the API (the `goyal` template), follows it, and prints the measured table beside the paper's
 //! figures, writing the error-vs-epoch plot (SVG) and the study's JSON next to it. `study scale-search`
 //! finds the lr multiplier for a larger batch (the `scale_search` template) and prints the spec to submit.
+//!
+//! Over 450 lines only with its tests (440 of code).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! Jobs as records: submitting (with idempotency keys), reading, the run history, the queue and the views
 //! the scheduler loop reads, and each job's events. State changes are in [`lifecycle`](crate::lifecycle).
+//!
+//! Over 450 lines: the jobs table's queries for both databases stay together, so that a column is
+//! changed in one file.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

@@ -13,6 +13,9 @@
 //! atomically: everything goes into `epoch-NNNN.tmp/`, which is then renamed to `epoch-NNNN/`, and the
 //! `latest` file (itself replaced by rename) names it. A crash at any point leaves the previous checkpoint
 //! intact.
+//!
+//! Over 450 lines with its tests (454 of code): what a checkpoint holds, how the ranks agree on it and
+//! how rank 0 writes it change together.
 
 use std::path::{Path, PathBuf};
 

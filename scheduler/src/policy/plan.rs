@@ -10,6 +10,9 @@
 //! 2. **Fair share.** Every team's remaining jobs, in [`ShareKey`](crate::policy::fairness::ShareKey) order
 //!    re-ranked after each start, may use any free device: beyond a guarantee this is borrowing. The first job
 //!    that cannot start gets the head-of-line reservation; later jobs only backfill around it.
+//!
+//! Over 450 lines: the two walks share one pass's state (free devices, reservations, victims being
+//! stopped) and read as one algorithm; split, that state would be threaded through every call.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};

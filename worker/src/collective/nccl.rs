@@ -8,6 +8,8 @@
 //! against a deadline. On failure the communicator is aborted on a helper thread with a bound (abort itself
 //! can hang), and a guard aborts the process if it is still alive long after (CUDA teardown behind a dead
 //! kernel must not become a hang either).
+//!
+//! Over 450 lines only with its tests (407 of code).
 
 use std::sync::mpsc;
 use std::sync::Arc;

@@ -1,5 +1,8 @@
 //! Training and test data: loaders (IDX, safetensors, synthetic; sharded data sets streamed, in
 //! [`sharded`]), normalisation, and the per-epoch shuffle.
+//!
+//! Over 450 lines with its tests (476 of code): the in-memory sources share the normalisation and the
+//! shuffle they feed, and the tests check them together.
 
 pub mod idx;
 pub mod sharded;
