@@ -8,7 +8,7 @@ use axum::http::{header, request::Parts, HeaderMap, StatusCode};
 use ringtrain_core::FieldError;
 use serde::de::DeserializeOwned;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ProblemType};
 
 /// Whether the request says its body is JSON (`application/json` or any `application/*+json`).
 fn is_json(headers: &HeaderMap) -> bool {
@@ -27,17 +27,16 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         if !is_json(req.headers()) {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported-media-type",
+                ProblemType::UnsupportedMediaType,
                 "the body must be JSON: send Content-Type: application/json",
             ));
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             let status = rejection.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(status, "payload-too-large", "the request body is larger than this route accepts")
+                ApiError::new(ProblemType::PayloadTooLarge, "the request body is larger than this route accepts")
             } else {
-                ApiError::new(status, "bad-request", rejection.body_text())
+                ApiError::new(ProblemType::BadRequest, rejection.body_text())
             }
         })?;
         Ok(JsonBytes(bytes))
@@ -51,9 +50,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// The body as a JSON value (400 when it is not JSON).
 pub fn parse_value(bytes: &[u8]) -> Result<serde_json::Value, ApiError> {
-    serde_json::from_slice(bytes).map_err(|err| {
-        ApiError::new(StatusCode::BAD_REQUEST, "malformed-json", format!("the body is not valid JSON: {err}"))
-    })
+    serde_json::from_slice(bytes)
+        .map_err(|err| ApiError::new(ProblemType::MalformedJson, format!("the body is not valid JSON: {err}")))
 }
 
 /// A JSON value as `T`; 422 naming the path of what is wrong. A value `T` refuses only because a whole
@@ -151,7 +149,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
                     _ if names.len() == 1 => names[0].clone(),
                     _ => String::new(),
                 };
-                Err(ApiError::field(StatusCode::BAD_REQUEST, "bad-path-parameter", &path, err.body_text()))
+                Err(ApiError::field(ProblemType::BadPathParameter, &path, err.body_text()))
             }
             Err(other) => Err(ApiError::internal_msg(other.body_text())),
         }
@@ -171,7 +169,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
         serde_path_to_error::deserialize(deserializer).map(ApiQuery).map_err(|err| {
             let path = err.path().to_string();
             let path = if path == "." { String::new() } else { path };
-            ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", &path, err.into_inner().to_string())
+            ApiError::field(ProblemType::BadQueryParameter, &path, err.into_inner().to_string())
         })
     }
 }

@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 
 /// Removes a partial upload however the handler ends, unless [`PartialFile::keep`] is called.
 #[derive(Debug)]
@@ -65,8 +65,7 @@ pub async fn stream_to_file(body: Body, path: &Path, limit: u64, what: &str) -> 
 
 pub fn too_large(what: &str, limit: u64) -> ApiError {
     ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload-too-large",
+        ProblemType::PayloadTooLarge,
         format!("{what} may be at most {} ({limit} bytes)", ringtrain_core::memory::human_bytes(limit)),
     )
 }

@@ -36,7 +36,7 @@ pub mod web;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, Method, StatusCode, Uri};
+use axum::http::{HeaderName, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -44,7 +44,7 @@ use tower_http::compression::CompressionLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-pub use error::{ApiError, Problem};
+pub use error::{ApiError, Problem, ProblemType};
 pub use model_check::ModelChecker;
 pub use ringtrain_core::hex;
 pub use state::{ApiConfig, AppState};
@@ -89,11 +89,7 @@ async fn unknown_route(uri: Uri) -> ApiError {
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
-        format!("{method} is not allowed on {}", uri.path()),
-    )
+    ApiError::new(ProblemType::MethodNotAllowed, format!("{method} is not allowed on {}", uri.path()))
 }
 
 /// Answers 503 problem+json when a handler takes longer than the configured timeout. (tower-http's
@@ -108,11 +104,9 @@ async fn timeout(State(state): State<AppState>, request: Request, next: Next) ->
     };
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "timeout",
-            format!("the request took longer than {} s", limit.as_secs_f64()),
-        )
-        .into_response(),
+        Err(_) => {
+            ApiError::new(ProblemType::Timeout, format!("the request took longer than {} s", limit.as_secs_f64()))
+                .into_response()
+        }
     }
 }

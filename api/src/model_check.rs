@@ -12,12 +12,11 @@ use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use ringtrain_core::TeamId;
 use ringtrain_sandbox::{Launch, RankUser};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ProblemType};
 
 /// The binary that checks models, and how.
 #[derive(Debug, Clone)]
@@ -94,8 +93,7 @@ impl CheckSlots {
     pub async fn turn(&self, team: TeamId) -> Result<Turn<'_>, ApiError> {
         if !self.teams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(team) {
             return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "model-check-busy",
+                ProblemType::ModelCheckBusy,
                 "a model of your team is being checked: upload the next one when that check has ended",
             ));
         }

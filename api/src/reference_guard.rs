@@ -1,4 +1,4 @@
-//! The reference guard (issue 16): a job whose spec names `guard.reference_job` must keep its training
+//! The reference guard: a job whose spec names `guard.reference_job` must keep its training
 //! error within `tolerance` of the reference's at the same epoch (compared by epoch: the global batches
 //! differ, so iterations do not line up). It runs here, on the server, because only the server has both
 //! curves. It is checked whenever either job reports an epoch, comparing every epoch both have (after the

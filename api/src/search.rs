@@ -1,4 +1,4 @@
-//! A study's search and cap at work (issue 31): after a point of a study reports an epoch, the study's
+//! A study's search and cap at work: after a point of a study reports an epoch, the study's
 //! device-hour cap (`max_device_hours`) is checked, and reached, every point not ended is stopped. With a
 //! `search`, the points' figures at the rungs are read, successive halving (`core::study::halving`) decides,
 //! and its decisions are applied: a point not among the best at a rung is stopped at a checkpoint (its job

@@ -1,4 +1,4 @@
-//! A Slurm pool (issue 46): devices Slurm owns, asked for per job. The scheduler keeps deciding what runs
+//! A Slurm pool: devices Slurm owns, asked for per job. The scheduler keeps deciding what runs
 //! (quotas, fair share, its order); when the policy says a queued job of the pool's device kind waits
 //! because the pool lacks devices, this loop submits one Slurm job sized for it whose steps run the thin
 //! agent (`srun ringtrain agent --slurm`, one per node, each with an agent token of its own), and the

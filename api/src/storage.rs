@@ -4,13 +4,12 @@
 //! Checkpoints other than a job's final weights are kept to the newest few per job (retention), so a long
 //! job does not grow its team's usage without bound.
 
-use axum::http::StatusCode;
 use axum::response::Response;
 use ringtrain_core::memory::human_bytes;
 use ringtrain_core::{CheckpointId, JobId, TeamId};
 use ringtrain_store::Checkpoint;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::state::AppState;
 
 /// The team's quota in bytes: its own, else the server's default.
@@ -34,8 +33,7 @@ pub async fn check_quota(state: &AppState, team: TeamId, incoming: u64, what: &s
     let total = used.total().max(0) as u64;
     if total.saturating_add(incoming) > quota {
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "storage-quota",
+            ProblemType::StorageQuota,
             format!(
                 "this {what} of {} does not fit in the team's storage quota: it keeps {} ({} of datasets, {} of \
                  checkpoints) of {}; delete datasets (DELETE /v1/datasets/{{id}}) or finished jobs' checkpoints \
@@ -57,8 +55,7 @@ pub fn check_free_space(state: &AppState, incoming: u64) -> ApiResult<()> {
     let reserve = state.config.min_free_bytes;
     if free < incoming.saturating_add(reserve) {
         return Err(ApiError::new(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "insufficient-storage",
+            ProblemType::InsufficientStorage,
             format!(
                 "the server's disk has {} free and keeps {} in reserve: this upload of {} does not fit; try later",
                 human_bytes(free),

@@ -1,6 +1,6 @@
 //! Tokens this server has found, so that a request does not look its token up in the database each time:
-//! at 16 concurrent submitters on Postgres the lookup was one of a submission's two statements (issue 32,
-//! item 6). A cached token must stop working when it is revoked, on every server, at once:
+//! at 16 concurrent submitters on Postgres the lookup was one of a submission's two statements. A
+//! cached token must stop working when it is revoked, on every server, at once:
 //!
 //! - every revocation announces itself when its transaction commits (a `NOTIFY` on Postgres), and each
 //!   server's listener ([`crate::AppState::listen_to_other_servers`]) then forgets every cached token;

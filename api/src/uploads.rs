@@ -11,7 +11,7 @@ use ringtrain_core::{JobSpec, JobState, TeamId};
 use ringtrain_store::JobFilter;
 use uuid::Uuid;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::files::{self, PartialFile, Written};
 use crate::state::AppState;
 use crate::storage;
@@ -54,13 +54,12 @@ pub fn check_form(headers: &HeaderMap, name: &str, kind: UploadKind) -> ApiResul
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !content_type.starts_with("application/octet-stream") {
         return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
+            ProblemType::UnsupportedMediaType,
             format!("send {} as the body with Content-Type: application/octet-stream", kind.body),
         ));
     }
     if let Some(reason) = ringtrain_core::validate::name_problems(name).into_iter().next() {
-        return Err(ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", "name", reason));
+        return Err(ApiError::field(ProblemType::BadQueryParameter, "name", reason));
     }
     Ok(())
 }

@@ -50,7 +50,7 @@ use ringtrain_core::TokenId;
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ProblemType};
 use crate::state::AppState;
 
 /// The limits' settings (see [`crate::ApiConfig`] for the defaults).
@@ -205,7 +205,7 @@ impl Admission {
             self.address_rates.take(address, now).map_err(|wait| {
                 let (rate, burst) = (self.address_rates.rate, self.address_rates.burst);
                 ApiError::too_many(
-                    "rate-limited",
+                    ProblemType::RateLimited,
                     format!(
                         "this address made more than {rate} requests per second (bursts of {burst}) without a \
                          valid token; slow down"
@@ -218,7 +218,7 @@ impl Admission {
             self.token_rates.take(key, now).map_err(|wait| {
                 let (rate, burst) = (self.token_rates.rate, self.token_rates.burst);
                 ApiError::too_many(
-                    "rate-limited",
+                    ProblemType::RateLimited,
                     format!("this token made more than {rate} requests per second (bursts of {burst}); slow down"),
                     wait,
                 )
@@ -230,7 +230,7 @@ impl Admission {
             Caller::Stranger(address) => {
                 let slot = self.per_address.take(address).ok_or_else(|| {
                     ApiError::too_many(
-                        "address-busy",
+                        ProblemType::AddressBusy,
                         format!(
                             "this address has {} requests in flight without a valid token, the most it may",
                             self.config.max_in_flight_per_address
@@ -247,7 +247,7 @@ impl Admission {
     fn enter(&self, pool: &Arc<Semaphore>, whose: &str) -> Result<OwnedSemaphorePermit, ApiError> {
         pool.clone().try_acquire_owned().map_err(|_| {
             ApiError::too_many(
-                "server-busy",
+                ProblemType::ServerBusy,
                 format!("every one of the server's {whose} request slots is taken; try again shortly"),
                 1,
             )
@@ -258,7 +258,7 @@ impl Admission {
     pub fn open_stream(&self, token: TokenId) -> Result<StreamSlot, ApiError> {
         self.streams.take(token).ok_or_else(|| {
             ApiError::too_many(
-                "too-many-streams",
+                ProblemType::TooManyStreams,
                 format!(
                     "this token already follows {} event streams, the most it may; close one",
                     self.config.max_streams_per_token

@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, JsonBody};
 use crate::files::{self, PartialFile};
 use crate::state::AppState;
@@ -221,8 +221,7 @@ pub async fn put_part(
     let claimed = claimed.trim().to_ascii_lowercase();
     if claimed.len() != 64 || !claimed.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            "bad-header",
+            ProblemType::BadHeader,
             CHECKSUM_HEADER,
             "send the part's sha256 as 64 hex digits",
         ));

@@ -1,13 +1,13 @@
 //! Liveness, readiness, Prometheus metrics and the OpenAPI document: unauthenticated, outside /v1.
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -30,11 +30,7 @@ pub async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
         Ok(()) => Ok(Json(Health { status: "ready" })),
         Err(err) => {
             tracing::warn!(error = %err, "not ready");
-            Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "not-ready",
-                "the database is not reachable or not migrated",
-            ))
+            Err(ApiError::new(ProblemType::NotReady, "the database is not reachable or not migrated"))
         }
     }
 }

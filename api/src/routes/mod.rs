@@ -24,7 +24,7 @@ use utoipa_axum::routes;
 
 use axum::http::StatusCode;
 
-use crate::error::{FieldErrorDoc, Problem, PROBLEM_JSON};
+use crate::error::{FieldErrorDoc, Problem, ProblemType, PROBLEM_JSON};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -33,7 +33,7 @@ use crate::state::AppState;
         description = "Training as a service: Goyal et al.'s large-minibatch SGD on a shared worker pool. \
         Every error is RFC 7807 application/problem+json; validation errors list each field's JSON path in `errors`."),
     modifiers(&BearerAuth),
-    components(schemas(Problem, FieldErrorDoc)),
+    components(schemas(Problem, ProblemType, FieldErrorDoc)),
     tags((name = "jobs"), (name = "studies"), (name = "schedules"), (name = "datasets"), (name = "models"), (name = "teams"), (name = "tokens"), (name = "agent"), (name = "ops"))
 )]
 struct ApiDoc;
@@ -136,7 +136,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .layer(axum::middleware::from_fn(crate::unread_body::drain_after_refusal))
         .layer(DefaultBodyLimit::disable());
     // A result carries every epoch's record: a long job's is megabytes, and refusing it would re-run a
-    // finished job (issue 12), so it has a limit of its own.
+    // finished job, so it has a limit of its own.
     let results = OpenApiRouter::new()
         .routes(routes!(agent::reports::report_result))
         .routes(routes!(agent::logs::report_logs))

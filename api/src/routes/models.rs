@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::model_check::{self, ModelChecker};
 use crate::state::AppState;
@@ -85,7 +85,7 @@ pub async fn upload_model(
     let inputs = declared_inputs(&dataset, params.inputs.as_deref())?;
     let checker = match &state.config.model_checker {
         Ok(checker) => checker.clone(),
-        Err(why) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no-model-checker", why.clone())),
+        Err(why) => return Err(ApiError::new(ProblemType::NoModelChecker, why.clone())),
     };
     let limit = state.config.max_model_bytes;
     let received = uploads::receive(&state, user.team_id, &headers, body, limit, MODELS).await?;

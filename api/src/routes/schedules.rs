@@ -2,7 +2,6 @@
 //! "what if k changes" with one schedule per world size.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::FieldError;
 use serde::{Deserialize, Serialize};
@@ -10,7 +9,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiQuery, JsonBytes};
 use crate::routes::jobs::metrics::MAX_PER_ITERATION;
 use crate::state::AppState;
@@ -79,8 +78,7 @@ pub async fn preview_schedule(
         let effective = checks::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal_msg("size was known"))?;
         if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
             return Err(ApiError::field(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "too-large",
+                ProblemType::TooLarge,
                 "per_iteration",
                 format!("{} iterations is more than {MAX_PER_ITERATION}", effective.total_iterations),
             ));
@@ -110,7 +108,7 @@ pub async fn preview_schedule(
 }
 
 fn parse_world_sizes(text: &str) -> ApiResult<Vec<u32>> {
-    let bad = |reason: String| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", "workers", reason);
+    let bad = |reason: String| ApiError::field(ProblemType::BadQueryParameter, "workers", reason);
     // digits only (spaces around them allowed), as the parameter's pattern in the API document says
     let size = |part: &str| {
         let digits = part.trim_matches(' ');

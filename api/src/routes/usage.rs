@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Duration, Utc};
 use ringtrain_core::{AssignmentState, TeamId};
@@ -14,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::state::AppState;
 
@@ -86,12 +85,7 @@ pub async fn team_usage(
         query.from.unwrap_or_else(|| to.checked_sub_signed(Duration::days(30)).unwrap_or(DateTime::<Utc>::MIN_UTC));
     let by = query.by.unwrap_or_else(|| "day".into());
     if !matches!(by.as_str(), "day" | "token" | "kind") {
-        return Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            "bad-query-parameter",
-            "by",
-            "must be day, token or kind",
-        ));
+        return Err(ApiError::field(ProblemType::BadQueryParameter, "by", "must be day, token or kind"));
     }
     // a live span counts up to now, never beyond; an empty or reversed range sums to nothing
     let until = to.min(now).max(from);

@@ -9,7 +9,7 @@ use ringtrain_store::{Job, NewStudy, Study, StudyPoint};
 use axum::http::StatusCode;
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::state::AppState;
 use crate::submission::checks;
 
@@ -120,7 +120,7 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
     let new_jobs = (points.len() - usize::from(request.reference_job.is_some())) as i64;
     if queued + new_jobs > limit {
         return Err(ApiError::too_many(
-            "queue-full",
+            ProblemType::QueueFull,
             format!(
                 "the study's {new_jobs} new jobs would make {} queued jobs; your team may have {limit}",
                 queued + new_jobs

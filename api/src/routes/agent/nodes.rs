@@ -2,7 +2,6 @@
 //! whose ranks it holds).
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::memory::human_bytes;
 use ringtrain_core::spec::DeviceKind;
@@ -11,7 +10,7 @@ use ringtrain_protocol::{HeartbeatAck, RegisterNode};
 use ringtrain_store::{Device, NewDevice, Node, NodeRegistration};
 
 use crate::auth::Agent;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, JsonBody};
 use crate::state::AppState;
 
@@ -154,8 +153,7 @@ fn within_registered(registered: &[Device], current: &[Device], offered: &[NewDe
         named.push_str(&format!("; and {} more", beyond.len() - SHOWN));
     }
     Err(ApiError::field(
-        StatusCode::CONFLICT,
-        "conflict",
+        ProblemType::Conflict,
         "devices",
         format!(
             "{named}: a re-registration may keep or reduce the node's devices, not add or change them; for that a \

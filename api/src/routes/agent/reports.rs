@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::access::{assigned_job, rank_zero_job};
 use crate::auth::Agent;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, JsonBody};
 use crate::state::AppState;
 
@@ -175,8 +175,7 @@ async fn other_ranks_done(state: &AppState, job: JobId, attempt: i32) -> ApiResu
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ranks-still-running",
+                ProblemType::RanksStillRunning,
                 format!("rank(s) {waiting:?} of job {job} attempt {attempt} have not ended yet: report again"),
             )
             .retry_after(2));

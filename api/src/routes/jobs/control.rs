@@ -9,7 +9,7 @@ use ringtrain_store::Cancellation;
 use super::JobView;
 use crate::access::team_job;
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::ApiPath;
 use crate::state::AppState;
 
@@ -23,7 +23,7 @@ pub async fn check_queue_room(state: &AppState, user: &User, then: &str) -> ApiR
     state.queue_room.counted(user.team_id, queued);
     if queued >= state.config.max_queued_per_team {
         let reason = format!("your team has {queued} queued jobs, the most it may; {then} when some have started");
-        return Err(ApiError::too_many("queue-full", reason, 60));
+        return Err(ApiError::too_many(ProblemType::QueueFull, reason, 60));
     }
     Ok(())
 }

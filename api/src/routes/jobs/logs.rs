@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,7 +18,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::access::team_job;
 use crate::admission::requests::StreamSlot;
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::routes::jobs::events::wants_event_stream;
 use crate::state::AppState;
@@ -72,8 +72,7 @@ pub async fn job_logs(
     ApiQuery(params): ApiQuery<LogsQuery>,
 ) -> ApiResult<Response> {
     let job = team_job(&state, &user, id).await?;
-    let bad =
-        |field: &str, reason: &str| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", field, reason);
+    let bad = |field: &str, reason: &str| ApiError::field(ProblemType::BadQueryParameter, field, reason);
     let limit = params.limit.unwrap_or(1000);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(bad("limit", "must be 1 to 5000"));

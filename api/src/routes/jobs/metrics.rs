@@ -2,7 +2,6 @@
 //! and its schedule.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::JobId;
 use ringtrain_store::{MetricPoint, MetricsQuery};
@@ -12,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::access::team_job;
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::state::AppState;
 
@@ -65,7 +64,7 @@ pub async fn job_metrics(
     ApiQuery(params): ApiQuery<MetricsParams>,
 ) -> ApiResult<Json<MetricsPage>> {
     let job = team_job(&state, &user, id).await?;
-    let bad = |path: &str, reason: &str| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", path, reason);
+    let bad = |path: &str, reason: &str| ApiError::field(ProblemType::BadQueryParameter, path, reason);
     let limit = params.limit.unwrap_or(1000);
     if !(1..=MAX_METRICS_PAGE).contains(&limit) {
         return Err(bad("limit", "must be 1 to 10000"));
@@ -149,8 +148,7 @@ pub async fn job_schedule(
     let per_iteration = params.per_iteration.unwrap_or(false);
     if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
         return Err(ApiError::field(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "too-large",
+            ProblemType::TooLarge,
             "per_iteration",
             format!(
                 "{} iterations is more than {MAX_PER_ITERATION}; use the change points",

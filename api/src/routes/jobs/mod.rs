@@ -26,7 +26,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::access::team_job;
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
 use crate::placements::{job_history, PlacementRecord};
 use crate::progress::{live_progress, LiveProgress};
@@ -302,8 +302,7 @@ pub async fn submit_job(
             let key = std::str::from_utf8(value.as_bytes()).ok().filter(|key| is_idempotency_key(key));
             let key = key.ok_or_else(|| {
                 ApiError::field(
-                    StatusCode::BAD_REQUEST,
-                    "bad-header",
+                    ProblemType::BadHeader,
                     "Idempotency-Key",
                     format!("must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters (spaces only inside)"),
                 )
@@ -381,17 +380,12 @@ pub async fn list_jobs(
 ) -> ApiResult<Json<JobPage>> {
     let limit = query.limit.unwrap_or(50);
     if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            "bad-query-parameter",
-            "limit",
-            format!("must be 1 to {MAX_PAGE}"),
-        ));
+        return Err(ApiError::field(ProblemType::BadQueryParameter, "limit", format!("must be 1 to {MAX_PAGE}")));
     }
     let before_seq = match &query.cursor {
         None => None,
         Some(cursor) => Some(cursor.parse::<i64>().map_err(|_| {
-            ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", "cursor", "not a cursor this server issued")
+            ApiError::field(ProblemType::BadQueryParameter, "cursor", "not a cursor this server issued")
         })?),
     };
     let filter = JobFilter {

@@ -1,4 +1,4 @@
-//! Studies (issue 16): one base spec, many points, each an ordinary job of the team (quota-scheduled,
+//! Studies: one base spec, many points, each an ordinary job of the team (quota-scheduled,
 //! cancellable, with its own metrics), and one table that compares them. `POST /v1/studies` creates all the
 //! points' jobs in one transaction (or, with `?dry_run=true`, shows every point's schedule and stores
 //! nothing); `GET /v1/studies/{id}` is the table; `GET /v1/studies/{id}/plot.svg` draws error vs epoch per
@@ -16,7 +16,7 @@ use serde_json::Value;
 use utoipa::IntoParams;
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
 use crate::state::AppState;
 use crate::submission::checks;
@@ -178,7 +178,7 @@ pub async fn list_studies(
     user: User,
     ApiQuery(query): ApiQuery<ListStudiesQuery>,
 ) -> ApiResult<Json<StudyPage>> {
-    let bad = |path: &str, reason: &str| ApiError::field(StatusCode::BAD_REQUEST, "bad-query-parameter", path, reason);
+    let bad = |path: &str, reason: &str| ApiError::field(ProblemType::BadQueryParameter, path, reason);
     let limit = query.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
         return Err(bad("limit", "must be 1 to 100"));
