@@ -1,4 +1,4 @@
-//! Sharded data sets in an S3-compatible bucket (issue 55): a real S3 server (s3s-fs, the s3s project's
+//! Sharded data sets in an S3-compatible bucket: a real S3 server (s3s-fs, the s3s project's
 //! file-backed server, which scripts/test.sh installs) holds Fashion-MNIST packed into JPEG shards, uploaded
 //! with S3 PUTs. Through the API (`ringtrain up` with the store's endpoint and credentials in its
 //! environment), a team granted a prefix trains from it: the agent streams the shards into its cache as the

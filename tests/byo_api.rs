@@ -300,7 +300,7 @@ async fn the_command_line_uploads_trains_and_downloads_the_example() {
     assert!(ok && out.contains("(no models)"), "{out}");
 }
 
-/// The attacks of a hostile member of another team on `ringtrain up` (issue 26): a model whose forward maps
+/// The attacks of a hostile member of another team on `ringtrain up`: a model whose forward maps
 /// the data folder's agent token and raises its bytes, one that saves a file on the server's host, and one
 /// that behaves for the two-sample check and attacks on a training batch. Each upload is refused naming the
 /// operator and where; no byte of the token comes back; nothing is written.

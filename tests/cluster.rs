@@ -613,7 +613,7 @@ async fn a_study_runs_its_points_and_stops_the_one_that_falls_off_its_reference(
     assert!(text.contains("TEST ERR %") && text.contains("fell off its reference"), "{text}");
 }
 
-/// The scale search (issue 31) on `ringtrain up`: a small-batch reference and four lr multipliers for 8×
+/// The scale search on `ringtrain up`: a small-batch reference and four lr multipliers for 8×
 /// its workers, judged by test error at rungs after 1, 2 and 4 of 6 epochs. The points not among the best end
 /// `stopped` at a rung with their figures kept, at least one candidate trains to the end, and the study
 /// names the best multiplier, the spec to submit and what the search saved against the full grid.

@@ -1,4 +1,4 @@
-//! The deployment files (issue 30, items 4 and 5) are checked as their tools would, and against the binary
+//! The deployment files are checked as their tools would, and against the binary
 //! they start: the systemd units pass `systemd-analyze verify` with nothing to say and keep their exposure
 //! score; the Kubernetes manifests render with `kubectl kustomize` (base and the try-it overlay) and
 //! validate against the Kubernetes API's schemas (kubernetes-validate, strict: an unknown field fails). In

@@ -1,5 +1,5 @@
-//! Two `ringtrain serve` replicas on one Postgres, each on a host of its own, behind one address, over TLS
-//! (issue 30, item 1's failover): kill -9 of the replica that leads the scheduler, and the other takes over
+//! Two `ringtrain serve` replicas on one Postgres, each on a host of its own, behind one address, over
+//! TLS: kill -9 of the replica that leads the scheduler, and the other takes over
 //! within seconds; the agents on their own hosts, which know only the front's address, carry on with it; a
 //! job whose two ranks run on two hosts, training across the kill, and one submitted after it both succeed
 //! exactly once, every metric once. The pool (`support::hosts`) needs root, as CI here has.

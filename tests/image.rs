@@ -1,4 +1,4 @@
-//! The OCI image (issue 30, item 3): `scripts/image.sh` builds it with podman from this test's binary, and
+//! The OCI image: `scripts/image.sh` builds it with podman from this test's binary, and
 //! the image's own root filesystem (`podman mount`, then `chroot`, since a container engine may not run
 //! here) runs `ringtrain doctor` and a one-epoch `train --local 2`, with exactly the image's environment and
 //! entrypoint: a library, a data file or an account the image lacks fails this test.

@@ -1,4 +1,4 @@
-//! Hosts of their own (issue 30, item 1): agents each in a Linux network namespace with its own address on
+//! Hosts of their own: agents each in a Linux network namespace with its own address on
 //! a bridge, and Postgres and two server replicas on hosts of their own, over TLS (`support::hosts::Pool`).
 //! A job's three ranks run one per host, so its ring and rank 0's rendezvous cross the bridge between real
 //! addresses (rank 0 is never on a server's host); the same job with one host's link limited to 4 Mbit/s

@@ -1,4 +1,4 @@
-//! The API document generates a complete client (issue 28, item 10): openapi-python-client (PyPI, pinned by
+//! The API document generates a complete client: openapi-python-client (PyPI, pinned by
 //! `scripts/python-client/venv.sh`) generates a Python package from a running server's `/openapi.json`
 //! without leaving out any route or schema, and that package submits, lists, reads and tags a job and
 //! creates and reads a study against the server (`tests/python/use_generated_client.py`).

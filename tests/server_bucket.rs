@@ -1,4 +1,4 @@
-//! The server's bytes in a bucket (issue 55, "one store for bytes"): `ringtrain serve --store
+//! The server's bytes in a bucket: `ringtrain serve --store
 //! s3://ringtrain/server` against a real S3 server (s3s-fs) keeps the uploaded data set and model and the
 //! job's checkpoints there and nothing in its own data folder (a data set uploaded in parts too, each part
 //! an object until the upload completes); the job trains as from a folder (the agent downloads through the

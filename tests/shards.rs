@@ -1,4 +1,4 @@
-//! Training from a sharded data set (issue 55) with real `ringtrain train` rank processes: Debian's
+//! Training from a sharded data set with real `ringtrain train` rank processes: Debian's
 //! Fashion-MNIST written as an image folder of JPEGs, packed by `ringtrain datasets pack`, streamed by the
 //! ranks. The same 4-worker job on 1, 2 and 4 processes takes the same samples in the same order (every
 //! iteration's loss equal within 1e-5 relative), a stop mid-epoch resumed on another number of processes

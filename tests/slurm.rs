@@ -1,4 +1,4 @@
-//! Slurm (issue 46) for real: a cluster of three hosts, each a network namespace running its own slurmd
+//! Slurm for real: a cluster of three hosts, each a network namespace running its own slurmd
 //! (tests/support/slurm.rs).
 //!
 //! ringtrain's Slurm client (`ringtrain_slurm`): one Slurm job of a placement spans the three hosts, each

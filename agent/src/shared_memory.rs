@@ -1,4 +1,4 @@
-//! One shared memory segment per placement whose ranks all run on this node (issue 32): its CPU ranks
+//! One shared memory segment per placement whose ranks all run on this node: its CPU ranks
 //! all-reduce through it instead of the TCP ring. The first of the placement's ranks to start here makes it
 //! (an empty `memfd`; the ranks size and map it themselves), the others get the same one, and it lives as
 //! long as one of them holds it. Only that placement's ranks ever see it: no path names it.

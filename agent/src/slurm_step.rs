@@ -1,4 +1,4 @@
-//! The agent as a Slurm job step (`srun ringtrain agent --slurm …`, issue 46): inside an allocation the
+//! The agent as a Slurm job step (`srun ringtrain agent --slurm …`): inside an allocation the
 //! node is Slurm's for as long as the job lasts, so the agent takes what it offers from Slurm's environment
 //! rather than from flags an operator would have to write per node, and leaves when its work is done (the
 //! allocation ends with the last step). One code path: a step runs this same agent, which starts the same

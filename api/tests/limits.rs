@@ -1,4 +1,4 @@
-//! Resource limits (issue 12): no request does unbounded work, no team's queue hides another's.
+//! Resource limits: no request does unbounded work, no team's queue hides another's.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Sharded data sets registered by reference (issue 55): a folder inside the team's data roots is read and
+//! Sharded data sets registered by reference: a folder inside the team's data roots is read and
 //! checked when registered (its index counted, a sample of its shards compared with the index), a job names
 //! it by id and is stored naming its source, the registration cannot go while a job uses it and leaves the
 //! bytes when it goes; a source outside the roots (by name or through a link), without an index, or with a

@@ -1,4 +1,4 @@
-//! Storage (issue 12): per-team byte quotas for datasets and checkpoints, retention of checkpoints, delete
+//! Storage: per-team byte quotas for datasets and checkpoints, retention of checkpoints, delete
 //! routes, and the free-space reserve.
 
 mod common;

@@ -1,5 +1,5 @@
 //! Tenancy: a team's admin is not a platform admin, and the token lifecycle (list without secrets, revoke,
-//! expire). Each test here failed on the code before issue 11.
+//! expire). Each test here failed on the code before team admins and platform admins were told apart.
 
 mod common;
 

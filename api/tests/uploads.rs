@@ -1,4 +1,4 @@
-//! Data set uploads in parts (issue 55): parts sent in any order, each kept only when its size and checksum
+//! Data set uploads in parts: parts sent in any order, each kept only when its size and checksum
 //! hold; an interrupted part (a body that breaks off) leaves nothing and is sent again; the upload survives
 //! a server restart and completes into the same data set as a single upload of the file; bad parts, missing
 //! parts and a joined file that is not a data set are refused naming the problem; the declared size counts

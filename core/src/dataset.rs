@@ -19,7 +19,7 @@ pub enum DatasetRef {
     Idx { path: String },
     /// A sharded data set: the folder (on a filesystem every node mounts) or the `s3://BUCKET/PREFIX` of an
     /// S3-compatible bucket holding `index.json` and the shards `ringtrain datasets pack` writes; streamed,
-    /// never held whole (issue 55). A bucket's data set is copied into each node's cache by its agent.
+    /// never held whole. A bucket's data set is copied into each node's cache by its agent.
     Shards { path: String },
     /// A safetensors dataset uploaded through the API.
     Uploaded(DatasetId),

@@ -93,7 +93,7 @@ pub struct JobSpec {
     pub init_from: Option<InitFrom>,
 }
 
-/// `devices`: a count, or a range that makes the job *elastic* (issue 29): `{"min": 1, "max": 8}` (`max`
+/// `devices`: a count, or a range that makes the job *elastic*: `{"min": 1, "max": 8}` (`max`
 /// defaults to `workers`). An elastic job runs on any divisor of `workers` within the range: the scheduler
 /// starts it on the most that fit, shrinks it (a stop at a checkpoint and a restart on fewer) rather than
 /// stopping it when its devices are reclaimed, grows it onto idle devices, and restarts it on what is left

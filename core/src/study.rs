@@ -354,7 +354,7 @@ pub fn goyal_template() -> StudyRequest {
 }
 
 /// Goyal et al.'s figures for the points of [`goyal_template`], in its order: the kn it stands for and the
-/// ResNet-50 ImageNet top-1 validation error (%) reported for it, as issue 16 quotes them (Table 1: 23.60 at
+/// ResNet-50 ImageNet top-1 validation error (%) reported for it in the paper (Table 1: 23.60 at
 /// 256; 23.74 with gradual warmup, 24.84 with none, 25.88 with constant warmup at 8k; 26.22 with sqrt
 /// scaling; 24.79 at 16k and 27.55 at 32k). For 1k to 4k the paper shows the error flat at the
 /// reference's (its Figure 1) without a figure quoted here: None.

@@ -1,4 +1,4 @@
-//! Sharded data sets, for training on data larger than memory (issue 55).
+//! Sharded data sets, for training on data larger than memory.
 //!
 //! - [`index`]: the shard format's index (`index.json`: the splits, their shards with sizes, sample counts
 //!   and checksums, the class names, the per-channel statistics) and its checks;

@@ -1,4 +1,4 @@
-//! Elastic jobs (issue 29) in the policy: an elastic job starts on the most of its allowed device counts that
+//! Elastic jobs in the policy: an elastic job starts on the most of its allowed device counts that
 //! fit; it grows onto idle devices nobody waits for; and when a team reclaims its guarantee, a borrowing
 //! elastic job is stopped at a checkpoint and comes back on fewer devices: never below its smallest count,
 //! and never on devices the reclaimer needs (a proptest over pools, guarantees and ranges).

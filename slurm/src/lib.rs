@@ -1,4 +1,4 @@
-//! Slurm as a resource manager (issue 46): what a ringtrain server asks of a Slurm cluster's controller,
+//! Slurm as a resource manager: what a ringtrain server asks of a Slurm cluster's controller,
 //! through Slurm's own commands, typed.
 //!
 //! - [`batch`]: one Slurm job for one placement (`sbatch` options and its script);

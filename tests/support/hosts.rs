@@ -1,4 +1,4 @@
-//! A pool laid out as a team deploys one (issue 30, item 1), on one machine: hosts that are Linux network
+//! A pool laid out as a team deploys one, on one machine: hosts that are Linux network
 //! namespaces, each with its own address on a bridge; Postgres on a host of its own; two `ringtrain serve`
 //! replicas on two more, over TLS; one address before both replicas (the front, standing for a Kubernetes
 //! Service or a TCP load balancer); and one agent of one CPU slot on each remaining host. Needs root

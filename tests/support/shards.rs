@@ -1,4 +1,5 @@
-//! Fashion-MNIST as a packed, sharded data set for the tests of issue 55 (tests/shards.rs, tests/buckets.rs).
+//! Fashion-MNIST as a packed, sharded data set for the tests of sharded data
+//! sets (tests/shards.rs, tests/buckets.rs).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

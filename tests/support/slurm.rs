@@ -1,4 +1,4 @@
-//! A real Slurm cluster on one machine (issue 46): Debian's slurmctld and slurmd (22.05) and munge, which
+//! A real Slurm cluster on one machine: Debian's slurmctld and slurmd (22.05) and munge, which
 //! scripts/setup.sh installs. Each Slurm node is a host of [`Hosts`] (a network namespace with its own
 //! address on a bridge) running one `slurmd`; `slurmctld` listens on this machine's end of the bridge. The
 //! configuration is written per cluster (its own ports, state and spool folders), so clusters of tests

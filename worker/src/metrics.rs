@@ -74,7 +74,7 @@ pub struct RunResult {
     pub timeline: Timeline,
 }
 
-/// Where a rank's time went, in seconds: what a whole run spends besides its training steps (issue 32). The
+/// Where a rank's time went, in seconds: what a whole run spends besides its training steps. The
 /// parts after `start_up_s` add up to `wall_seconds`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {

@@ -1,4 +1,4 @@
-//! The `scale_search` template (issue 31): find the lr for a larger batch by trying it, instead of trusting
+//! The `scale_search` template: find the lr for a larger batch by trying it, instead of trusting
 //! a scaling rule. The base spec is the small-batch reference (k0 workers); the candidates run the same
 //! recipe at `target_workers` k with the reference's lr times a multiplier m on a log grid from sqrt(k/k0)
 //! (the square-root rule) to k/k0 (the linear rule), optionally times a few warmup lengths; successive

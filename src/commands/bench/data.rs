@@ -1,5 +1,5 @@
-//! `bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision on the same shards
-//! (issue 55), in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
+//! `bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision on the same
+//! shards, in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
 //! draw a random-resized crop and a flip, resize to `size` and collate uint8 batches; the figure is images
 //! per second per core, each side pinned to as many cores as it has threads or workers (`taskset`). Without `--shards` it makes ImageNet-sized synthetic photographs (about 400×350,
 //! ~110 KB, quality 90: `ringtrain_data::synthetic`) and packs them first.

@@ -1,5 +1,5 @@
-//! `bench pytorch`: ringtrain against plain PyTorch on this machine, in one run, figure by figure (issue 32's
-//! done-when): the all-reduce against Gloo, a training step against eager PyTorch (one rank) and DDP over
+//! `bench pytorch`: ringtrain against plain PyTorch on this machine, in one run, figure by
+//! figure: the all-reduce against Gloo, a training step against eager PyTorch (one rank) and DDP over
 //! Gloo (k ranks), and a whole run of a spec against the same recipe written as a plain PyTorch script. The
 //! PyTorch side is `scripts/bench/pytorch_reference.py` under a Python that has torch; the ringtrain side is
 //! this binary's own `bench allreduce`, `bench train` and `train --local`, run as child processes, as a user

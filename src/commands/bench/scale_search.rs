@@ -1,4 +1,4 @@
-//! `ringtrain bench scale-search`: the scale search against the full grid it prunes (issue 31, item 4). On a
+//! `ringtrain bench scale-search`: the scale search against the full grid it prunes. On a
 //! server and one agent started here, the `scale_search` template runs first (the reference and the lr
 //! multipliers for the larger batch, under successive halving); then the same points as a plain study, every
 //! one trained to the end. Printed side by side: each multiplier's final test error in the grid and where

@@ -1,4 +1,4 @@
-//! `bench seeds`: accuracy over several seeds, ringtrain against the same recipe in plain PyTorch (issue 54).
+//! `bench seeds`: accuracy over several seeds, ringtrain against the same recipe in plain PyTorch.
 //! One seed's final test error says little (the seeds of one LeNet-5 recipe spread over about a point), so a
 //! spec is trained end to end once per seed by `ringtrain train --local K`, once for each `model.init`
 //! asked for, and by `scripts/bench/pytorch_reference.py recipe` with the reference's own initialisation

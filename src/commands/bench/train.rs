@@ -50,11 +50,12 @@ pub struct TrainArgs {
     #[arg(long, default_value = "auto")]
     collective: Backend,
     /// The optimizer step: fused (one pass over each CPU parameter) or tensor-ops (libtorch's ops, as before
-    /// issue 32: the same bits).
+    /// the fused step: the same bits).
     #[arg(long, default_value = "fused", value_parser = ["fused", "tensor-ops"])]
     optimizer: String,
     /// Where a GPU rank gathers its batches: device (the data set kept on the GPU, as jobs train) or host
-    /// (gathered on the host and copied each step, the loader before issue 32's item 4). No effect on CPUs.
+    /// (gathered on the host and copied each step, the loader before batches stayed on the device). No
+    /// effect on CPUs.
     #[arg(long, default_value = "device", value_parser = ["device", "host"])]
     data: String,
     /// Sum the gradients while backward runs (on) or after it (off); CPU ranks: also both, a row of each.

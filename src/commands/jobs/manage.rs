@@ -203,7 +203,7 @@ fn progress(progress: &Value) -> Option<String> {
 
 /// Where rank 0's time went (the result's `timeline`), as shares of its training wall time, and its
 /// start-up apart: `steps 93.6%, evaluation 6.3%, checkpoints 0.0%, reporting 0.0%, other 0.1%; start-up 0.6 s`.
-/// None for a run without one (before issue 32).
+/// None for a run recorded before results carried a timeline.
 fn timeline(timeline: &Value) -> Option<String> {
     let parts = [
         ("steps", "train_steps_s"),

@@ -1,4 +1,4 @@
-//! The all-reduce for ranks on one machine (issue 32): through one shared memory segment instead of
+//! The all-reduce for ranks on one machine: through one shared memory segment instead of
 //! sockets. The buffer goes in rounds of at most a slot; in each round every rank
 //!
 //! 1. copies the parts of its round that other ranks sum (k−1 of k chunks) into its own slot,

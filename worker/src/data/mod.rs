@@ -312,12 +312,11 @@ impl Dataset {
         }
     }
 
-    /// Prepares batches for a rank training on `device`: the normalisation's statistics go there, and so
-    /// do both splits, as stored, when `device` is a GPU and they fit in `on_device_max_bytes` (issue 32,
-    /// item 4). Then a step gathers its batch with an index select on the device, and nothing but the
-    /// indices crosses from the host: no per-step copy of the samples for the step to wait on, which is what
-    /// a prefetching loader would hide. Returns whether the splits are on the device (a sharded data set's
-    /// never are: its batches are decoded on the host, ahead of the step).
+    /// Prepares batches for a rank training on `device`: the normalisation's statistics go there, and so do both
+    /// splits, as stored, when `device` is a GPU and they fit in `on_device_max_bytes`. Then a step gathers its batch
+    /// with an index select on the device, and nothing but the indices crosses from the host: no per-step copy of the
+    /// samples for the step to wait on, which is what a prefetching loader would hide. Returns whether the splits are
+    /// on the device (a sharded data set's never are: its batches are decoded on the host, ahead of the step).
     pub fn place_on(&mut self, device: Device, on_device_max_bytes: u64) -> bool {
         if let Some(n) = &mut self.normalizer {
             n.move_to(device);

@@ -1,4 +1,4 @@
-//! A sharded data set (`shards:PATH`, issue 55) as a rank trains on it: never held whole. Each epoch the
+//! A sharded data set (`shards:PATH`) as a rank trains on it: never held whole. Each epoch the
 //! rank hands its loader the batches it will ask for (every step of each of its virtual ranks, in the
 //! trainer's order), and the loader decodes and augments them ahead on threads (`ringtrain_data::loader`).
 //! The epoch's order of samples is `ringtrain_data::order`'s, a function of the seed and the epoch alone, cut

@@ -163,7 +163,7 @@ pub fn flat_gradients(params: &[Param]) -> Tensor {
     }
 }
 
-/// The all-reduce of an elastic job (issue 29), which must give the same sums on any number of processes:
+/// The all-reduce of an elastic job, which must give the same sums on any number of processes:
 /// every virtual rank's gradients (`rows`, this process's, from virtual rank `first` on) are gathered into
 /// a [k, P + extras] table (each process fills its own rows, zeros elsewhere, and the table is all-reduce
 /// SUMMED: adding zeros is exact), then summed row by row in virtual-rank order and divided by `k`. The

@@ -1,4 +1,4 @@
-//! The gradient all-reduce overlapped with backward (issue 32, item 2), as PyTorch DDP does it: buckets are
+//! The gradient all-reduce overlapped with backward, as PyTorch DDP does it: buckets are
 //! laid out from the last parameters to the first (the order backward makes their gradients in), a hook on
 //! each parameter's gradient accumulation ([`super::hooks`]) says when a bucket is complete, and that bucket
 //! is summed while backward goes on with the rest.

@@ -1,4 +1,4 @@
-//! The SGD update of one parameter in one pass over its memory (issue 32, item 3), for the usual case of
+//! The SGD update of one parameter in one pass over its memory, for the usual case of
 //! contiguous float32 tensors on the CPU. The tensor-op path ([`super::Sgd`]'s fallback) makes five to seven
 //! libtorch calls per parameter, each a dispatch and most a new temporary; this reads the weight, the
 //! gradient and the momentum once and writes the weight and the momentum once.
