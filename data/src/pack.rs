@@ -62,6 +62,9 @@ pub struct PackReport {
     pub test_shards: usize,
     pub bytes: u64,
     pub skipped: Vec<Skipped>,
+    /// JPEGs stored rewritten with restart markers (the same pixels; see the module's doc); the other
+    /// images as they were.
+    pub restart_marked: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,8 +102,8 @@ pub fn pack(train: &Path, test: Option<&Path>, out: &Path, options: &PackOptions
         return Err(PackError::Input(format!("{} has no class folders (one sub-folder per class)", train.display())));
     }
     std::fs::create_dir_all(out).map_err(io(out))?;
-    let mut skipped = Vec::new();
-    let (train_split, stats) = pack_split("train", train, &classes, out, options, &mut skipped)?;
+    let (mut skipped, mut marked) = (Vec::new(), 0);
+    let (train_split, stats) = pack_split("train", train, &classes, out, options, &mut skipped, &mut marked)?;
     let test_split = match test {
         Some(dir) => {
             let theirs = class_folders(dir)?;
@@ -110,7 +113,7 @@ pub fn pack(train: &Path, test: Option<&Path>, out: &Path, options: &PackOptions
                     dir.display()
                 )));
             }
-            Some(pack_split("test", dir, &classes, out, options, &mut skipped)?.0)
+            Some(pack_split("test", dir, &classes, out, options, &mut skipped, &mut marked)?.0)
         }
         None => None,
     };
@@ -124,7 +127,9 @@ pub fn pack(train: &Path, test: Option<&Path>, out: &Path, options: &PackOptions
         train: train_split,
         test: test_split,
     };
-    write_index(&index, out, classes.len(), skipped)
+    let mut report = write_index(&index, out, classes.len(), skipped)?;
+    report.restart_marked = marked;
+    Ok(report)
 }
 
 /// Checks `index` and writes it into `out`, last and atomically (a folder with an `index.json` is a whole
@@ -152,6 +157,7 @@ pub(crate) fn write_index(
         test_shards: index.test.as_ref().map_or(0, |t| t.shards.len()),
         bytes: shards(&index.train) + index.test.as_ref().map_or(0, shards),
         skipped,
+        restart_marked: 0,
     })
 }
 
@@ -190,6 +196,7 @@ fn pack_split(
     out: &Path,
     options: &PackOptions,
     skipped: &mut Vec<Skipped>,
+    restart_marked: &mut u64,
 ) -> Result<(SplitIndex, Normalize), PackError> {
     let mut candidates = Vec::new();
     for (class, name) in classes.iter().enumerate() {
@@ -217,7 +224,8 @@ fn pack_split(
     let mut writer: Option<(PathBuf, ShardWriter, u64)> = None;
     let mut n = 0usize;
     for chunk in kept.chunks(STORE_CHUNK) {
-        for (image, stored) in chunk.iter().zip(stored_bytes(chunk, options.threads.max(1))?) {
+        for (image, (stored, marked)) in chunk.iter().zip(stored_bytes(chunk, options.threads.max(1))?) {
+            *restart_marked += u64::from(marked);
             if writer.is_none() {
                 let name = format!("{split}-{:06}.tar", shards.len());
                 let path = out.join(&name);
@@ -243,19 +251,20 @@ fn pack_split(
 /// Images read (and rewritten) at once, on every thread, before they are written in order.
 const STORE_CHUNK: usize = 256;
 
-/// The bytes each image is stored as, read again from its file: a baseline JPEG rewritten with restart
-/// markers (`image::jpeg::with_restarts`: the same pixels, and a crop's decoding then reads only the
-/// intervals it covers), unless that made it more than 5% larger; anything else as it is.
-fn stored_bytes(images: &[Kept], threads: usize) -> Result<Vec<Vec<u8>>, PackError> {
+/// The bytes each image is stored as, read again from its file, and whether they were rewritten: a
+/// baseline JPEG with restart markers (`image::jpeg::with_restarts`: the same pixels, and a crop's decoding
+/// then reads only the intervals it covers), unless that made it more than 5% larger; anything else as it
+/// is.
+fn stored_bytes(images: &[Kept], threads: usize) -> Result<Vec<(Vec<u8>, bool)>, PackError> {
     let stored = in_parallel(images.len(), threads, |at| {
         let image = &images[at];
         let bytes = std::fs::read(&image.path).map_err(io(&image.path))?;
         Ok(match image.format {
             ImageFormat::Jpeg => match crate::image::jpeg::with_restarts(&bytes) {
-                Ok(Some(rewritten)) if rewritten.len() <= bytes.len() + bytes.len() / 20 => rewritten,
-                _ => bytes,
+                Ok(Some(rewritten)) if rewritten.len() <= bytes.len() + bytes.len() / 20 => (rewritten, true),
+                _ => (bytes, false),
             },
-            ImageFormat::Png => bytes,
+            ImageFormat::Png => (bytes, false),
         })
     });
     stored.into_iter().map(|r| r.unwrap_or_else(|| Err(PackError::Input("an image was not read".into())))).collect()

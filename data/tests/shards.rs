@@ -36,6 +36,7 @@ fn packed() -> Packed {
     );
     let index = DatasetIndex::from_json(&std::fs::read_to_string(out.join("index.json")).unwrap()).unwrap();
     assert_eq!(index.train.samples, u64::from(CLASSES * PER_CLASS));
+    assert_eq!(report.restart_marked, index.train.samples, "every (baseline) JPEG stored with restart markers");
     assert!(index.train.shards.len() >= 4, "{} shards", index.train.shards.len());
     Packed { _dir: dir, out, index }
 }
