@@ -429,6 +429,20 @@ async fn a_slurm_jobs_grace_signal_checkpoints_the_job_which_resumes_where_it_st
     assert!(ours.iter().any(|j| j.id != first), "the pool asked Slurm again: {ours:?}");
 }
 
+/// Waits for 3-rank job `id` to succeed after `what` cost it its agents: placed again, resumed from a
+/// checkpoint (not from the start), its metric series complete. Its events.
+async fn succeeds_resumed_from_a_checkpoint(api: &support::Api, id: &str, what: &str) -> Value {
+    let done = api.wait_state(id, "succeeded", Duration::from_secs(400)).await;
+    let placements = done["placements"].as_array().unwrap();
+    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
+    assert!(placements.len() >= 2, "placed again after {what}: {placements:?}\nevents: {events}");
+    let resumed = placements.last().unwrap()["resumed_from_iteration"].as_i64().unwrap();
+    assert!(resumed > 0, "resumed from a checkpoint, not from the start: {placements:?}");
+    let total = done["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(id, "iteration").await, 3, total);
+    events
+}
+
 /// A LeNet-5 job that may be stopped and lose nodes (5 restarts) and still learn (lr 0.02).
 fn interruptible(name: &str, workers: u32, train: u32, epochs: u32) -> Value {
     let mut spec = fashion_mnist(name, workers, train, epochs);
@@ -455,14 +469,7 @@ async fn a_node_going_down_in_slurm_is_a_lost_agent_and_the_job_resumes_on_the_o
     let host = if first.nodes.contains('2') { "h2" } else { "h1" };
     cluster.run("scontrol", &["update", &format!("nodename={host}"), "state=down", "reason=ringtrain-test"]);
 
-    let done = api.wait_state(&id, "succeeded", Duration::from_secs(400)).await;
-    let placements = done["placements"].as_array().unwrap();
-    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
-    assert!(placements.len() >= 2, "placed again after the node went down: {placements:?}\nevents: {events}");
-    let resumed = placements.last().unwrap()["resumed_from_iteration"].as_i64().unwrap();
-    assert!(resumed > 0, "resumed from a checkpoint, not from the start: {placements:?}");
-    let total = done["effective"]["total_iterations"].as_i64().unwrap();
-    assert_complete_series(&api.metrics(&id, "iteration").await, 3, total);
+    let events = succeeds_resumed_from_a_checkpoint(&api, &id, "the node went down").await;
     let lost = events.to_string();
     assert!(lost.contains("was lost") || lost.contains("killed"), "the node's loss is in the job's events: {events}");
     let jobs = cluster.slurm().jobs(&format!("ringtrain:{id}")).await.unwrap();
@@ -492,14 +499,7 @@ async fn slurms_own_preemption_is_a_lost_agent_and_the_job_resumes_from_its_chec
     let preempted = wait_for(&cluster, first.id, "preempted", |j| !j.state.is_active()).await;
     assert!(matches!(preempted.state, JobState::Preempted | JobState::Cancelled), "Slurm preempted it: {preempted:?}");
 
-    let done = api.wait_state(&id, "succeeded", Duration::from_secs(400)).await;
-    let placements = done["placements"].as_array().unwrap();
-    let events = api.get(&format!("/v1/jobs/{id}/events")).await;
-    assert!(placements.len() >= 2, "placed again after Slurm's preemption: {placements:?}\nevents: {events}");
-    let resumed = placements.last().unwrap()["resumed_from_iteration"].as_i64().unwrap();
-    assert!(resumed > 0, "resumed from a checkpoint, not from the start: {placements:?}");
-    let total = done["effective"]["total_iterations"].as_i64().unwrap();
-    assert_complete_series(&api.metrics(&id, "iteration").await, 3, total);
+    succeeds_resumed_from_a_checkpoint(&api, &id, "Slurm's preemption").await;
     wait_for_empty_queue(&cluster, 60).await;
 }
 
