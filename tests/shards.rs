@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use ringtrain_data::synthetic::Chroma;
 use ringtrain_worker::metrics::Metric;
 use serde_json::{json, Value};
 use support::shards::{open_to_ranks, pack, packed, ringtrain};
@@ -162,8 +163,8 @@ async fn a_job_trains_through_the_api_from_shards_inside_an_allowed_root() {
 /// the training shards.
 fn peak_memory_training_on(dir: &Path, per_class: u32) -> (f64, u64) {
     let photos = dir.join(format!("photos-{per_class}"));
-    ringtrain_data::synthetic::image_folder(&photos.join("train"), 4, per_class, 400, 350, 7).unwrap();
-    ringtrain_data::synthetic::image_folder(&photos.join("test"), 4, 8, 400, 350, 8).unwrap();
+    ringtrain_data::synthetic::image_folder(&photos.join("train"), 4, per_class, (400, 350), Chroma::Full, 7).unwrap();
+    ringtrain_data::synthetic::image_folder(&photos.join("test"), 4, 8, (400, 350), Chroma::Full, 8).unwrap();
     let shards = photos.join("shards");
     pack(&photos, &shards, 8.0);
     let index: Value = serde_json::from_str(&std::fs::read_to_string(shards.join("index.json")).unwrap()).unwrap();

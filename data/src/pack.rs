@@ -31,6 +31,9 @@ pub struct PackOptions {
     pub stats_images: usize,
     /// Decoding threads (default: every core).
     pub threads: usize,
+    /// Rewrite baseline JPEGs with restart markers (default), or store every file as it is (what another
+    /// tool's loader reads best: `bench data` packs its reference's shards so).
+    pub restart_markers: bool,
 }
 
 impl Default for PackOptions {
@@ -40,6 +43,7 @@ impl Default for PackOptions {
             seed: 0,
             stats_images: 2000,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            restart_markers: true,
         }
     }
 }
@@ -224,7 +228,7 @@ fn pack_split(
     let mut writer: Option<(PathBuf, ShardWriter, u64)> = None;
     let mut n = 0usize;
     for chunk in kept.chunks(STORE_CHUNK) {
-        for (image, (stored, marked)) in chunk.iter().zip(stored_bytes(chunk, options.threads.max(1))?) {
+        for (image, (stored, marked)) in chunk.iter().zip(stored_bytes(chunk, options)?) {
             *restart_marked += u64::from(marked);
             if writer.is_none() {
                 let name = format!("{split}-{:06}.tar", shards.len());
@@ -254,17 +258,17 @@ const STORE_CHUNK: usize = 256;
 /// The bytes each image is stored as, read again from its file, and whether they were rewritten: a
 /// baseline JPEG with restart markers (`image::jpeg::with_restarts`: the same pixels, and a crop's decoding
 /// then reads only the intervals it covers), unless that made it more than 5% larger; anything else as it
-/// is.
-fn stored_bytes(images: &[Kept], threads: usize) -> Result<Vec<(Vec<u8>, bool)>, PackError> {
-    let stored = in_parallel(images.len(), threads, |at| {
+/// is (everything, without `options.restart_markers`).
+fn stored_bytes(images: &[Kept], options: &PackOptions) -> Result<Vec<(Vec<u8>, bool)>, PackError> {
+    let stored = in_parallel(images.len(), options.threads.max(1), |at| {
         let image = &images[at];
         let bytes = std::fs::read(&image.path).map_err(io(&image.path))?;
         Ok(match image.format {
-            ImageFormat::Jpeg => match crate::image::jpeg::with_restarts(&bytes) {
+            ImageFormat::Jpeg if options.restart_markers => match crate::image::jpeg::with_restarts(&bytes) {
                 Ok(Some(rewritten)) if rewritten.len() <= bytes.len() + bytes.len() / 20 => (rewritten, true),
                 _ => (bytes, false),
             },
-            ImageFormat::Png => (bytes, false),
+            ImageFormat::Jpeg | ImageFormat::Png => (bytes, false),
         })
     });
     stored.into_iter().map(|r| r.unwrap_or_else(|| Err(PackError::Input("an image was not read".into())))).collect()

@@ -68,14 +68,24 @@ fn encode(
     Ok(bytes)
 }
 
+/// How a JPEG stores its chroma.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chroma {
+    /// At full resolution (4:4:4).
+    Full,
+    /// At half resolution each way (4:2:0): what cameras write, and most of ImageNet's photographs.
+    Half,
+}
+
 /// Writes `per_class` JPEGs of `width`×`height` (±10%, as photographs vary) into each of `classes` class
-/// folders under `dir` (`dir/class-NNN/NNNNNN.jpg`); returns the bytes written.
+/// folders under `dir` (`dir/class-NNN/NNNNNN.jpg`), their chroma stored as `chroma` says; returns the
+/// bytes written.
 pub fn image_folder(
     dir: &Path,
     classes: u32,
     per_class: u32,
-    width: u32,
-    height: u32,
+    (width, height): (u32, u32),
+    chroma: Chroma,
     seed: u64,
 ) -> std::io::Result<u64> {
     let mut written = 0;
@@ -88,7 +98,11 @@ pub fn image_folder(
             let w = width * (90 + rng.below(21) as u32) / 100;
             let h = height * (90 + rng.below(21) as u32) / 100;
             let pixels = picture(class, classes, w, h, sample_seed);
-            let bytes = jpeg(&pixels, w, h, 90).map_err(std::io::Error::other)?;
+            let bytes = match chroma {
+                Chroma::Full => jpeg(&pixels, w, h, 90),
+                Chroma::Half => jpeg_420(&pixels, w, h, 90),
+            };
+            let bytes = bytes.map_err(std::io::Error::other)?;
             std::fs::write(folder.join(format!("{i:06}.jpg")), &bytes)?;
             written += bytes.len() as u64;
         }

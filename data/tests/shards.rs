@@ -9,6 +9,7 @@ use ringtrain_data::loader::{Batch, Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::order::EpochOrder;
 use ringtrain_data::pack::{pack, PackOptions};
 use ringtrain_data::shard::Layout;
+use ringtrain_data::synthetic::Chroma;
 
 const CLASSES: u32 = 4;
 const PER_CLASS: u32 = 30;
@@ -22,7 +23,7 @@ struct Packed {
 fn packed() -> Packed {
     let dir = tempfile::tempdir().unwrap();
     let images = dir.path().join("images");
-    ringtrain_data::synthetic::image_folder(&images, CLASSES, PER_CLASS, 64, 48, 11).unwrap();
+    ringtrain_data::synthetic::image_folder(&images, CLASSES, PER_CLASS, (64, 48), Chroma::Full, 11).unwrap();
     std::fs::write(images.join("class-001/notes.txt"), "not an image").unwrap();
     std::fs::write(images.join("class-002/broken.jpg"), b"\xFF\xD8\xFF\xE0 and then nothing").unwrap();
     let out = dir.path().join("shards");
@@ -107,4 +108,33 @@ fn an_empty_batch_in_the_plan_comes_back_empty_and_the_rest_in_order() {
     let mut batches = Batches::start(reader(&p.out, &p.index), plan, transform, 2, 1);
     let sizes: Vec<usize> = std::iter::from_fn(|| batches.next_batch()).map(|b| b.unwrap().labels.len()).collect();
     assert_eq!(sizes, [2, 0, 1]);
+}
+
+/// Packed without restart markers (what `bench data` gives PyTorch's side), every image is stored byte for
+/// byte as its file holds it, and the loader reads it all the same.
+#[test]
+fn without_restart_markers_every_image_is_stored_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    ringtrain_data::synthetic::image_folder(&images, 2, 5, (64, 48), Chroma::Half, 3).unwrap();
+    let mut originals = std::collections::HashSet::new();
+    for class in std::fs::read_dir(&images).unwrap() {
+        for file in std::fs::read_dir(class.unwrap().path()).unwrap() {
+            originals.insert(std::fs::read(file.unwrap().path()).unwrap());
+        }
+    }
+    let out = dir.path().join("shards");
+    let options = PackOptions { restart_markers: false, threads: 2, ..Default::default() };
+    let report = pack(&images, None, &out, &options).unwrap();
+    assert_eq!(report.restart_marked, 0);
+    let index = DatasetIndex::from_json(&std::fs::read_to_string(out.join("index.json")).unwrap()).unwrap();
+    let reader = reader(&out, &index);
+    for id in 0..index.train.samples {
+        let (bytes, _, _) = reader.sample(id).unwrap();
+        assert!(originals.contains(&bytes), "sample {id} is not a file's bytes");
+    }
+    let plan = vec![(0..index.train.samples).collect()];
+    let transform = Transform { size: 32, crop: CropMode::RandomResized, seed: 1, epoch: 0 };
+    let batch = Batches::start(reader, plan, transform, 2, 1).next_batch().unwrap().unwrap();
+    assert_eq!(batch.images().len(), 10 * 3 * 32 * 32);
 }

@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 use ringtrain_data::index::DatasetIndex;
 use ringtrain_data::loader::{Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::order::{EpochOrder, WINDOW_SHARDS};
+use ringtrain_data::synthetic::Chroma;
 use serde_json::{json, Value};
 
 use super::pytorch::{check_python, json_lines};
@@ -22,10 +23,19 @@ pub struct DataArgs {
     /// A sharded data set (its folder, with index.json). Default: synthetic photographs, made and packed here.
     #[arg(long)]
     shards: Option<PathBuf>,
+    /// The shards PyTorch's side reads, when not --shards: the same images stored as they were, without the
+    /// restart markers `datasets pack` writes (libjpeg-turbo decodes a JPEG with markers on its slower path,
+    /// and a PyTorch user's JPEGs have none). Made beside the synthetic photographs' shards.
+    #[arg(long, requires = "shards")]
+    reference_shards: Option<PathBuf>,
     /// Keep the synthetic photographs' shards here (made if missing) instead of in a temporary folder: a
     /// later `--shards` or a `shards:` job can use them (the device check trains ResNet-50 on them).
     #[arg(long, conflicts_with = "shards")]
     keep: Option<PathBuf>,
+    /// How the synthetic photographs store their chroma: at half resolution each way (420, as cameras write
+    /// it and most of ImageNet is) or at full resolution (444).
+    #[arg(long, default_value = "420", value_parser = ["420", "444"], conflicts_with = "shards")]
+    chroma: String,
     /// How many synthetic photographs to make when no --shards is given (10 classes).
     #[arg(long, default_value_t = 2000)]
     images: u32,
@@ -79,8 +89,8 @@ pub fn run(args: &DataArgs) -> Result<()> {
         check_python(&args.python)?;
     }
     let scratch = tempfile::Builder::new().prefix("ringtrain-bench-data-").tempdir()?;
-    let shards = match (&args.shards, &args.keep) {
-        (Some(dir), _) => dir.clone(),
+    let (shards, reference) = match (&args.shards, &args.keep) {
+        (Some(dir), _) => (dir.clone(), args.reference_shards.clone().unwrap_or_else(|| dir.clone())),
         (None, Some(keep)) => make_shards(args, keep)?,
         (None, None) => make_shards(args, scratch.path())?,
     };
@@ -100,9 +110,10 @@ pub fn run(args: &DataArgs) -> Result<()> {
         let ours = ringtrain_pinned(args, &shards, cores)?;
         let theirs = match args.no_pytorch {
             true => None,
-            false => {
-                Some((pytorch_rate(args, &shards, cores, "torchvision")?, pytorch_rate(args, &shards, cores, "pil")?))
-            }
+            false => Some((
+                pytorch_rate(args, &reference, cores, "torchvision")?,
+                pytorch_rate(args, &reference, cores, "pil")?,
+            )),
         };
         rows.push((cores, ours, theirs));
     }
@@ -220,21 +231,44 @@ fn ringtrain_pinned(args: &DataArgs, shards: &Path, threads: usize) -> Result<Va
     printed.last().cloned().context("the loader printed nothing")
 }
 
-/// Synthetic photographs, packed: `--images` for training and a tenth as many for the test split.
-fn make_shards(args: &DataArgs, scratch: &Path) -> Result<PathBuf> {
-    let (train, test, shards) = (scratch.join("train"), scratch.join("test"), scratch.join("shards"));
+/// Synthetic photographs, packed: `--images` for training and a tenth as many for the test split; as
+/// `datasets pack` packs them (`shards`), and stored as they are for PyTorch's side (`shards-plain`).
+fn make_shards(args: &DataArgs, scratch: &Path) -> Result<(PathBuf, PathBuf)> {
+    let (train, test) = (scratch.join("train"), scratch.join("test"));
+    let chroma = if args.chroma == "444" { Chroma::Full } else { Chroma::Half };
+    let (shards, plain) = (scratch.join("shards"), scratch.join("shards-plain"));
+    if shards.join("index.json").is_file() && plain.join("index.json").is_file() {
+        return Ok((shards, plain));
+    }
     let classes = 10;
-    eprintln!("making {} synthetic photographs of about 400×350 ...", args.images);
-    let bytes = ringtrain_data::synthetic::image_folder(&train, classes, args.images.div_ceil(classes), 400, 350, 1)?;
-    ringtrain_data::synthetic::image_folder(&test, classes, args.images.div_ceil(10 * classes).max(1), 400, 350, 2)?;
+    eprintln!(
+        "making {} synthetic photographs of about 400×350 (4:{}) ...",
+        args.images,
+        if args.chroma == "444" { "4:4" } else { "2:0" }
+    );
+    let bytes =
+        ringtrain_data::synthetic::image_folder(&train, classes, args.images.div_ceil(classes), (400, 350), chroma, 1)?;
+    ringtrain_data::synthetic::image_folder(
+        &test,
+        classes,
+        args.images.div_ceil(10 * classes).max(1),
+        (400, 350),
+        chroma,
+        2,
+    )?;
     eprintln!(
         "  {:.1} MB, {:.0} KB each; packing them ...",
         bytes as f64 / 1e6,
         bytes as f64 / 1e3 / f64::from(args.images)
     );
     let report = ringtrain_data::pack::pack(&train, Some(&test), &shards, &Default::default())?;
-    eprintln!("  {} training shards", report.train_shards);
-    Ok(shards)
+    let as_they_are = ringtrain_data::pack::PackOptions { restart_markers: false, ..Default::default() };
+    ringtrain_data::pack::pack(&train, Some(&test), &plain, &as_they_are)?;
+    eprintln!(
+        "  {} training shards ({} JPEGs with restart markers), and a copy without",
+        report.train_shards, report.restart_marked
+    );
+    Ok((shards, plain))
 }
 
 /// Images/s of ringtrain's loader with `threads` decoding threads over the first batches of epoch 0.
