@@ -32,10 +32,11 @@ pub struct QueueRoom {
 }
 
 impl QueueRoom {
-    /// True when `team` surely has room under `limit`: a fresh estimate below half of it.
-    pub fn surely_room(&self, team: TeamId, limit: i64) -> bool {
+    /// True when `team` surely has room for `jobs` more under `limit`: a fresh estimate that stays below
+    /// half of it with them.
+    pub fn surely_room(&self, team: TeamId, jobs: i64, limit: i64) -> bool {
         let estimates = self.estimates.lock().unwrap_or_else(|e| e.into_inner());
-        estimates.get(&team).is_some_and(|e| e.counted_at.elapsed() < FRESH && e.queued * 2 < limit)
+        estimates.get(&team).is_some_and(|e| e.counted_at.elapsed() < FRESH && (e.queued + jobs) * 2 <= limit)
     }
 
     /// Records an exact count of `team`'s queued jobs.
@@ -64,17 +65,19 @@ mod tests {
     fn a_team_is_counted_again_from_half_its_limit_and_once_the_count_is_stale() {
         let room = QueueRoom::default();
         let team = TeamId::new();
-        assert!(!room.surely_room(team, 10), "never counted");
+        assert!(!room.surely_room(team, 1, 10), "never counted");
         room.counted(team, 3);
-        assert!(room.surely_room(team, 10));
+        assert!(room.surely_room(team, 1, 10));
         room.queued(team, 1);
-        assert!(room.surely_room(team, 10));
+        assert!(room.surely_room(team, 1, 10));
         room.queued(team, 1); // 5 of 10: half
-        assert!(!room.surely_room(team, 10));
+        assert!(!room.surely_room(team, 1, 10));
         room.counted(team, 0);
-        assert!(room.surely_room(team, 10));
-        assert!(!room.surely_room(TeamId::new(), 10), "another team");
+        assert!(room.surely_room(team, 1, 10));
+        assert!(!room.surely_room(TeamId::new(), 1, 10), "another team");
+        assert!(room.surely_room(team, 5, 10), "five more make half");
+        assert!(!room.surely_room(team, 6, 10), "six more, past half");
         std::thread::sleep(FRESH);
-        assert!(!room.surely_room(team, 10), "stale");
+        assert!(!room.surely_room(team, 1, 10), "stale");
     }
 }

@@ -213,8 +213,10 @@ async fn small_queue(store: std::sync::Arc<dyn ringtrain_store::Store>) -> TestA
     TestApp::with_config(store, |config| config.max_queued_per_team = 3).await
 }
 
-/// A team's queue is bounded: the fourth queued job is 429 with a Retry-After, another team is not
-/// affected, and once a job leaves the queue the team may submit again.
+/// A team's queue is bounded, whichever way a job comes in: the fourth queued job is 429 with a
+/// Retry-After, another team is not affected, once a job leaves the queue the team may submit again, and a
+/// resume or a study that would take the queue past its bound is refused the same way (a study counting all
+/// its new jobs).
 async fn a_teams_queue_is_bounded(app: TestApp) {
     let a = app.team("alpha").await;
     let b = app.team("beta").await;
@@ -229,9 +231,19 @@ async fn a_teams_queue_is_bounded(app: TestApp) {
     assert!(full.body["detail"].as_str().unwrap().contains("3 queued jobs"), "{}", full.text);
     assert!(full.headers.contains_key("retry-after"));
     app.submit(&b.member, &common::spec("other team")).await;
-    let cancel = app.post(&format!("/v1/jobs/{}/cancel", first.unwrap()), &a.member, &json!({})).await;
+    let first = first.unwrap();
+    let cancel = app.post(&format!("/v1/jobs/{first}/cancel"), &a.member, &json!({})).await;
     assert_eq!(cancel.status, 200, "{}", cancel.text);
+    // one place free: a study of two new jobs does not fit, and stores nothing
+    let study = json!({"base": common::spec("s"), "points": [{}, {"seed": 2}]});
+    let refused = app.post("/v1/studies", &a.member, &study).await;
+    refused.problem(429);
+    assert!(refused.body["detail"].as_str().unwrap().contains("these 2 new jobs would make 4"), "{}", refused.text);
+    assert_eq!(app.get("/v1/studies", &a.member).await.body["studies"], json!([]));
     app.submit(&a.member, &common::spec("q3")).await;
+    let resume = app.post(&format!("/v1/jobs/{first}/resume"), &a.member, &json!({})).await;
+    resume.problem(429);
+    assert!(resume.body["detail"].as_str().unwrap().contains("resume it when"), "{}", resume.text);
 }
 
 /// A job the pool cannot place is marked with the reason in its view (and loses the mark once the pool can

@@ -9,9 +9,10 @@ use ringtrain_store::{Job, NewStudy, Study, StudyPoint};
 use axum::http::StatusCode;
 
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult, ProblemType};
+use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::submission::checks;
+use crate::submission::enqueue::{self, Entered, Entry};
 
 /// A study request, resolved (its template applied) and planned.
 #[derive(Debug)]
@@ -114,20 +115,8 @@ pub async fn fit_devices(state: &AppState, points: &mut [PlannedPoint]) -> ApiRe
 /// the team's queue limit, and stores the study and its jobs in one transaction.
 pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> ApiResult<(Study, Vec<Job>)> {
     let PlannedStudy { request, mut points, reference } = planned;
-    let queued = state.store.count_queued(user.team_id).await?;
-    state.queue_room.counted(user.team_id, queued);
-    let limit = state.config.max_queued_per_team;
     let new_jobs = (points.len() - usize::from(request.reference_job.is_some())) as i64;
-    if queued + new_jobs > limit {
-        return Err(ApiError::too_many(
-            ProblemType::QueueFull,
-            format!(
-                "the study's {new_jobs} new jobs would make {} queued jobs; your team may have {limit}",
-                queued + new_jobs
-            ),
-            60,
-        ));
-    }
+    let room = enqueue::room(state, user, new_jobs, "create the study again").await?;
     check_cap_against_budget(state, user, request.max_device_hours).await?;
     let study_id = StudyId::new();
     let mut ids: Vec<JobId> = points.iter().map(|_| JobId::new()).collect();
@@ -175,13 +164,10 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
         definition,
         reference_point: reference as i32,
     };
-    let (study, jobs) = state.store.create_study(new, jobs).await?;
-    state.queue_room.queued(user.team_id, jobs.len() as i64);
-    for job in &jobs {
-        super::fork::pin_for(state, job).await?;
+    match room.enqueue(Entry::Study(new, jobs)).await? {
+        Entered::Study(study, jobs) => Ok((study, jobs)),
+        _ => Err(ApiError::internal_msg("a study entered the queue as something else")),
     }
-    state.changed().await;
-    Ok((study, jobs))
 }
 
 /// What is left of the team's budget in the current period, in device-hours; None without a budget.

@@ -1,5 +1,4 @@
-//! A job stopped or started again: `POST /v1/jobs/{id}/cancel` and `/resume`, and the room in the team's queue
-//! that a job entering it needs (a submission too).
+//! A job stopped or started again: `POST /v1/jobs/{id}/cancel` and `/resume`.
 
 use axum::extract::State;
 use axum::Json;
@@ -9,24 +8,10 @@ use ringtrain_store::Cancellation;
 use super::JobView;
 use crate::access::team_job;
 use crate::auth::User;
-use crate::error::{ApiError, ApiResult, ProblemType};
+use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiPath;
 use crate::state::AppState;
-
-/// 429 when the team already has as many queued jobs as it may; `then` says what to do later ("submit
-/// again").
-pub async fn check_queue_room(state: &AppState, user: &User, then: &str) -> ApiResult<()> {
-    if state.queue_room.surely_room(user.team_id, state.config.max_queued_per_team) {
-        return Ok(());
-    }
-    let queued = state.store.count_queued(user.team_id).await?;
-    state.queue_room.counted(user.team_id, queued);
-    if queued >= state.config.max_queued_per_team {
-        let reason = format!("your team has {queued} queued jobs, the most it may; {then} when some have started");
-        return Err(ApiError::too_many(ProblemType::QueueFull, reason, 60));
-    }
-    Ok(())
-}
+use crate::submission::enqueue::{self, Entered, Entry};
 
 /// How events name the token that acted: its label, else its id.
 fn token_name(user: &User) -> String {
@@ -55,11 +40,11 @@ pub async fn resume_job(
             job.state
         )));
     }
-    check_queue_room(&state, &user, "resume it").await?;
-    let resumed = state.store.resume_job(job.id, &format!("resumed by token {}", token_name(&user))).await?;
-    let resumed = resumed.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
-    state.queue_room.queued(user.team_id, 1);
-    state.changed().await;
+    let room = enqueue::room(&state, &user, 1, "resume it").await?;
+    let entry = Entry::Resume { job: job.id, reason: format!("resumed by token {}", token_name(&user)) };
+    let Entered::Resumed(Some(resumed)) = room.enqueue(entry).await? else {
+        return Err(ApiError::not_found(format!("no job {id}")));
+    };
     Ok(Json(JobView::from(&resumed)))
 }
 

@@ -33,7 +33,8 @@ use crate::progress::{live_progress, LiveProgress};
 use crate::queue::{self, EstimatedStart, Reader, Standing};
 use crate::resources::{job_resources, JobResources};
 use crate::state::AppState;
-use crate::submission::{checks, fork};
+use crate::submission::checks;
+use crate::submission::enqueue::{self, Entered, Entry};
 
 /// A job as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -312,18 +313,18 @@ pub async fn submit_job(
         }
     };
     let (reading, spec_json) = checks::parse_spec(&body)?;
-    control::check_queue_room(&state, &user, "submit again").await?;
+    let room = enqueue::room(&state, &user, 1, "submit again").await?;
     let spec = reading.spec.clone();
     let new = checks::checked_job(&state, &user, reading, spec_json, None).await?;
     if query.dry_run == Some(true) {
         let answer = dry_run::answer(&state, &user, &spec, new.effective).await?;
         return Ok(Json(dry_run_for(&state, &user, answer).await?).into_response());
     }
-    match state.store.submit_job(new, key).await? {
+    let Entered::Job(submitted) = room.enqueue(Entry::Job(Box::new(new), key)).await? else {
+        return Err(ApiError::internal_msg("a submission entered the queue as something else"));
+    };
+    match submitted {
         Submitted::Created(job) => {
-            state.queue_room.queued(user.team_id, 1);
-            fork::pin_for(&state, &job).await?;
-            state.changed().await;
             let location = format!("/v1/jobs/{}", job.id);
             Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(JobView::from(&job))).into_response())
         }
