@@ -4,13 +4,15 @@
 //! running job's progress and the devices it holds, then cancel it (a second cancel's refusal shown); filter
 //! and page the run history, sort it, add a column and a tag; compare two jobs; create a team and its tokens
 //! from the Team view, revoke one; and see that the other team's token shows none of the first team's jobs.
-//! Screenshots of each page are saved in the test's folder (or in `RINGTRAIN_SCREENSHOTS`).
+//! Screenshots of each page are saved in the test's folder (or in `RINGTRAIN_SCREENSHOTS`). Each part is a
+//! named step (`support::steps`): the output says which step a failure happened in and how long each took.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::steps::Steps;
 use support::webdriver::Browser;
 use support::{fashion_mnist, Cluster, ADMIN_TOKEN};
 
@@ -76,6 +78,7 @@ async fn series_colours(browser: &Browser, id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
+    let mut steps = Steps::new("web");
     let cluster = Cluster::up("web", 2).await;
     let url = cluster.url.clone();
     // RINGTRAIN_SCREENSHOTS=docs/screenshots refreshes the README's and the user guide's pictures
@@ -85,12 +88,12 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     std::fs::create_dir_all(&shots).unwrap();
     let browser = Browser::start().await;
 
-    // the page itself: served from the binary, with a policy that allows only this server
+    steps.enter("the page itself: served from the binary, with a policy that allows only this server");
     let page = reqwest::get(format!("{url}/")).await.unwrap();
     let policy = page.headers()["content-security-policy"].to_str().unwrap().to_string();
     assert!(policy.contains("default-src 'self'"), "{policy}");
 
-    // a wrong token is refused on the page
+    steps.enter("signing in: a wrong token is refused, the admin token accepted");
     sign_in(&browser, &url, "rt_not_a_token_0123456789abcdef0123").await;
     browser.wait_text("#signin-error", "Not signed in", SHORT).await;
     sign_in(&browser, &url, ADMIN_TOKEN).await;
@@ -98,8 +101,9 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.wait_text("#team-usage", "holds 0 GPU of its", SHORT).await;
     browser.screenshot(&shots.join("jobs-empty.png")).await;
 
-    // the editor: a field error at its path, then a check with the schedule for k = 1, 2, 8, 32, and a
-    // submission
+    steps.enter(
+        "the editor: a field error at its path, then a check with the schedule for k = 1, 2, 8, 32, and a submission",
+    );
     browser.click("#nav button[data-page=submit]").await;
     let mut spec = fashion_mnist("web-short", 2, 2000, 2);
     spec["workers"] = json!(0);
@@ -132,7 +136,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.screenshot(&shots.join("submit.png")).await;
     browser.click("#send").await;
 
-    // the job's view updates itself until the job has succeeded, with its charts and its ranks' lines
+    steps.enter("the job's view updates itself until the job has succeeded, with its charts and its ranks' lines");
     browser.wait_text("#job-state", "succeeded", LONG).await;
     browser.wait_text("#job-logs", "rank 1 of 2:", SHORT).await;
     chart(&browser, "loss-chart", 1).await;
@@ -171,7 +175,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert!(events.contains("scheduled: placement 1 (attempt 1)") && events.contains("succeeded"), "{events}");
     browser.screenshot(&shots.join("job.png")).await;
 
-    // the final weights download through the page (fetched with the token, saved from memory)
+    steps.enter("the final weights download through the page (fetched with the token, saved from memory)");
     browser.wait_text("#checkpoint-rows", "final weights", SHORT).await;
     browser
         .run(
@@ -202,7 +206,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let weights = wait_for(&browser, "return window.downloaded.length > 1 ? window.downloaded[1] : null;", SHORT).await;
     assert!(weights.as_u64().unwrap() > 50_890 * 4, "the final weights came down: {weights} bytes");
 
-    // the logs: searched, and one rank's only
+    steps.enter("the logs: searched, and one rank's only");
     // (each keystroke reads the logs again: "rank 1" alone also shows the agent's "rank 1 runs in ..." line,
     // so wait for the page to have drawn the whole search, not merely for a line that matches it)
     browser.type_into("#log-search", "rank 1 of 2").await;
@@ -225,7 +229,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     .await;
     assert!(rank0.as_str().unwrap().contains("[rank 0]"), "{rank0}");
 
-    // "Fork" on a checkpoint opens the editor with a new job that starts from its weights
+    steps.enter("\"Fork\" on a checkpoint opens the editor with a new job that starts from its weights");
     browser
         .run(
             "const rows = [...document.querySelectorAll('#checkpoint-rows tr')]; \
@@ -245,14 +249,14 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.run("history.back();", json!([])).await;
     browser.wait_text("#job-title", "Job web-short", SHORT).await;
 
-    // "submit again" opens the spec in the editor
+    steps.enter("\"submit again\" opens the spec in the editor");
     browser.click("#submit-again").await;
     let again = browser.run("return document.getElementById('spec').value;", json!([])).await;
     let again: Value = serde_json::from_str(again.as_str().unwrap()).unwrap();
     assert_eq!(again["name"], "web-short-again");
     assert_eq!((&again["workers"], &again["lr"]["reference_batch"]), (&json!(2), &json!(64)), "{again}");
 
-    // a long job: its progress and its devices while it runs, then cancelled from its view
+    steps.enter("a long job: its progress and its devices while it runs, then cancelled from its view");
     edit(&browser, &fashion_mnist("web-long", 1, 60000, 20)).await;
     browser.click("#send").await;
     browser.wait_text("#job-state", "running", LONG).await;
@@ -281,14 +285,14 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     // detail where the view shows its errors
     browser.run("document.getElementById('cancel').click();", json!([])).await;
     browser.wait_text("#job-error", "already cancelled", SHORT).await;
-    // a cancelled job resumes (from its newest checkpoint when it has one), and is cancelled again
+    steps.enter("a cancelled job resumes (from its newest checkpoint when it has one), and is cancelled again");
     browser.click("#resume").await;
     browser.wait_text("#job-events", "queued: resumed by token", SHORT).await;
     wait_for(&browser, "return !document.getElementById('cancel').hidden;", SHORT).await;
     browser.click("#cancel").await;
     browser.wait_text("#job-state", "cancelled", Duration::from_secs(30)).await;
 
-    // the run history: filtered by name, and paged
+    steps.enter("the run history: filtered by name, and paged");
     browser.click("#nav button[data-page=jobs]").await;
     // the rows shown before the page's fetch answers may be the last ones it had (web-long still running):
     // wait for the cancel to reach the list
@@ -326,7 +330,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
         .await;
     browser.wait_text("#job-rows", "web-short", SHORT).await;
 
-    // the run table: sorted by a heading (ascending, then descending), a spec field added as a column
+    steps.enter("the run table: sorted by a heading (ascending, then descending), a spec field added as a column");
     let names = "const n = [...document.querySelectorAll('#job-rows td[data-column=name]')].map(t => t.textContent); \
                  return n.length === 2 ? n : null;";
     browser.click("#job-head button[data-sort=name]").await;
@@ -350,7 +354,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.wait_text("#job-head", "train_samples", SHORT).await;
     let samples = browser.text("#job-rows").await;
     assert!(samples.contains("60000") && samples.contains("2000"), "{samples}");
-    // a tag, set on the job's page, and the history filtered by it
+    steps.enter("a tag, set on the job's page, and the history filtered by it");
     browser.click("#job-rows a[data-job]:not([data-job=''])").await;
     let tagged = browser.run("return document.getElementById('job-title').textContent;", json!([])).await;
     // longer than SHORT: this page opens while web-long trains, and under a loaded CI run (the other tests'
@@ -386,7 +390,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     browser.wait_text("#job-rows", "web-long", SHORT).await;
     browser.screenshot(&shots.join("jobs-table.png")).await;
 
-    // comparing needs two, and shows both recipes and curves
+    steps.enter("comparing needs two, and shows both recipes and curves");
     browser.click("#compare-selected").await;
     browser.wait_text("#jobs-error", "Select 2 to 8 jobs", Duration::from_secs(5)).await;
     for checkbox in browser
@@ -413,7 +417,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert!(chart(&browser, "compare-samples-chart", 2).await.contains("samples seen"));
     browser.screenshot(&shots.join("compare.png")).await;
 
-    // a study made over the API: its table and its plot on the Studies page
+    steps.enter("a study made over the API: its table and its plot on the Studies page");
     let base = json!({"model": {"name": "mlp", "hidden": [16]}, "dataset": "synthetic:2048", "workers": 1,
         "per_worker_batch": 32, "epochs": 2, "lr": {"base": 0.1, "reference_batch": 32, "warmup": {"kind": "none"}}});
     let study = reqwest::Client::new()
@@ -449,7 +453,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     );
     browser.screenshot(&shots.join("study.png")).await;
 
-    // the Team view: a new team, a viewer token for it (shown once), a second token revoked
+    steps.enter("the Team view: a new team, a viewer token for it (shown once), a second token revoked");
     browser.click("#nav button[data-page=team]").await;
     browser.wait_text("#team-rows", "default", SHORT).await;
     browser.type_into("#new-team-name", "other").await;
@@ -484,7 +488,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     let refused = reqwest::Client::new().get(format!("{url}/v1/me")).bearer_auth(&tokens[1]).send().await.unwrap();
     assert_eq!(refused.status(), 401, "the revoked token is refused");
 
-    // the other team's viewer sees none of it, and no Team view
+    steps.enter("the other team's viewer sees none of it, and no Team view");
     browser.click("#signout").await;
     sign_in(&browser, &url, &tokens[0]).await;
     browser.wait_text("#whoami", "viewer of team other", SHORT).await;
@@ -497,6 +501,7 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
 /// it; and with the server gone, the page says so until it answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn views_have_addresses_and_a_lost_server_is_said() {
+    let mut steps = Steps::new("web addresses");
     let database = support::fresh_postgres_database("web_addresses").await;
     let mut cluster = Cluster::serve("web-addresses", &database, 1, 1).await;
     let url = cluster.url.clone();
@@ -507,7 +512,7 @@ async fn views_have_addresses_and_a_lost_server_is_said() {
     let hash = || browser.run("return location.hash;", json!([]));
     assert_eq!(hash().await, json!("#/jobs"), "the Jobs list is the first view");
 
-    // a job's page has its address, and a reload shows the same page
+    steps.enter("a job's page has its address, and a reload shows the same page");
     browser.click(&format!("#job-rows a[data-job='{id}']")).await;
     browser.wait_text("#job-title", "Job addressed", SHORT).await;
     assert_eq!(hash().await, json!(format!("#/jobs/{id}")));
@@ -517,7 +522,7 @@ async fn views_have_addresses_and_a_lost_server_is_said() {
     browser.wait_text("#job-title", "Job addressed", SHORT).await;
     assert_eq!(wait_for(&browser, "return !document.getElementById('job').hidden;", SHORT).await, json!(true));
 
-    // another view, then Back: the job again; the nav marks where the page is
+    steps.enter("another view, then Back: the job again; the nav marks where the page is");
     browser.click("#nav button[data-page=studies]").await;
     assert_eq!(wait_for(&browser, "return location.hash === '#/studies';", SHORT).await, json!(true));
     let current = "return document.querySelector('#nav button[aria-current=page]').dataset.page;";
@@ -527,11 +532,12 @@ async fn views_have_addresses_and_a_lost_server_is_said() {
     assert_eq!(wait_for(&browser, "return !document.getElementById('job').hidden;", SHORT).await, json!(true));
     assert_eq!(browser.run(current, json!([])).await, json!("jobs"));
 
-    // an address nobody clicked to: a comparison of the one job, opened directly
+    steps.enter("an address nobody clicked to: a comparison of the one job, opened directly");
     browser.open(&format!("{url}/#/compare/{id},{id}")).await;
     browser.wait_text("#compare-rows", "addressed", SHORT).await;
 
-    // the server goes away: the page says so (it would otherwise go on showing the last numbers) ...
+    steps.enter("the server goes away: the page says so until it answers again");
+    // (it would otherwise go on showing the last numbers)
     browser.open(&format!("{url}/#/jobs/{id}")).await;
     browser.wait_text("#job-title", "Job addressed", SHORT).await;
     assert_eq!(browser.run("return document.getElementById('contact').hidden;", json!([])).await, json!(true));

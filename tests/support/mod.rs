@@ -10,6 +10,7 @@ pub mod hosts;
 pub mod s3;
 pub mod shards;
 pub mod slurm;
+pub mod steps;
 pub mod webdriver;
 
 use std::collections::BTreeMap;
