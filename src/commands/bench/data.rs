@@ -237,8 +237,10 @@ fn make_shards(args: &DataArgs, scratch: &Path) -> Result<(PathBuf, PathBuf)> {
     let (train, test) = (scratch.join("train"), scratch.join("test"));
     let chroma = if args.chroma == "444" { Chroma::Full } else { Chroma::Half };
     let (shards, plain) = (scratch.join("shards"), scratch.join("shards-plain"));
-    if shards.join("index.json").is_file() && plain.join("index.json").is_file() {
-        return Ok((shards, plain));
+    // without PyTorch's side (the device check) no copy without markers is made
+    let reference = if args.no_pytorch { shards.clone() } else { plain.clone() };
+    if shards.join("index.json").is_file() && reference.join("index.json").is_file() {
+        return Ok((shards, reference));
     }
     let classes = 10;
     eprintln!(
@@ -262,13 +264,13 @@ fn make_shards(args: &DataArgs, scratch: &Path) -> Result<(PathBuf, PathBuf)> {
         bytes as f64 / 1e3 / f64::from(args.images)
     );
     let report = ringtrain_data::pack::pack(&train, Some(&test), &shards, &Default::default())?;
-    let as_they_are = ringtrain_data::pack::PackOptions { restart_markers: false, ..Default::default() };
-    ringtrain_data::pack::pack(&train, Some(&test), &plain, &as_they_are)?;
-    eprintln!(
-        "  {} training shards ({} JPEGs with restart markers), and a copy without",
-        report.train_shards, report.restart_marked
-    );
-    Ok((shards, plain))
+    eprintln!("  {} training shards ({} JPEGs with restart markers)", report.train_shards, report.restart_marked);
+    if !args.no_pytorch {
+        eprintln!("  packing them again as they are, for PyTorch's side ...");
+        let as_they_are = ringtrain_data::pack::PackOptions { restart_markers: false, ..Default::default() };
+        ringtrain_data::pack::pack(&train, Some(&test), &plain, &as_they_are)?;
+    }
+    Ok((shards, reference))
 }
 
 /// Images/s of ringtrain's loader with `threads` decoding threads over the first batches of epoch 0.
