@@ -9,11 +9,16 @@ ensure_postgres
 say "DATABASE_URL=$DATABASE_URL"
 # Only `worker` (and the binary) may link libtorch: the server side and the node agent build and test without it.
 say "checking that only ringtrain-worker links libtorch (cargo tree; the first time cargo also fetches the crates)..."
-for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-scheduler ringtrain-api ringtrain-client ringtrain-agent ringtrain-sandbox ringtrain-data ringtrain-slurm; do
+for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-scheduler ringtrain-api ringtrain-client ringtrain-agent ringtrain-sandbox ringtrain-data ringtrain-slurm ringtrain-bench; do
   if cargo tree -q -p "$crate" -e normal,build --prefix none | grep -q '^torch-sys '; then
     say "error: $crate depends on libtorch (torch-sys); only ringtrain-worker may"; exit 1
   fi
 done
+# Benchmarks live in ringtrain-bench (bench/), not in the libraries the product is made of.
+say "checking that no library crate declares a bench module..."
+if grep -nE '^[[:space:]]*(pub(\([a-z]+\))? )?mod bench\b' "$ROOT"/*/src/lib.rs; then
+  say "error: a library declares a bench module (above); benchmarks go into bench/ (ringtrain-bench)"; exit 1
+fi
 # The S3 server tests/buckets.rs trains from.
 RINGTRAIN_S3S_FS="$("$ROOT/scripts/s3-server.sh")"
 export RINGTRAIN_S3S_FS

@@ -4,7 +4,6 @@
 pub mod access;
 pub mod admission;
 pub mod auth;
-pub mod bench;
 pub mod blobs;
 pub mod bootstrap;
 pub mod changes;

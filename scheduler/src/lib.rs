@@ -7,7 +7,6 @@
 //!   and writes the decisions with the store's guarded operations; it also rescues what died (lost nodes,
 //!   expired leases) and sweeps what a crash left behind. `ringtrain serve` only starts it.
 
-pub mod bench;
 pub mod control;
 pub mod policy;
 

@@ -39,7 +39,6 @@ pub mod test_support;
 
 pub mod artifacts;
 pub mod assignments;
-pub mod bench;
 pub mod jobs;
 pub mod lifecycle;
 pub mod logs;

@@ -47,7 +47,7 @@ pub struct SchedulerArgs {
 }
 
 pub fn scheduler(args: &SchedulerArgs) -> Result<()> {
-    let config = ringtrain_scheduler::bench::BenchConfig {
+    let config = ringtrain_bench::plan_pass::BenchConfig {
         queued: args.jobs,
         nodes: args.nodes,
         devices_per_node: args.devices_per_node,
@@ -55,7 +55,7 @@ pub fn scheduler(args: &SchedulerArgs) -> Result<()> {
         passes: args.passes,
         ..Default::default()
     };
-    let report = ringtrain_scheduler::bench::run(&config);
+    let report = ringtrain_bench::plan_pass::run(&config);
     if args.json {
         let mut object = serde_json::to_value(&report)?;
         object["bench"] = json!("scheduler");
@@ -92,7 +92,7 @@ pub fn scheduler(args: &SchedulerArgs) -> Result<()> {
 }
 
 pub fn api(args: &ApiArgs) -> Result<()> {
-    let options = ringtrain_api::bench::BenchOptions {
+    let options = ringtrain_bench::api_load::BenchOptions {
         address: args.server.clone(),
         admin_token: args.token.clone(),
         submissions: args.submissions,
@@ -101,7 +101,7 @@ pub fn api(args: &ApiArgs) -> Result<()> {
         pages: args.pages,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let report = runtime.block_on(ringtrain_api::bench::run(&options)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let report = runtime.block_on(ringtrain_bench::api_load::run(&options)).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut value = serde_json::to_value(&report)?;
     value["bench"] = json!("api");
     if args.json {

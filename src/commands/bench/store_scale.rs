@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::json;
 
-use ringtrain_store::bench::{HistoryBenchConfig, MetricsBenchConfig, ReadTimes};
+use ringtrain_bench::store_scale::{HistoryBenchConfig, MetricsBenchConfig, ReadTimes};
 
 #[derive(Debug, clap::Args)]
 pub struct MetricsArgs {
@@ -37,7 +37,7 @@ pub struct HistoryArgs {
 pub fn metrics(args: &MetricsArgs) -> Result<()> {
     let config = MetricsBenchConfig { points: args.points, ranks: args.ranks, ..MetricsBenchConfig::default() };
     let report = in_fresh_database(&args.postgres_url, "metrics", |url| async move {
-        Ok(ringtrain_store::bench::metrics(&url, &config).await?)
+        Ok(ringtrain_bench::store_scale::metrics(&url, &config).await?)
     })?;
     if args.json {
         return print_json("metrics", &report);
@@ -58,7 +58,7 @@ pub fn metrics(args: &MetricsArgs) -> Result<()> {
 pub fn history(args: &HistoryArgs) -> Result<()> {
     let config = HistoryBenchConfig { jobs: args.jobs, ..HistoryBenchConfig::default() };
     let report = in_fresh_database(&args.postgres_url, "history", |url| async move {
-        Ok(ringtrain_store::bench::history(&url, &config).await?)
+        Ok(ringtrain_bench::store_scale::history(&url, &config).await?)
     })?;
     if args.json {
         return print_json("history", &report);

@@ -1,6 +1,6 @@
 //! `ringtrain bench metrics`: the metrics table at scale. One job's per-iteration curve from many ranks
 //! (by default 10^7 points: 64 ranks × 156,250 iterations, a long job's days of reports) is written the way the
-//! API writes reports (upserts of up to [`METRICS_CHUNK`](crate::metrics) points, a few writers at once),
+//! API writes reports (upserts of up to [`METRICS_CHUNK`](ringtrain_store::metrics) points, a few writers at once),
 //! then each read the API makes of it is timed: a page from the start, a page half way (the cursor), the
 //! curve downsampled to 1,000 points for one rank and for all ranks (what `?points=` asks), and every rank's progress (the job page's).
 //!
@@ -20,7 +20,7 @@ use serde_json::json;
 
 use ringtrain_core::JobState;
 
-use crate::{JobFilter, MetricPoint, MetricsQuery, NewJob, NewTeam, Store, StoreResult, Submitted};
+use ringtrain_store::{JobFilter, MetricPoint, MetricsQuery, NewJob, NewTeam, Store, StoreResult, Submitted};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MetricsBenchConfig {
@@ -63,7 +63,7 @@ pub struct MetricsBenchReport {
 
 /// Writes the curve into the database at `url` (a job of a new team) and times the reads.
 pub async fn metrics(url: &str, config: &MetricsBenchConfig) -> StoreResult<MetricsBenchReport> {
-    let store = crate::connect(url).await?;
+    let store = ringtrain_store::connect(url).await?;
     let job = bench_job(store.as_ref()).await?;
     let ranks = config.ranks.max(1);
     let iterations = (config.points / u64::from(ranks)).max(1) as i64;
@@ -88,7 +88,7 @@ pub async fn metrics(url: &str, config: &MetricsBenchConfig) -> StoreResult<Metr
         }));
     }
     for task in tasks {
-        task.await.map_err(|e| crate::StoreError::Corrupt(format!("a writer panicked: {e}")))??;
+        task.await.map_err(|e| ringtrain_store::StoreError::Corrupt(format!("a writer panicked: {e}")))??;
     }
     let write_s = started.elapsed().as_secs_f64();
     let stored = iterations as u64 * u64::from(ranks);
@@ -185,7 +185,7 @@ async fn bench_job(store: &dyn Store) -> StoreResult<JobId> {
     };
     match store.submit_job(new, None).await? {
         Submitted::Created(job) | Submitted::Replayed(job) => Ok(job.id),
-        Submitted::KeyReused => Err(crate::StoreError::Corrupt("no key was given".into())),
+        Submitted::KeyReused => Err(ringtrain_store::StoreError::Corrupt("no key was given".into())),
     }
 }
 
@@ -215,7 +215,7 @@ pub struct HistoryBenchReport {
 /// scheduler's read of the queue. Postgres only.
 pub async fn history(url: &str, config: &HistoryBenchConfig) -> StoreResult<HistoryBenchReport> {
     use sqlx::Connection;
-    let store = crate::connect(url).await?;
+    let store = ringtrain_store::connect(url).await?;
     let name = format!("bench-history-{}", uuid::Uuid::new_v4().simple());
     let team = store.create_team(NewTeam { name, gpu_quota: 0, cpu_quota: 0, storage_quota_bytes: None }).await?;
     let started = Instant::now();

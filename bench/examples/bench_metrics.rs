@@ -1,9 +1,9 @@
 //! The metrics benchmark without the ringtrain binary (so without libtorch):
-//! `cargo run --release -p ringtrain-store --example bench_metrics -- DATABASE_URL [POINTS] [RANKS]`, on a
+//! `cargo run --release -p ringtrain-bench --example bench_metrics -- DATABASE_URL [POINTS] [RANKS]`, on a
 //! database it may fill (it adds a team and a job). Prints the same JSON report as
 //! `ringtrain bench metrics --json`.
 
-use ringtrain_store::bench::{metrics, MetricsBenchConfig};
+use ringtrain_bench::store_scale::{metrics, MetricsBenchConfig};
 
 #[tokio::main]
 async fn main() {

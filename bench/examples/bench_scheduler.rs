@@ -1,8 +1,8 @@
 //! Times the placement policy's pass without the ringtrain binary (so without libtorch):
-//! `cargo run --release -p ringtrain-scheduler --example bench_scheduler -- [JOBS] [NODES] [PASSES]`.
+//! `cargo run --release -p ringtrain-bench --example bench_scheduler -- [JOBS] [NODES] [PASSES]`.
 //! Prints the same JSON report as `ringtrain bench scheduler --json`.
 
-use ringtrain_scheduler::bench::{run, BenchConfig};
+use ringtrain_bench::plan_pass::{run, BenchConfig};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,4 +1,4 @@
-//! Runs the API benchmark against a server: `cargo run --release -p ringtrain-api --example bench_api --
+//! Runs the API benchmark against a server: `cargo run --release -p ringtrain-bench --example bench_api --
 //! ADDRESS ADMIN_TOKEN [SUBMISSIONS] [CONCURRENCY] [HISTORY] [PAGES]`. Prints one JSON report.
 //!
 //! `bench_api serve ADDRESS DATABASE_URL ADMIN_TOKEN` runs the server itself (the same app as `ringtrain
@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use ringtrain_api::bench::{run, BenchOptions};
 use ringtrain_api::{app, ApiConfig, AppState};
+use ringtrain_bench::api_load::{run, BenchOptions};
 use ringtrain_scheduler::LoopConfig;
 
 async fn serve(address: &str, url: &str, token: &str) -> Result<(), Box<dyn std::error::Error>> {

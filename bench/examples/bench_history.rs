@@ -1,8 +1,8 @@
 //! The run-history benchmark without the ringtrain binary (so without libtorch):
-//! `cargo run --release -p ringtrain-store --example bench_history -- POSTGRES_URL [JOBS]`, on a database it
+//! `cargo run --release -p ringtrain-bench --example bench_history -- POSTGRES_URL [JOBS]`, on a database it
 //! may fill (it adds a team and its jobs). Prints the same JSON report as `ringtrain bench history --json`.
 
-use ringtrain_store::bench::{history, HistoryBenchConfig};
+use ringtrain_bench::store_scale::{history, HistoryBenchConfig};
 
 #[tokio::main]
 async fn main() {
