@@ -1,8 +1,11 @@
-//! `bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision on the same
-//! shards, in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
+//! `bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision, on the same
+//! images, in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
 //! draw a random-resized crop and a flip, resize to `size` and collate uint8 batches; the figure is images
-//! per second per core, each side pinned to as many cores as it has threads or workers (`taskset`). Without `--shards` it makes ImageNet-sized synthetic photographs (about 400×350,
-//! ~110 KB, quality 90: `ringtrain_data::synthetic`) and packs them first.
+//! per second per core, each side pinned to as many cores as it has threads or workers (`taskset`).
+//! Without `--shards` it makes ImageNet-sized synthetic photographs (about 400×350, quality 90, 4:2:0 by
+//! default: `ringtrain_data::synthetic`) and packs them twice: as `datasets pack` does, for ringtrain, and
+//! stored as they are, for PyTorch (the restart markers ringtrain's pack adds put libjpeg-turbo's Huffman
+//! decoding on its slower path, and a PyTorch user's JPEGs have none).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
