@@ -1,7 +1,7 @@
 //! A job entering its team's queue, whichever way it comes: a submission (a fork too), a resume, a study's
 //! points. [`room`] checks that the queue has room for the jobs about to enter (429 when not), and only the
-//! [`Room`] it gives can [`Room::enqueue`]: the store call and what follows it (the room's estimate, a
-//! fork's starting checkpoint pinned, the scheduler woken). One place, so that the ways in cannot drift
+//! [`Room`] it gives can store them ([`Room::submit`], [`Room::resume`], [`Room::study`]) and do what
+//! follows (the room's estimate, a fork's starting checkpoint pinned, the scheduler woken). One place, so that the ways in cannot drift
 //! apart again (the study's check counted its new jobs, the submission's did not).
 //!
 //! A search's promotion of a stopped point (`search.rs`) is not a way in: the server resumes a job the
@@ -14,47 +14,7 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::state::AppState;
 
-/// What enters the queue.
-#[derive(Debug)]
-pub enum Entry {
-    /// A new job (a fork too), with its submission's Idempotency-Key if it had one.
-    Job(Box<NewJob>, Option<IdempotencyKey>),
-    /// A failed, cancelled or stopped job queued again; `reason` goes into its events.
-    Resume { job: JobId, reason: String },
-    /// A study and its points' new jobs, stored in one transaction.
-    Study(NewStudy, Vec<NewJob>),
-}
-
-impl Entry {
-    fn jobs(&self) -> i64 {
-        match self {
-            Entry::Job(..) | Entry::Resume { .. } => 1,
-            Entry::Study(_, jobs) => jobs.len() as i64,
-        }
-    }
-}
-
-/// What the store made of an [`Entry`].
-#[derive(Debug)]
-pub enum Entered {
-    Job(Submitted),
-    /// None when the job is gone.
-    Resumed(Option<Job>),
-    Study(Study, Vec<Job>),
-}
-
-impl Entered {
-    /// The jobs that entered the queue now (none for a replayed submission).
-    fn new_jobs(&self) -> &[Job] {
-        match self {
-            Entered::Job(Submitted::Created(job)) | Entered::Resumed(Some(job)) => std::slice::from_ref(job),
-            Entered::Job(_) | Entered::Resumed(None) => &[],
-            Entered::Study(_, jobs) => jobs,
-        }
-    }
-}
-
-/// Room in the team's queue for some jobs, checked: the only way to [`Room::enqueue`].
+/// Room in the team's queue for some jobs, checked: the only way to store them.
 #[derive(Debug)]
 #[must_use = "a room is checked to enqueue into it"]
 pub struct Room<'a> {
@@ -88,33 +48,47 @@ pub async fn room<'a>(state: &'a AppState, user: &'a User, jobs: i64, then: &str
 }
 
 impl Room<'_> {
-    /// Stores `entry` (at most as many jobs as the room was checked for), then counts its jobs into the
-    /// room's estimate, pins each new fork's starting checkpoint and wakes the scheduler.
-    pub async fn enqueue(self, entry: Entry) -> ApiResult<Entered> {
-        let Room { state, user, jobs } = self;
-        if entry.jobs() > jobs {
-            return Err(ApiError::internal_msg(format!("{} jobs enqueued into room for {jobs}", entry.jobs())));
+    /// Stores a new job (a fork too), with its submission's Idempotency-Key if it had one.
+    pub async fn submit(self, job: NewJob, key: Option<IdempotencyKey>) -> ApiResult<Submitted> {
+        let submitted = self.state.store.submit_job(job, key).await?;
+        // a replayed submission entered the queue when it was first made
+        if let Submitted::Created(job) = &submitted {
+            self.entered(std::slice::from_ref(job), true).await?;
         }
-        let entered = match entry {
-            Entry::Job(job, key) => Entered::Job(state.store.submit_job(*job, key).await?),
-            Entry::Resume { job, reason } => Entered::Resumed(state.store.resume_job(job, &reason).await?),
-            Entry::Study(study, jobs) => {
-                let (study, jobs) = state.store.create_study(study, jobs).await?;
-                Entered::Study(study, jobs)
-            }
-        };
-        let new_jobs = entered.new_jobs();
-        if new_jobs.is_empty() {
-            return Ok(entered);
-        }
-        state.queue_room.queued(user.team_id, new_jobs.len() as i64);
+        Ok(submitted)
+    }
+
+    /// Queues a failed, cancelled or stopped job again, `reason` going into its events; None when it is gone.
+    pub async fn resume(self, job: JobId, reason: &str) -> ApiResult<Option<Job>> {
+        let resumed = self.state.store.resume_job(job, reason).await?;
         // a resumed fork's starting checkpoint was pinned beside it when it was first stored
-        if !matches!(entered, Entered::Resumed(_)) {
-            for job in new_jobs {
-                super::fork::pin_for(state, job).await?;
+        if let Some(job) = &resumed {
+            self.entered(std::slice::from_ref(job), false).await?;
+        }
+        Ok(resumed)
+    }
+
+    /// Stores a study and its points' new jobs (at most as many as the room was checked for) in one
+    /// transaction.
+    pub async fn study(self, study: NewStudy, jobs: Vec<NewJob>) -> ApiResult<(Study, Vec<Job>)> {
+        if jobs.len() as i64 > self.jobs {
+            return Err(ApiError::internal_msg(format!("{} jobs enqueued into room for {}", jobs.len(), self.jobs)));
+        }
+        let (study, jobs) = self.state.store.create_study(study, jobs).await?;
+        self.entered(&jobs, true).await?;
+        Ok((study, jobs))
+    }
+
+    /// What follows jobs entering the queue: the room's estimate counts them, each new fork's starting
+    /// checkpoint is pinned (`pin`), the scheduler is woken.
+    async fn entered(&self, jobs: &[Job], pin: bool) -> ApiResult<()> {
+        self.state.queue_room.queued(self.user.team_id, jobs.len() as i64);
+        if pin {
+            for job in jobs {
+                super::fork::pin_for(self.state, job).await?;
             }
         }
-        state.changed().await;
-        Ok(entered)
+        self.state.changed().await;
+        Ok(())
     }
 }

@@ -12,7 +12,7 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::submission::checks;
-use crate::submission::enqueue::{self, Entered, Entry};
+use crate::submission::enqueue;
 
 /// A study request, resolved (its template applied) and planned.
 #[derive(Debug)]
@@ -164,10 +164,7 @@ pub async fn submit(state: &AppState, user: &User, planned: PlannedStudy) -> Api
         definition,
         reference_point: reference as i32,
     };
-    match room.enqueue(Entry::Study(new, jobs)).await? {
-        Entered::Study(study, jobs) => Ok((study, jobs)),
-        _ => Err(ApiError::internal_msg("a study entered the queue as something else")),
-    }
+    room.study(new, jobs).await
 }
 
 /// What is left of the team's budget in the current period, in device-hours; None without a budget.

@@ -11,7 +11,7 @@ use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiPath;
 use crate::state::AppState;
-use crate::submission::enqueue::{self, Entered, Entry};
+use crate::submission::enqueue;
 
 /// How events name the token that acted: its label, else its id.
 fn token_name(user: &User) -> String {
@@ -41,10 +41,8 @@ pub async fn resume_job(
         )));
     }
     let room = enqueue::room(&state, &user, 1, "resume it").await?;
-    let entry = Entry::Resume { job: job.id, reason: format!("resumed by token {}", token_name(&user)) };
-    let Entered::Resumed(Some(resumed)) = room.enqueue(entry).await? else {
-        return Err(ApiError::not_found(format!("no job {id}")));
-    };
+    let resumed = room.resume(job.id, &format!("resumed by token {}", token_name(&user))).await?;
+    let resumed = resumed.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
     Ok(Json(JobView::from(&resumed)))
 }
 

@@ -34,7 +34,7 @@ use crate::queue::{self, EstimatedStart, Reader, Standing};
 use crate::resources::{job_resources, JobResources};
 use crate::state::AppState;
 use crate::submission::checks;
-use crate::submission::enqueue::{self, Entered, Entry};
+use crate::submission::enqueue;
 
 /// A job as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -320,10 +320,7 @@ pub async fn submit_job(
         let answer = dry_run::answer(&state, &user, &spec, new.effective).await?;
         return Ok(Json(dry_run_for(&state, &user, answer).await?).into_response());
     }
-    let Entered::Job(submitted) = room.enqueue(Entry::Job(Box::new(new), key)).await? else {
-        return Err(ApiError::internal_msg("a submission entered the queue as something else"));
-    };
-    match submitted {
+    match room.submit(new, key).await? {
         Submitted::Created(job) => {
             let location = format!("/v1/jobs/{}", job.id);
             Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(JobView::from(&job))).into_response())
