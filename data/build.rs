@@ -1,13 +1,15 @@
-//! Builds the C shims that decode a crop of a JPEG (csrc/jpeg_region.c) and rewrite one with restart
-//! markers (csrc/jpeg_restart.c) with libjpeg-turbo, and links libjpeg-turbo statically (Debian's libjpeg62-turbo-dev, which scripts/setup.sh installs): nothing to
+//! Builds the C shims that decode a crop of a JPEG (csrc/jpeg_region.c, with csrc/jpeg_huffman.c's decoder
+//! for restart intervals) and rewrite one with restart markers (csrc/jpeg_restart.c) with libjpeg-turbo, and links libjpeg-turbo statically (Debian's libjpeg62-turbo-dev, which scripts/setup.sh installs): nothing to
 //! install on a worker, nothing more to carry to a GPU machine.
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/jpeg_region.c");
     println!("cargo:rerun-if-changed=csrc/jpeg_restart.c");
+    println!("cargo:rerun-if-changed=csrc/jpeg_huffman.c");
+    println!("cargo:rerun-if-changed=csrc/jpeg_huffman.h");
     println!("cargo:rerun-if-env-changed=RINGTRAIN_LIBJPEG_DIR");
     cc::Build::new()
-        .files(["csrc/jpeg_region.c", "csrc/jpeg_restart.c"])
+        .files(["csrc/jpeg_region.c", "csrc/jpeg_restart.c", "csrc/jpeg_huffman.c"])
         .opt_level(3)
         .warnings(true)
         .compile("ringtrain_jpeg_region");

@@ -11,6 +11,8 @@
 
 #include <jpeglib.h>
 
+#include "jpeg_huffman.h"
+
 struct error_manager {
   struct jpeg_error_mgr pub;
   jmp_buf jump;
@@ -54,10 +56,10 @@ int rt_jpeg_size(const unsigned char *data, unsigned long len, unsigned *width, 
 
 /* What rt_jpeg_region decoded: `width` x `height` RGB pixels (row by row, in `pixels`, which the caller
  * frees with rt_jpeg_free) that are the image scaled by scale/8, from column `left` and row `top` of the
- * scaled image. */
+ * scaled image; `own_huffman` says whether jpeg_huffman.c entropy-decoded it. */
 struct rt_region {
   unsigned char *pixels;
-  unsigned width, height, left, top, scale;
+  unsigned width, height, left, top, scale, own_huffman;
 };
 
 void rt_jpeg_free(unsigned char *pixels) { free(pixels); }
@@ -71,10 +73,11 @@ static void cmyk_to_rgb(const unsigned char *cmyk, unsigned char *rgb, unsigned 
 }
 
 /* Decodes the crop (x, y, w, h, in the image's pixels) as it will be resized to `out` x `out`: at the
- * smallest scale of 8/8, 4/8, 2/8, 1/8 at which the crop keeps at least `out` pixels on each side.
- * Returns 0, or -1 with a message. */
+ * smallest scale of 8/8, 4/8, 2/8, 1/8 at which the crop keeps at least `out` pixels on each side. With
+ * `own_huffman`, a JPEG with restart markers is entropy-decoded by jpeg_huffman.c (libjpeg-turbo's slow
+ * path otherwise). Returns 0, or -1 with a message. */
 int rt_jpeg_region(const unsigned char *data, unsigned long len, double x, double y, double w, double h,
-                   unsigned out, struct rt_region *region, char *error, size_t error_len) {
+                   unsigned out, int own_huffman, struct rt_region *region, char *error, size_t error_len) {
   struct jpeg_decompress_struct cinfo;
   struct error_manager err;
   unsigned char *volatile pixels = NULL;
@@ -104,6 +107,7 @@ int rt_jpeg_region(const unsigned char *data, unsigned long len, double x, doubl
   cinfo.scale_denom = 8;
   cinfo.dct_method = JDCT_ISLOW;
   jpeg_start_decompress(&cinfo);
+  unsigned installed = own_huffman ? (unsigned)rt_huffman_install(&cinfo) : 0;
   /* the crop in the scaled image, widened to whole pixels and kept inside it */
   double s = scale / 8.0; /* exact: a scaled block is M/8 of its pixels (output_width rounds up) */
   unsigned top = (unsigned)(y * s);
@@ -154,5 +158,6 @@ int rt_jpeg_region(const unsigned char *data, unsigned long len, double x, doubl
   region->left = left;
   region->top = top;
   region->scale = scale;
+  region->own_huffman = installed;
   return 0;
 }

@@ -1,7 +1,8 @@
 //! JPEG through libjpeg-turbo (`csrc/jpeg_region.c`, linked statically): the image's size from its header,
 //! and the part of it a crop needs, decoded at the smallest DCT scale that keeps the crop's resolution at
-//! least the output's. Every libjpeg call (and its longjmp on error) stays in C; an error comes back here as
-//! its message.
+//! least the output's; a JPEG with restart markers (as `datasets pack` writes them) entropy-decoded by
+//! `csrc/jpeg_huffman.c` instead of libjpeg's slow path. Every libjpeg call (and its longjmp on error) stays
+//! in C; an error comes back here as its message.
 
 #![allow(unsafe_code)]
 
@@ -15,6 +16,7 @@ struct RtRegion {
     left: c_uint,
     top: c_uint,
     scale: c_uint,
+    own_huffman: c_uint,
 }
 
 extern "C" {
@@ -35,6 +37,7 @@ extern "C" {
         w: f64,
         h: f64,
         out: c_uint,
+        own_huffman: c_int,
         region: *mut RtRegion,
         error: *mut c_char,
         error_len: usize,
@@ -60,6 +63,8 @@ pub struct Region {
     pub left: u32,
     pub top: u32,
     pub scale: u32,
+    /// Whether [`Huffman::Own`] decoded it (it does only a baseline JPEG with restart markers).
+    pub own_huffman: bool,
 }
 
 fn message(buffer: &[c_char]) -> String {
@@ -84,9 +89,25 @@ pub fn size(bytes: &[u8]) -> Result<(u32, u32), String> {
     }
 }
 
+/// Who entropy-decodes a JPEG with restart markers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Huffman {
+    /// `csrc/jpeg_huffman.c`: libjpeg-turbo's coefficients, without its slow path (see there why).
+    Own,
+    /// libjpeg-turbo's own decoder (its slow path, with markers): the reference the tests compare with.
+    Libjpeg,
+}
+
 /// Decodes the crop (`x`, `y`, `w`, `h`, in the image's pixels) as it will be resized to `out`×`out`.
 pub fn region(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32) -> Result<Region, String> {
-    let mut raw = RtRegion { pixels: std::ptr::null_mut(), width: 0, height: 0, left: 0, top: 0, scale: 0 };
+    region_by(bytes, x, y, w, h, out, Huffman::Own)
+}
+
+/// [`region`], entropy-decoded by `huffman`.
+#[allow(clippy::too_many_arguments)]
+pub fn region_by(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32, huffman: Huffman) -> Result<Region, String> {
+    let mut raw =
+        RtRegion { pixels: std::ptr::null_mut(), width: 0, height: 0, left: 0, top: 0, scale: 0, own_huffman: 0 };
     let mut error = [0 as c_char; 200];
     // SAFETY: as in `size`; on success the C side hands over `raw.pixels` (width × height × 3 bytes,
     // malloc'd), which is copied and freed below exactly once.
@@ -99,6 +120,7 @@ pub fn region(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32) -> Result<
             w,
             h,
             out,
+            c_int::from(huffman == Huffman::Own),
             &mut raw,
             error.as_mut_ptr(),
             error.len(),
@@ -112,7 +134,15 @@ pub fn region(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32) -> Result<
     let pixels = unsafe { std::slice::from_raw_parts(raw.pixels, len) }.to_vec();
     // SAFETY: the buffer came from the C side's malloc and is freed once, after the copy above.
     unsafe { rt_jpeg_free(raw.pixels) };
-    Ok(Region { pixels, width: raw.width, height: raw.height, left: raw.left, top: raw.top, scale: raw.scale })
+    Ok(Region {
+        pixels,
+        width: raw.width,
+        height: raw.height,
+        left: raw.left,
+        top: raw.top,
+        scale: raw.scale,
+        own_huffman: raw.own_huffman != 0,
+    })
 }
 
 /// `bytes` rewritten losslessly with restart markers every few MCUs (`csrc/jpeg_restart.c`: the same
@@ -144,5 +174,115 @@ pub fn with_restarts(bytes: &[u8]) -> Result<Option<Vec<u8>>, String> {
         }
         1 => Ok(None),
         _ => Err(message(&error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::{random_resized_crop, restart};
+    use crate::synthetic;
+    use ringtrain_core::random::SplitMix64;
+
+    fn encoded(
+        pixels: &[u8],
+        width: u32,
+        height: u32,
+        colour: jpeg_encoder::ColorType,
+        sampling: jpeg_encoder::SamplingFactor,
+    ) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let mut encoder = jpeg_encoder::Encoder::new(&mut bytes, 85);
+        encoder.set_sampling_factor(sampling);
+        encoder.encode(pixels, width as u16, height as u16, colour).unwrap();
+        bytes
+    }
+
+    /// The JPEGs `datasets pack` makes, in each chroma layout and in grey, at awkward sizes too.
+    fn marked_photographs() -> Vec<(String, u32, u32, Vec<u8>)> {
+        use jpeg_encoder::{ColorType, SamplingFactor};
+        let mut out = Vec::new();
+        for (width, height) in [(400, 350), (333, 401), (61, 47)] {
+            let rgb = synthetic::picture(4, 10, width, height, 11);
+            let grey: Vec<u8> = rgb.chunks_exact(3).map(|p| p[1]).collect();
+            for (name, colour, pixels, sampling) in [
+                ("4:2:0", ColorType::Rgb, &rgb, SamplingFactor::R_4_2_0),
+                ("4:2:2", ColorType::Rgb, &rgb, SamplingFactor::R_4_2_2),
+                ("4:4:4", ColorType::Rgb, &rgb, SamplingFactor::R_4_4_4),
+                ("grey", ColorType::Luma, &grey, SamplingFactor::R_4_4_4),
+            ] {
+                let plain = encoded(pixels, width, height, colour, sampling);
+                let marked = with_restarts(&plain).unwrap().expect("a baseline JPEG is rewritten");
+                out.push((format!("{name} {width}×{height}"), width, height, marked));
+            }
+        }
+        out
+    }
+
+    /// Every crop at every DCT scale, of whole images with restart markers and of the sub-images cut from
+    /// them: the own decoder's pixels are libjpeg-turbo's, byte for byte.
+    #[test]
+    fn the_own_huffman_decoder_gives_libjpegs_pixels() {
+        let mut rng = SplitMix64::new(7);
+        for (name, width, height, marked) in marked_photographs() {
+            for _ in 0..12 {
+                let c = random_resized_crop(width, height, &mut rng);
+                for out in [224, 100, 40, 8] {
+                    let mut cases = vec![(marked.clone(), c.left, c.top)];
+                    if let Some(sub) = restart::sub_image(&marked, c.left, c.top, c.width, c.height) {
+                        cases.push((sub.jpeg, c.left - f64::from(sub.left), c.top - f64::from(sub.top)));
+                    }
+                    for (bytes, x, y) in cases {
+                        let own = region_by(&bytes, x, y, c.width, c.height, out, Huffman::Own).unwrap();
+                        let theirs = region_by(&bytes, x, y, c.width, c.height, out, Huffman::Libjpeg).unwrap();
+                        assert!(own.own_huffman && !theirs.own_huffman, "{name}: the own decoder was not used");
+                        let shape = |r: &Region| (r.width, r.height, r.left, r.top, r.scale);
+                        assert_eq!(shape(&own), shape(&theirs), "{name} {c:?} at {out}");
+                        let differing = own.pixels.iter().zip(&theirs.pixels).filter(|(a, b)| a != b).count();
+                        assert_eq!(differing, 0, "{name} {c:?} at {out}: {differing} bytes differ from libjpeg's");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A JPEG without markers, or progressive, stays with libjpeg (its fast path is not lost there).
+    #[test]
+    fn without_markers_libjpeg_decodes() {
+        let pixels = synthetic::picture(1, 10, 120, 90, 3);
+        let plain = synthetic::jpeg_420(&pixels, 120, 90, 90).unwrap();
+        let region = region(&plain, 0.0, 0.0, 120.0, 90.0, 120).unwrap();
+        assert!(!region.own_huffman);
+    }
+
+    /// Damaged data (bytes changed, the scan cut short, markers out of order) never crashes or reads
+    /// outside the buffer: the decode answers, an image or an error, as libjpeg does for its part.
+    #[test]
+    fn damaged_data_is_decoded_or_refused_never_a_crash() {
+        let (_, width, height, marked) = marked_photographs().swap_remove(0);
+        let mut rng = SplitMix64::new(3);
+        let scan = marked.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap() + 12;
+        for round in 0..400 {
+            let mut bytes = marked.clone();
+            match round % 4 {
+                0 => bytes.truncate(scan + rng.below((bytes.len() - scan) as u64) as usize),
+                1 => {
+                    // a marker where data was: an interval that ends early, or a restart out of sequence
+                    let at = scan + rng.below((bytes.len() - scan - 2) as u64) as usize;
+                    bytes[at] = 0xFF;
+                    bytes[at + 1] = 0xD0 + rng.below(10) as u8;
+                }
+                _ => {
+                    for _ in 0..1 + rng.below(8) {
+                        let at = scan + rng.below((bytes.len() - scan) as u64) as usize;
+                        bytes[at] = rng.below(256) as u8;
+                    }
+                }
+            }
+            let c = random_resized_crop(width, height, &mut rng);
+            if let Ok(r) = region(&bytes, c.left, c.top, c.width, c.height, 64) {
+                assert_eq!(r.pixels.len(), r.width as usize * r.height as usize * 3);
+            }
+        }
     }
 }
