@@ -19,6 +19,9 @@ say "checking that no library crate declares a bench module..."
 if grep -nE '^[[:space:]]*(pub(\([a-z]+\))? )?mod bench\b' "$ROOT"/*/src/lib.rs; then
   say "error: a library declares a bench module (above); benchmarks go into bench/ (ringtrain-bench)"; exit 1
 fi
+# The rank's JPEG shims against damaged files, under AddressSanitizer (a tenant's shards are hostile).
+say "damaged JPEGs against the decoding shims under AddressSanitizer (scripts/fuzz-jpeg.sh)..."
+"$ROOT/scripts/fuzz-jpeg.sh"
 # The S3 server tests/buckets.rs trains from.
 RINGTRAIN_S3S_FS="$("$ROOT/scripts/s3-server.sh")"
 export RINGTRAIN_S3S_FS
