@@ -204,10 +204,11 @@ async fn an_elastic_borrower_shrinks_when_reclaimed_and_grows_back() {
     let cluster = Cluster::up("elastic", 4).await;
     let owner = cluster.team("owner", 2).await;
     let borrower = cluster.team("borrower", 2).await;
-    // 6 epochs: alone on the machine 3 were trained on 2 devices before the owner's job had ended and freed
+    // 12 epochs: alone on the machine 3 were trained on 2 devices before the owner's job had ended and freed
     // its devices to grow back onto (the ranks' shared-memory all-reduce made them fast; the suite's load
-    // had hidden it)
-    let mut spec = fashion_mnist("elastic-borrower", 4, 60000, 6);
+    // had hidden it); with 6, a faster machine under the suite's load finished the borrower on 2 devices
+    // before it could grow back (2026-12-07)
+    let mut spec = fashion_mnist("elastic-borrower", 4, 60000, 12);
     spec["devices"] = json!({"min": 1});
     let elastic = borrower.submit(&spec).await;
     borrower.wait_first_iteration(&elastic, LONG).await;
