@@ -67,7 +67,9 @@ enum Command {
     Completions { shell: clap_complete::Shell },
     /// What this binary and machine can do: libtorch, CUDA devices, cuDNN, NCCL, CPU threads, data sets.
     Doctor(commands::doctor::Args),
-    /// Benchmarks, printed next to their reference (`--json` for one object per measurement).
+    /// This machine measured: the all-reduce, a training step, the input pipeline (`--json` for one object
+    /// per measurement). Platforms under load and faults, databases at scale and PyTorch side by side are
+    /// the `ringtrain-bench` binary's.
     #[command(subcommand)]
     Bench(commands::bench::Bench),
 }

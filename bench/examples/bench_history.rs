@@ -1,6 +1,6 @@
 //! The run-history benchmark without the ringtrain binary (so without libtorch):
 //! `cargo run --release -p ringtrain-bench --example bench_history -- POSTGRES_URL [JOBS]`, on a database it
-//! may fill (it adds a team and its jobs). Prints the same JSON report as `ringtrain bench history --json`.
+//! may fill (it adds a team and its jobs). Prints the same JSON report as `ringtrain-bench history --json`.
 
 use ringtrain_bench::store_scale::{history, HistoryBenchConfig};
 

@@ -1,7 +1,7 @@
 //! The metrics benchmark without the ringtrain binary (so without libtorch):
 //! `cargo run --release -p ringtrain-bench --example bench_metrics -- DATABASE_URL [POINTS] [RANKS]`, on a
 //! database it may fill (it adds a team and a job). Prints the same JSON report as
-//! `ringtrain bench metrics --json`.
+//! `ringtrain-bench metrics --json`.
 
 use ringtrain_bench::store_scale::{metrics, MetricsBenchConfig};
 

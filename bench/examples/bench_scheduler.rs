@@ -1,6 +1,6 @@
 //! Times the placement policy's pass without the ringtrain binary (so without libtorch):
 //! `cargo run --release -p ringtrain-bench --example bench_scheduler -- [JOBS] [NODES] [PASSES]`.
-//! Prints the same JSON report as `ringtrain bench scheduler --json`.
+//! Prints the same JSON report as `ringtrain-bench scheduler --json`.
 
 use ringtrain_bench::plan_pass::{run, BenchConfig};
 

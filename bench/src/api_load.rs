@@ -1,4 +1,4 @@
-//! `ringtrain bench api`: a load generator for a running server. It measures job submissions per second with
+//! `ringtrain-bench api`: a load generator for a running server. It measures job submissions per second with
 //! their p50/p99 latency, then fills one team's history to a given size and measures `GET /v1/jobs` pages
 //! (the first page, pages deep into the history through the cursor, and a filtered page).
 //!

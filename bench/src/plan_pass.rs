@@ -1,4 +1,4 @@
-//! `ringtrain bench scheduler` (and `cargo run --release -p ringtrain-bench --example bench_scheduler`, which
+//! `ringtrain-bench scheduler` (and `cargo run --release -p ringtrain-bench --example bench_scheduler`, which
 //! needs no libtorch): the time of one [`plan`] pass on a synthetic cluster (by default 10k queued
 //! jobs, 1k nodes × 8 devices, 20 teams), seeded so every run measures the same input.
 //!

@@ -1,10 +1,10 @@
-//! `ringtrain bench metrics`: the metrics table at scale. One job's per-iteration curve from many ranks
+//! `ringtrain-bench metrics`: the metrics table at scale. One job's per-iteration curve from many ranks
 //! (by default 10^7 points: 64 ranks × 156,250 iterations, a long job's days of reports) is written the way the
 //! API writes reports (upserts of up to [`METRICS_CHUNK`](ringtrain_store::metrics) points, a few writers at once),
 //! then each read the API makes of it is timed: a page from the start, a page half way (the cursor), the
 //! curve downsampled to 1,000 points for one rank and for all ranks (what `?points=` asks), and every rank's progress (the job page's).
 //!
-//! `ringtrain bench history`: one team's run history of 10^6 jobs (filled by one statement on Postgres),
+//! `ringtrain-bench history`: one team's run history of 10^6 jobs (filled by one statement on Postgres),
 //! and the pages `GET /v1/jobs` reads of it: the newest, deep through the cursor, and by state, name prefix,
 //! tag and text.
 //!

@@ -1,6 +1,6 @@
 //! The one HTTP client of ringtrain's API: calls with a bearer token, JSON in and out, and an answer that is
 //! not a success turned into a [`CallError`] carrying the server's problem+json detail. The node agent's
-//! typed `/v1/agent` calls and the command line's (`jobs watch`, `bench submit`) are built on it. (The API
+//! typed `/v1/agent` calls and the command line's (`jobs watch`, `ringtrain-bench submit`) are built on it. (The API
 //! load benchmark keeps its own raw HTTP/1.1 connections: it measures the server, not a client library.)
 
 use std::path::Path;

@@ -1,5 +1,5 @@
 //! The conventions between a rank process (`ringtrain train`) and whoever starts and reads it (the agent,
-//! `train --local`, `bench submit`, the server): its command line ([`RankCommand`]), the exit statuses its
+//! `train --local`, `ringtrain-bench submit`, the server): its command line ([`RankCommand`]), the exit statuses its
 //! agent tells apart (anything else that is not success is a crash, a retryable failure), and its
 //! checkpoint folders' names and files ([`checkpoint`]).
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Prints the path of a Python with torch 2.11.0 for `ringtrain bench pytorch --python`, installing it first
+# Prints the path of a Python with torch 2.11.0 for `ringtrain-bench pytorch --python`, installing it first
 # when needed: python3's own torch when it is that version, else the full torch (with its CUDA wheels: PyPI
 # ships 2.11.0 only so; ~3.5 GB once) in $RINGTRAIN_CACHE/torch-2.11.0-venv, the same virtual environment
 # scripts/device/build-gpu-binary.sh links against (scripts/torch.sh). Idempotent.
 #
-#   ringtrain bench pytorch --python "$(scripts/bench/pytorch-venv.sh)"
+#   ringtrain-bench pytorch --python "$(scripts/bench/pytorch-venv.sh)"
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=../common.sh

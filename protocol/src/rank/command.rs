@@ -1,5 +1,5 @@
 //! The command line of one rank process, built in one place: by the agent for every rank it starts, by
-//! `ringtrain train --local` for its k processes and by `ringtrain bench submit`. The binary's tests parse
+//! `ringtrain train --local` for its k processes and by `ringtrain-bench submit`. The binary's tests parse
 //! what [`RankCommand::args`] builds with `train`'s own argument parser, so a renamed flag fails there,
 //! not in production.
 

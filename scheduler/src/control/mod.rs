@@ -43,7 +43,7 @@ pub trait ChangeNotifier: Send + Sync {
 /// loop still starts a pass as soon as a change comes). A job placed a quarter of a second later is not
 /// noticed in a run of minutes. At 16 submitters on the 2-core machine a pass under load took tens of
 /// milliseconds (the queue read, its specs decoded, every waiting job's reason) and the passes ran back to
-/// back; 250 ms apart they gave 2,104-2,364 submissions/s against 1,814-1,947 (`ringtrain bench api`,
+/// back; 250 ms apart they gave 2,104-2,364 submissions/s against 1,814-1,947 (`ringtrain-bench api`,
 /// 2026-12-04); 100 ms apart changed nothing (the passes were already about that far apart).
 pub const MIN_PASS_GAP: Duration = Duration::from_millis(250);
 

@@ -64,7 +64,7 @@ pub enum WaitReason {
 }
 
 /// Nodes a reason names, sorted, shared: a pass names the same reserved nodes in the reason of every job
-/// behind the reservation (82k of 100k queued jobs in `bench scheduler`'s large cluster), and a copy each was
+/// behind the reservation (82k of 100k queued jobs in `ringtrain-bench scheduler`'s large cluster), and a copy each was
 /// the largest cost of that pass after the walks themselves. Serialized as a plain array.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeList(Arc<[NodeId]>);

@@ -19,7 +19,7 @@ use ringtrain_data::order::{EpochOrder, WINDOW_SHARDS};
 use ringtrain_data::synthetic::Chroma;
 use serde_json::{json, Value};
 
-use super::pytorch::{check_python, json_lines};
+use ringtrain_bench::python::{check_python, json_lines};
 
 #[derive(Debug, clap::Args)]
 pub struct DataArgs {

@@ -1,4 +1,4 @@
-//! `ringtrain bench submit`: how long a user waits from `POST /v1/jobs` to the first iteration the API
+//! `ringtrain-bench submit`: how long a user waits from `POST /v1/jobs` to the first iteration the API
 //! reports, through a running server and its agents (e.g. `ringtrain up`), next to the reference: the same
 //! spec's k rank processes started directly (`ringtrain train --rank r --world k --rendezvous ...`, as an
 //! agent starts them) until rank 0's first metrics line. The difference is what the platform adds
@@ -155,7 +155,7 @@ async fn wait_for_free_devices(api: &ApiClient) -> Result<()> {
 fn first_line_direct(spec: &Path, workers: u64) -> Result<f64> {
     let out = tempfile_dir()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let exe = std::env::current_exe()?;
+    let exe = super::product();
     let started = Instant::now();
     let mut ranks = Vec::new();
     for rank in 0..workers {

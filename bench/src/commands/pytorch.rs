@@ -1,4 +1,4 @@
-//! `bench pytorch`: ringtrain against plain PyTorch on this machine, in one run, figure by
+//! `ringtrain-bench pytorch`: ringtrain against plain PyTorch on this machine, in one run, figure by
 //! figure: the all-reduce against Gloo, a training step against eager PyTorch (one rank) and DDP over
 //! Gloo (k ranks), and a whole run of a spec against the same recipe written as a plain PyTorch script. The
 //! PyTorch side is `scripts/bench/pytorch_reference.py` under a Python that has torch; the ringtrain side is
@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use ringtrain_bench::python::{check_python, json_lines};
 use serde_json::{json, Value};
 
 #[derive(Debug, clap::Args)]
@@ -90,34 +91,9 @@ pub fn run(args: &PytorchArgs) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn check_python(python: &Path) -> Result<()> {
-    let probe = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output();
-    match probe {
-        Ok(out) if out.status.success() => {
-            let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            eprintln!("PyTorch {version} ({})", python.display());
-            Ok(())
-        }
-        _ => bail!(
-            "{} has no torch: pass --python (scripts/bench/pytorch-venv.sh installs one and prints its path)",
-            python.display()
-        ),
-    }
-}
-
-/// Runs a command to its end and returns the JSON objects it printed on stdout, one per line.
-pub(super) fn json_lines(command: &mut Command, what: &str) -> Result<Vec<Value>> {
-    eprintln!("{what} ...");
-    let output = command.output().with_context(|| format!("cannot start {what}"))?;
-    if !output.status.success() {
-        bail!("{what} failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    Ok(text.lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()).filter(Value::is_object).collect())
-}
-
+/// The product binary (`--ringtrain`) with `args`.
 pub(super) fn ringtrain(args: &[&str]) -> Result<Command> {
-    let mut command = Command::new(std::env::current_exe().context("cannot find this executable")?);
+    let mut command = Command::new(super::product());
     command.args(args);
     Ok(command)
 }

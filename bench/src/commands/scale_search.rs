@@ -1,4 +1,4 @@
-//! `ringtrain bench scale-search`: the scale search against the full grid it prunes. On a
+//! `ringtrain-bench scale-search`: the scale search against the full grid it prunes. On a
 //! server and one agent started here, the `scale_search` template runs first (the reference and the lr
 //! multipliers for the larger batch, under successive halving); then the same points as a plain study, every
 //! one trained to the end. Printed side by side: each multiplier's final test error in the grid and where
@@ -97,11 +97,28 @@ async fn both(args: &ScaleSearchArgs, slots: u32, root: &std::path::Path) -> Res
     grid["wall_seconds"] = started.elapsed().as_secs_f64().into();
     if let Some(out) = &args.out {
         for view in [&search, &grid] {
-            let (svg, json) = crate::commands::study::save(api, view, out).await?;
+            let (svg, json) = save(api, view, out).await?;
             eprintln!("wrote {} and {}", svg.display(), json.display());
         }
     }
     Ok((search, grid))
+}
+
+/// The study's plot (SVG) and its view (JSON) in `out`, named after the study, as `ringtrain study show
+/// --out` writes them.
+async fn save(
+    api: &ApiClient,
+    view: &Value,
+    out: &std::path::Path,
+) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let id = view["id"].as_str().context("the study has no id")?;
+    let name = view["name"].as_str().unwrap_or("study").replace(['/', ' ', ':'], "_");
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let (svg, json) = (out.join(format!("{name}.svg")), out.join(format!("{name}.json")));
+    api.download(&format!("/v1/studies/{id}/plot.svg"), &svg, None, Duration::from_secs(60)).await?;
+    std::fs::write(&json, serde_json::to_string_pretty(view)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    Ok((svg, json))
 }
 
 /// Creates the study and waits until every point has ended: its view.

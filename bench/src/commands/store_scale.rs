@@ -1,4 +1,4 @@
-//! `bench metrics` and `bench history`: the database at scale (10^7 metric points of one job, 10^6 jobs in
+//! `ringtrain-bench metrics` and `ringtrain-bench history`: the database at scale (10^7 metric points of one job, 10^6 jobs in
 //! one team's history) and the reads the API makes of it. Each runs in a fresh Postgres database on
 //! `--postgres-url`'s server, dropped afterwards.
 
@@ -11,7 +11,7 @@ use ringtrain_bench::store_scale::{HistoryBenchConfig, MetricsBenchConfig, ReadT
 #[derive(Debug, clap::Args)]
 pub struct MetricsArgs {
     /// A Postgres server (any database on it): the benchmark makes its own database there and drops it.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    #[arg(long, env = "RINGTRAIN_BENCH_POSTGRES_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
     postgres_url: String,
     /// Points written (64 ranks by default: 10^7 is 156,250 iterations of each).
     #[arg(long, default_value_t = 10_000_000)]
@@ -25,7 +25,7 @@ pub struct MetricsArgs {
 #[derive(Debug, clap::Args)]
 pub struct HistoryArgs {
     /// A Postgres server (any database on it): the benchmark makes its own database there and drops it.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    #[arg(long, env = "RINGTRAIN_BENCH_POSTGRES_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
     postgres_url: String,
     /// Jobs in the team's history.
     #[arg(long, default_value_t = 1_000_000)]

@@ -1,4 +1,4 @@
-//! `ringtrain bench elastic`: what elasticity buys a borrower. On a server and one agent of S CPU
+//! `ringtrain-bench elastic`: what elasticity buys a borrower. On a server and one agent of S CPU
 //! slots started here (default: one per core), two teams are guaranteed S/2 each. A borrower team's S-worker
 //! job takes the whole pool (S/2 slots beyond its guarantee); once it has trained a while, the owner of the
 //! other S/2 submits an S/2-worker job and reclaims them. Run twice, side by side: the borrower elastic

@@ -1,4 +1,4 @@
-//! `bench scheduler` and `bench api`: the control plane's figures (one placement-policy pass; REST API
+//! `ringtrain-bench scheduler` and `ringtrain-bench api`: the control plane's figures (one placement-policy pass; REST API
 //! submissions and pages under load).
 
 use anyhow::Result;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
 use ringtrain_client::ApiClient;
-use ringtrain_worker::data::shuffle::SplitMix64;
+use ringtrain_core::random::SplitMix64;
 use serde::Serialize;
 use serde_json::Value;
 

@@ -1,4 +1,4 @@
-//! `bench seeds`: accuracy over several seeds, ringtrain against the same recipe in plain PyTorch.
+//! `ringtrain-bench seeds`: accuracy over several seeds, ringtrain against the same recipe in plain PyTorch.
 //! One seed's final test error says little (the seeds of one LeNet-5 recipe spread over about a point), so a
 //! spec is trained end to end once per seed by `ringtrain train --local K`, once for each `model.init`
 //! asked for, and by `scripts/bench/pytorch_reference.py recipe` with the reference's own initialisation
@@ -12,7 +12,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use super::pytorch::{check_python, json_lines, number, ringtrain};
+use ringtrain_bench::python::{check_python, json_lines};
+
+use super::pytorch::{number, ringtrain};
 
 #[derive(Debug, clap::Args)]
 pub struct SeedsArgs {

@@ -1,4 +1,4 @@
-//! `ringtrain bench soak`: the whole platform under injected faults, on each database in turn. The server
+//! `ringtrain-bench soak`: the whole platform under injected faults, on each database in turn. The server
 //! and `--agents` agents run as child processes on this machine; `--teams` teams submit `--jobs` short
 //! Fashion-MNIST jobs (three specs in turn, each also run once undisturbed first, as the reference); while
 //! they run, faults are injected in a seeded random order (rank and agent `kill -9`, a server `kill -9` and
@@ -44,7 +44,7 @@ pub struct SoakArgs {
     #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
     databases: Vec<DatabaseKind>,
     /// A Postgres server (any database on it): the soak creates its own database there.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    #[arg(long, env = "RINGTRAIN_BENCH_POSTGRES_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
     postgres_url: String,
     /// Jobs submitted, the three specs in turn, the teams in turn.
     #[arg(long, default_value_t = 30)]

@@ -79,7 +79,7 @@ impl SoakCluster {
         slots: u32,
         server_env: Vec<(String, String)>,
     ) -> Result<SoakCluster> {
-        let exe = std::env::current_exe().context("cannot find the ringtrain executable")?;
+        let exe = crate::commands::product();
         let mut cluster = SoakCluster {
             exe,
             dir: dir.to_path_buf(),
