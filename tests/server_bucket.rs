@@ -130,17 +130,20 @@ async fn a_server_on_a_bucket_keeps_uploads_and_checkpoints_there_and_a_replica_
     assert!(done["result"]["final_test_error"].as_f64().unwrap() < 0.5, "it learned: {done}");
 
     let stored = files_under(&objects);
-    for expected in [
-        format!("datasets/{dataset_id}.safetensors"),
-        format!("models/{model_id}.pt"),
-        format!("checkpoints/{job}/epoch-0002-final-attempt-1.tar"),
-    ] {
+    for expected in [format!("datasets/{dataset_id}.safetensors"), format!("models/{model_id}.pt")] {
         assert!(stored.contains(&expected), "{expected} is in the bucket: {stored:?}");
     }
-    // the agent uploads rank 0's newest checkpoint each tick: when both epochs end within one (0.7 s for
-    // the two here once), only the second's goes up
-    let periodic = [1, 2].map(|epoch| format!("checkpoints/{job}/epoch-000{epoch}-attempt-1.tar"));
-    assert!(periodic.iter().any(|name| stored.contains(name)), "an epoch's checkpoint is in the bucket: {stored:?}");
+    // The final weights and an epoch's checkpoint, of whichever attempt trained them (under the suite's load
+    // a first attempt once failed its rendezvous, its port taken by another test, and the second trained
+    // the run); and only the newest checkpoint goes up each tick of the agent, so when both epochs end
+    // within one (0.7 s for the two here once), only the second's does.
+    let prefix = format!("checkpoints/{job}/epoch-000");
+    let (finals, periodic): (Vec<&String>, Vec<&String>) = stored
+        .iter()
+        .filter(|name| name.starts_with(&prefix) && name.ends_with(".tar"))
+        .partition(|n| n.contains("final"));
+    assert_eq!(finals.len(), 1, "the final weights are in the bucket: {stored:?}");
+    assert!(!periodic.is_empty(), "an epoch's checkpoint is in the bucket: {stored:?}");
     assert!(stored.iter().all(|key| !key.starts_with("tmp/")), "no probe or scratch object stays: {stored:?}");
     let server_folder = cluster.dir.join("server");
     let on_disk: Vec<String> = files_under(&server_folder)
@@ -152,8 +155,9 @@ async fn a_server_on_a_bucket_keeps_uploads_and_checkpoints_there_and_a_replica_
     let checkpoints = api.get(&format!("/v1/jobs/{job}/checkpoints")).await;
     let last = checkpoints["checkpoints"].as_array().unwrap().iter().find(|c| c["is_final"] == true).unwrap().clone();
     let last_id = last["id"].as_str().unwrap().to_string();
-    assert_eq!(last["name"], "epoch-0002-final-attempt-1.tar", "{last}");
-    let object = std::fs::read(objects.join(format!("checkpoints/{job}/epoch-0002-final-attempt-1.tar"))).unwrap();
+    let name = last["name"].as_str().unwrap();
+    assert!(name.starts_with("epoch-0002-final-attempt-"), "{last}");
+    let object = std::fs::read(objects.join(format!("checkpoints/{job}/{name}"))).unwrap();
     assert_eq!(last["sha256"].as_str().unwrap(), sha256(&object), "the row's checksum is the object's");
     let archive = format!("/v1/jobs/{job}/checkpoints/{last_id}/archive");
     let weights = format!("/v1/jobs/{job}/checkpoints/{last_id}/weights/model.safetensors");
