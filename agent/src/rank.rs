@@ -227,7 +227,10 @@ async fn rank_process(
         // were told that address and may be connecting to it already, so rank 0 listens there again.
         listen_again_at(reported).await?
     } else if a.rank == 0 {
-        // A port free now on this node; rank 0 listens on it moments later.
+        // A port free now on this node; rank 0 listens on it moments later. Another process can take it in
+        // between (seen under the test suite's load): rank 0 then fails its rendezvous and the placement
+        // restarts from its checkpoint. Passing this listener to rank 0, as the shared-memory segment is
+        // passed, would close the gap.
         let port = std::net::TcpListener::bind((ctx.address, 0))?.local_addr()?.port();
         let endpoint = std::net::SocketAddr::new(ctx.address, port).to_string();
         // through a server restart: a placement must not fail because the server was down at its start
