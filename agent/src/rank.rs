@@ -217,28 +217,29 @@ async fn rank_process(
         let size = std::fs::metadata(file.path()).map(|m| m.len()).unwrap_or(0);
         rank.max_file_mib = Some(max_file_mib(size));
     }
-    let mut command = Command::new(&ctx.exe);
-    launch.apply(command.as_std_mut())?;
-    if let Some(secret) = &work.rendezvous_secret {
-        command.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, secret);
-    }
+    // Rank 0's rendezvous socket is bound here and handed to it, so the port the others are told is held
+    // from now on: bound and dropped here and bound again by the rank, another process took it in between
+    // once under the test suite's load, and the placement failed its rendezvous.
     let rendezvous = if let (0, Some(reported)) = (a.rank, &work.rendezvous) {
         // This agent's predecessor reported rank 0's address and died before the rank ran: the other ranks
         // were told that address and may be connecting to it already, so rank 0 listens there again.
-        listen_again_at(reported).await?
+        rank.rendezvous_listener = Some(launch.pass(listen_again_at(reported).await?));
+        reported.clone()
     } else if a.rank == 0 {
-        // A port free now on this node; rank 0 listens on it moments later. Another process can take it in
-        // between (seen under the test suite's load): rank 0 then fails its rendezvous and the placement
-        // restarts from its checkpoint. Passing this listener to rank 0, as the shared-memory segment is
-        // passed, would close the gap.
-        let port = std::net::TcpListener::bind((ctx.address, 0))?.local_addr()?.port();
-        let endpoint = std::net::SocketAddr::new(ctx.address, port).to_string();
+        let listener = std::net::TcpListener::bind((ctx.address, 0))?;
+        let endpoint = std::net::SocketAddr::new(ctx.address, listener.local_addr()?.port()).to_string();
+        rank.rendezvous_listener = Some(launch.pass(listener));
         // through a server restart: a placement must not fail because the server was down at its start
         through_outage(|| ctx.client.report_endpoint(a.id, &endpoint)).await?;
         endpoint
     } else {
         work.rendezvous.clone().context("rank 0's address is not known yet")?
     };
+    let mut command = Command::new(&ctx.exe);
+    launch.apply(command.as_std_mut())?;
+    if let Some(secret) = &work.rendezvous_secret {
+        command.env(ringtrain_protocol::rank::RENDEZVOUS_SECRET_ENV, secret);
+    }
     (rank.rank, rank.world, rank.rendezvous) = (a.rank as usize, a.world_size as usize, rendezvous);
     // the placement's processes play the job's k ranks: an elastic job's placements differ in how many
     let (workers, world) = (prepared.spec.workers as usize, rank.world.max(1));
@@ -255,17 +256,18 @@ async fn rank_process(
 /// How long [`listen_again_at`] waits for a dead predecessor's rank to let go of its address.
 const REUSE_ENDPOINT_WAIT: Duration = Duration::from_secs(5);
 
-/// Rank 0's address as an earlier agent of this node reported it (`host:port`), once it can be bound again.
+/// A socket bound to rank 0's address as an earlier agent of this node reported it (`host:port`), once it
+/// can be bound again.
 /// A new address instead would fail the placement: the other ranks, told the old one, would try it until
 /// their join timeout (the soak saw a job lose an attempt so, 120 s later, after an agent kill). The old
 /// rank, if it ever ran, exits with its agent; a port taken for good is an error.
-async fn listen_again_at(reported: &str) -> Result<String> {
+async fn listen_again_at(reported: &str) -> Result<std::net::TcpListener> {
     let address: std::net::SocketAddr =
         reported.parse().with_context(|| format!("rank 0's reported address {reported:?} is not host:port"))?;
     let deadline = tokio::time::Instant::now() + REUSE_ENDPOINT_WAIT;
     loop {
         match std::net::TcpListener::bind(address) {
-            Ok(_) => return Ok(reported.to_string()),
+            Ok(listener) => return Ok(listener),
             Err(err) if tokio::time::Instant::now() >= deadline => {
                 return Err(err).with_context(|| {
                     format!(

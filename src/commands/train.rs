@@ -104,6 +104,10 @@ pub struct Args {
     /// agent pass it when all of a job's ranks are on one machine.
     #[arg(long)]
     shared_memory: Option<PathBuf>,
+    /// Rank 0: the socket to accept the rendezvous on (a passed descriptor, /proc/self/fd/N), already bound
+    /// to --rendezvous's port by the agent, which reported that port before this rank started.
+    #[arg(long)]
+    rendezvous_listener: Option<PathBuf>,
     /// Tests on one GPU only: --local K ranks all on GPU 0, each told it is its own host (NCCL_HOSTID), so
     /// NCCL accepts them and connects them over loopback sockets (NCCL refuses two ranks on one GPU).
     #[arg(long, hide = true)]
@@ -232,6 +236,10 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         Some(path) => Some(shared_segment(path, config.world)?),
         None => None,
     };
+    if let Some(path) = &args.rendezvous_listener {
+        let socket = ringtrain_sandbox::take_passed(path).context("--rendezvous-listener")?;
+        ringtrain_worker::collective::listen_on(std::net::TcpListener::from(socket));
+    }
     let mut comm = args.collective.connect(&config, device, segment)?;
     // One line for the job's logs: what this rank runs, where, and from where it resumes. (Written, not
     // eprintln!: a closed stderr must not panic the rank.)
@@ -309,7 +317,7 @@ fn rank_confinement(args: &Args, spec: &JobSpec, private: &std::path::Path) -> r
     ringtrain_sandbox::Confinement {
         read,
         write,
-        kept: args.shared_memory.iter().cloned().collect(),
+        kept: args.shared_memory.iter().chain(&args.rendezvous_listener).cloned().collect(),
         gpu: spec.device == DeviceKind::Gpu,
         network: ringtrain_sandbox::Network::Ring { ports: args.rendezvous.iter().map(SocketAddr::port).collect() },
         limits: ringtrain_sandbox::Limits::rank(args.sandbox.max_file_mib << 20),
@@ -511,6 +519,7 @@ mod tests {
             overlap: true,
             collective: Some("ring".into()),
             shared_memory: Some("/proc/self/fd/5".into()),
+            rendezvous_listener: Some("/proc/self/fd/6".into()),
             dataset_file: Some("/proc/self/fd/3".into()),
             model_file: Some("/proc/self/fd/4".into()),
             model_inputs: Some(vec!["numeric".into(), "tokens".into()]),
@@ -535,6 +544,7 @@ mod tests {
         assert_eq!(args.collective.name(), "ring");
         assert_eq!(args.dataset_file, Some("/proc/self/fd/3".into()));
         assert_eq!(args.shared_memory, Some("/proc/self/fd/5".into()));
+        assert_eq!(args.rendezvous_listener, Some("/proc/self/fd/6".into()));
         assert_eq!(args.model_file, Some("/proc/self/fd/4".into()));
         assert_eq!(args.model_inputs, Some(vec!["numeric".to_string(), "tokens".to_string()]));
         assert!(args.exit_with_parent);

@@ -138,6 +138,30 @@ fn a_missing_rank_fails_the_rendezvous_by_number() {
     assert!(err.to_string().contains("rank 1, rank 2 did not join"), "{err}");
 }
 
+/// Rank 0 handed a socket already bound to the rendezvous port (as an agent hands it) accepts on it: the
+/// port is held from the moment it was chosen, so binding it again (what rank 0 did before, and what
+/// another process could have beaten it to) would fail here, and the ring still forms.
+#[test]
+fn rank_0_accepts_on_the_socket_it_was_handed() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = held.local_addr().unwrap();
+    assert!(std::net::TcpListener::bind(address).is_err(), "the port is held");
+    ringtrain_worker::collective::listen_on(held);
+    let handles: Vec<_> = (0..3)
+        .map(|rank| {
+            thread::spawn(move || {
+                let mut ring = RingCollective::connect(&config(address, rank, 3, Duration::from_secs(20))).unwrap();
+                let mut buf = input(rank, 1000);
+                ring.all_reduce_sum(&mut buf).unwrap();
+                buf
+            })
+        })
+        .collect();
+    let sums: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let expected: Vec<f32> = (0..1000).map(|i| (0..3).map(|r| input(r, 1000)[i]).sum()).collect();
+    assert!(sums.iter().all(|s| *s == expected), "every rank has the sum");
+}
+
 fn with_secret(address: SocketAddr, rank: usize, world: usize, secret: &str) -> RendezvousConfig {
     RendezvousConfig { secret: Some(secret.to_string()), ..config(address, rank, world, Duration::from_secs(20)) }
 }

@@ -36,6 +36,9 @@ pub struct RankCommand {
     /// The shared memory segment (a passed `memfd`, `/proc/self/fd/N`) every rank of this machine was
     /// given: CPU ranks all-reduce through it.
     pub shared_memory: Option<PathBuf>,
+    /// Rank 0 only: the socket it accepts the rendezvous on (a passed descriptor, `/proc/self/fd/N`), bound
+    /// by the agent to the port it reported, so no other process can take that port before rank 0 listens.
+    pub rendezvous_listener: Option<PathBuf>,
     /// An uploaded dataset's file, an uploaded model's file, and the model's inputs in forward's order.
     pub dataset_file: Option<PathBuf>,
     pub model_file: Option<PathBuf>,
@@ -74,6 +77,7 @@ impl RankCommand {
             ("--stop-file", &self.stop_file),
             ("--sandbox-dir", &self.sandbox_dir),
             ("--shared-memory", &self.shared_memory),
+            ("--rendezvous-listener", &self.rendezvous_listener),
         ];
         for (name, path) in paths {
             if let Some(path) = path {

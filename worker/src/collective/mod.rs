@@ -14,7 +14,7 @@ use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 pub use nccl::NcclCollective;
-pub use rendezvous::RendezvousConfig;
+pub use rendezvous::{listen_on, RendezvousConfig};
 pub use ring::RingCollective;
 pub use shm::{ShmCollective, ShmSegment, DEFAULT_SLOT_ELEMS};
 

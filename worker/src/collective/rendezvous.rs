@@ -10,6 +10,7 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -187,10 +188,30 @@ fn connect_right(
     Ok(right)
 }
 
+/// The socket rank 0's process was handed to accept the rendezvous on ([`listen_on`]).
+static HANDED: Mutex<Option<TcpListener>> = Mutex::new(None);
+
+/// Rank 0 accepts the rendezvous on `listener` (bound by whoever started it, to the port it told the other
+/// ranks) instead of binding that port itself: between an agent finding a free port and the rank binding
+/// it, another process could take it, and the placement failed (seen under a test suite's load).
+pub fn listen_on(listener: TcpListener) {
+    if let Ok(mut handed) = HANDED.lock() {
+        *handed = Some(listener);
+    }
+}
+
+/// The handed socket if it is bound to `address`, else `address` bound now.
+fn rank0_listener(address: SocketAddr) -> CommResult<TcpListener> {
+    let handed = HANDED.lock().ok().and_then(|h| h.as_ref().and_then(|l| l.try_clone().ok()));
+    match handed {
+        Some(listener) if listener.local_addr().ok() == Some(address) => Ok(listener),
+        _ => TcpListener::bind(address).map_err(|e| rv_err(format!("rank 0 cannot listen on {address}: {e}"))),
+    }
+}
+
 /// Rank 0: accepts every other rank's hello and sends back the address table.
 fn serve_table(config: &RendezvousConfig, ring_port: u16) -> CommResult<Vec<SocketAddr>> {
-    let listener = TcpListener::bind(config.address)
-        .map_err(|e| rv_err(format!("rank 0 cannot listen on {}: {e}", config.address)))?;
+    let listener = rank0_listener(config.address)?;
     let deadline = Instant::now() + config.join_timeout;
     let mut peers: Vec<Option<SocketAddr>> = vec![None; config.world];
     peers[0] = Some(SocketAddr::new(config.address.ip(), ring_port));
