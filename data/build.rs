@@ -4,6 +4,7 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/jpeg_region.c");
+    println!("cargo:rerun-if-changed=csrc/jpeg_region.h");
     println!("cargo:rerun-if-changed=csrc/jpeg_restart.c");
     println!("cargo:rerun-if-changed=csrc/jpeg_huffman.c");
     println!("cargo:rerun-if-changed=csrc/jpeg_huffman.h");

@@ -17,15 +17,7 @@
 
 #include <jpeglib.h>
 
-struct rt_region {
-  unsigned char *pixels;
-  unsigned width, height, left, top, scale, own_huffman;
-};
-int rt_jpeg_region(const unsigned char *data, unsigned long len, double x, double y, double w, double h,
-                   unsigned out, int own_huffman, struct rt_region *region, char *error, size_t error_len);
-int rt_jpeg_size(const unsigned char *data, unsigned long len, unsigned *width, unsigned *height, char *error,
-                 size_t error_len);
-void rt_jpeg_free(unsigned char *pixels);
+#include "jpeg_region.h"
 
 static unsigned long state = 12345;
 static unsigned next(void) {
@@ -75,9 +67,9 @@ static unsigned char *seed(unsigned width, unsigned height, int h_samp, int v_sa
 static int same_as_libjpeg(const unsigned char *jpeg, unsigned long size, unsigned width, unsigned height) {
   struct rt_region own, theirs;
   char error[200];
-  if (rt_jpeg_region(jpeg, size, 0, 0, width, height, width > height ? width : height, 1, &own, error,
+  if (rt_jpeg_region(jpeg, size, 0, 0, width, height, width > height ? width : height, 1, 0, &own, error,
                      sizeof error) != 0 ||
-      rt_jpeg_region(jpeg, size, 0, 0, width, height, width > height ? width : height, 0, &theirs, error,
+      rt_jpeg_region(jpeg, size, 0, 0, width, height, width > height ? width : height, 0, 0, &theirs, error,
                      sizeof error) != 0) {
     fprintf(stderr, "a seed does not decode: %s\n", error);
     return 0;
@@ -149,7 +141,9 @@ int main(int argc, char **argv) {
       double w = 1 + next() % width, h = 1 + next() % height;
       double x = next() % (unsigned)(width - w + 1), y = next() % (unsigned)(height - h + 1);
       struct rt_region region;
-      if (rt_jpeg_region(exact, len, x, y, w, h, 1 + next() % 224, 1, &region, error, sizeof error) == 0) {
+      /* every other round as planes, as the loader asks */
+      if (rt_jpeg_region(exact, len, x, y, w, h, 1 + next() % 224, 1, (int)(round & 1), &region, error,
+                         sizeof error) == 0) {
         decoded++;
         rt_jpeg_free(region.pixels);
       } else {

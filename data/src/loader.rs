@@ -11,10 +11,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use fast_image_resize::Resizer;
 use ringtrain_core::random::SplitMix64;
 
-use crate::image::{centre_crop, crop_into, decode_for, random_resized_crop, size, whole};
+use crate::image::{centre_crop, crop_into, decode_for, random_resized_crop, size, whole, Scratch};
 use crate::index::SplitIndex;
 use crate::order::{augmentation_seed, locate};
 use crate::shard::{Layout, ShardError, ShardMap};
@@ -208,8 +207,7 @@ pub fn load_sample(
     reader: &SplitReader,
     id: u64,
     transform: Transform,
-    resizer: &mut Resizer,
-    scratch: &mut Option<fast_image_resize::images::Image<'static>>,
+    scratch: &mut Scratch,
     out: &mut [Vec<u8>],
 ) -> Result<u32, String> {
     let name = |reason: String| {
@@ -236,8 +234,8 @@ pub fn load_sample(
         CropMode::Centre => centre_crop(width, height, transform.size),
         CropMode::Whole => whole(width, height),
     };
-    let (pixels, within) = decode_for(&bytes, format, crop, transform.size).map_err(name)?;
-    crop_into(&pixels, within, transform.size, resizer, scratch, out).map_err(name)?;
+    let (image, within) = decode_for(&bytes, format, crop, transform.size).map_err(name)?;
+    crop_into(&image, within, transform.size, scratch, out).map_err(name)?;
     Ok(class)
 }
 
@@ -328,7 +326,7 @@ fn work(shared: &(Mutex<State>, Condvar), plan: &[Vec<u64>], reader: &SplitReade
     let (lock, changed) = shared;
     let part_bytes = reader.part_bytes(transform.size);
     let mut out: Vec<Vec<u8>> = part_bytes.iter().map(|&n| vec![0u8; n]).collect();
-    let (mut resizer, mut scratch) = (Resizer::new(), None);
+    let mut scratch = Scratch::default();
     loop {
         let (batch, position) = {
             let Ok(mut state) = lock.lock() else { return };
@@ -354,7 +352,7 @@ fn work(shared: &(Mutex<State>, Condvar), plan: &[Vec<u64>], reader: &SplitReade
             state.next = if taken.1 + 1 < plan[taken.0].len() { (taken.0, taken.1 + 1) } else { (taken.0 + 1, 0) };
             taken
         };
-        let loaded = load_sample(reader, plan[batch][position], transform, &mut resizer, &mut scratch, &mut out);
+        let loaded = load_sample(reader, plan[batch][position], transform, &mut scratch, &mut out);
         let Ok(mut state) = lock.lock() else { return };
         match loaded {
             Err(why) => state.failed = Some(why),

@@ -1,8 +1,9 @@
 //! JPEG through libjpeg-turbo (`csrc/jpeg_region.c`, linked statically): the image's size from its header,
 //! and the part of it a crop needs, decoded at the smallest DCT scale that keeps the crop's resolution at
-//! least the output's; a JPEG with restart markers (as `datasets pack` writes them) entropy-decoded by
-//! `csrc/jpeg_huffman.c` instead of libjpeg's slow path. Every libjpeg call (and its longjmp on error) stays
-//! in C; an error comes back here as its message.
+//! least the output's, as RGB or as the planes the JPEG stores (for [`super::planes`]); a JPEG with restart
+//! markers (as `datasets pack` writes them) entropy-decoded by `csrc/jpeg_huffman.c` instead of libjpeg's
+//! slow path. Every libjpeg call (and its longjmp on error) stays in C; an error comes back here as its
+//! message.
 
 #![allow(unsafe_code)]
 
@@ -17,6 +18,9 @@ struct RtRegion {
     top: c_uint,
     scale: c_uint,
     own_huffman: c_uint,
+    layout: c_uint,
+    chroma_h: c_uint,
+    chroma_v: c_uint,
 }
 
 extern "C" {
@@ -38,6 +42,7 @@ extern "C" {
         h: f64,
         out: c_uint,
         own_huffman: c_int,
+        planar: c_int,
         region: *mut RtRegion,
         error: *mut c_char,
         error_len: usize,
@@ -53,8 +58,8 @@ extern "C" {
     ) -> c_int;
 }
 
-/// What [`region`] decoded: `width`×`height` RGB pixels of the image scaled by `scale`/8, starting at column
-/// `left` and row `top` of the scaled image.
+/// What [`region`] decoded: `width`×`height` pixels of the image scaled by `scale`/8, starting at column
+/// `left` and row `top` of the scaled image, laid out as `layout` says.
 #[derive(Debug)]
 pub struct Region {
     pub pixels: Vec<u8>,
@@ -63,8 +68,52 @@ pub struct Region {
     pub left: u32,
     pub top: u32,
     pub scale: u32,
+    pub layout: Layout,
     /// Whether [`Huffman::Own`] decoded it (it does only a baseline JPEG with restart markers).
     pub own_huffman: bool,
+}
+
+/// How a [`Region`]'s pixels are laid out (`RT_RGB`, `RT_YCBCR`, `RT_GREY` in `csrc/jpeg_region.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// RGB pixels, row by row.
+    Rgb,
+    /// The JPEG's planes as it stores them, each row by row: Y at every pixel, then Cb and Cr, one sample
+    /// for every `h`×`v` pixels (1 or 2; the last of a row or column may cover fewer), not converted.
+    YCbCr { h: u32, v: u32 },
+    /// One plane of grey.
+    Grey,
+}
+
+impl Layout {
+    /// The chroma planes' width and height for a `width`×`height` image (none for RGB or grey).
+    pub fn chroma_size(self, width: u32, height: u32) -> Option<(u32, u32)> {
+        match self {
+            Layout::YCbCr { h, v } => Some((width.div_ceil(h), height.div_ceil(v))),
+            Layout::Rgb | Layout::Grey => None,
+        }
+    }
+
+    /// How many bytes a `width`×`height` image holds in this layout.
+    pub fn bytes(self, width: u32, height: u32) -> usize {
+        let pixels = width as usize * height as usize;
+        match (self, self.chroma_size(width, height)) {
+            (Layout::Rgb, _) => pixels * 3,
+            (_, Some((w, h))) => pixels + 2 * w as usize * h as usize,
+            _ => pixels,
+        }
+    }
+}
+
+/// What [`region_by`] returns the pixels as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// RGB, whatever the JPEG stores.
+    Rgb,
+    /// A grey JPEG, or a YCbCr one whose chroma is subsampled at the scale decoded, as its planes
+    /// ([`Layout::Grey`], [`Layout::YCbCr`]); anything else as RGB (chroma at every pixel is converted
+    /// faster by libjpeg than resized on its own: `csrc/jpeg_region.c`).
+    Planes,
 }
 
 fn message(buffer: &[c_char]) -> String {
@@ -98,19 +147,44 @@ pub enum Huffman {
     Libjpeg,
 }
 
-/// Decodes the crop (`x`, `y`, `w`, `h`, in the image's pixels) as it will be resized to `out`×`out`.
+/// Decodes the crop (`x`, `y`, `w`, `h`, in the image's pixels) as it will be resized to `out`×`out`, as
+/// RGB.
 pub fn region(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32) -> Result<Region, String> {
-    region_by(bytes, x, y, w, h, out, Huffman::Own)
+    region_by(bytes, x, y, w, h, out, Huffman::Own, Output::Rgb)
 }
 
-/// [`region`], entropy-decoded by `huffman`.
+/// [`region`] as planes where the JPEG has them ([`Output::Planes`]): what the loader resizes.
+pub fn planes(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32) -> Result<Region, String> {
+    region_by(bytes, x, y, w, h, out, Huffman::Own, Output::Planes)
+}
+
+/// [`region`], entropy-decoded by `huffman`, laid out as `output` asks.
 #[allow(clippy::too_many_arguments)]
-pub fn region_by(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32, huffman: Huffman) -> Result<Region, String> {
-    let mut raw =
-        RtRegion { pixels: std::ptr::null_mut(), width: 0, height: 0, left: 0, top: 0, scale: 0, own_huffman: 0 };
+pub fn region_by(
+    bytes: &[u8],
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+    out: u32,
+    huffman: Huffman,
+    output: Output,
+) -> Result<Region, String> {
+    let mut raw = RtRegion {
+        pixels: std::ptr::null_mut(),
+        width: 0,
+        height: 0,
+        left: 0,
+        top: 0,
+        scale: 0,
+        own_huffman: 0,
+        layout: 0,
+        chroma_h: 1,
+        chroma_v: 1,
+    };
     let mut error = [0 as c_char; 200];
-    // SAFETY: as in `size`; on success the C side hands over `raw.pixels` (width × height × 3 bytes,
-    // malloc'd), which is copied and freed below exactly once.
+    // SAFETY: as in `size`; on success the C side hands over `raw.pixels` (as many bytes as its layout
+    // says, malloc'd), which is copied and freed below exactly once.
     let status = unsafe {
         rt_jpeg_region(
             bytes.as_ptr(),
@@ -121,6 +195,7 @@ pub fn region_by(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32, huffman
             h,
             out,
             c_int::from(huffman == Huffman::Own),
+            c_int::from(output == Output::Planes),
             &mut raw,
             error.as_mut_ptr(),
             error.len(),
@@ -129,8 +204,14 @@ pub fn region_by(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32, huffman
     if status != 0 {
         return Err(message(&error));
     }
-    let len = raw.width as usize * raw.height as usize * 3;
-    // SAFETY: on success `raw.pixels` points to `len` initialised bytes the C side allocated for us.
+    let layout = match raw.layout {
+        1 => Layout::YCbCr { h: raw.chroma_h, v: raw.chroma_v },
+        2 => Layout::Grey,
+        _ => Layout::Rgb,
+    };
+    let len = layout.bytes(raw.width, raw.height);
+    // SAFETY: on success `raw.pixels` points to `len` initialised bytes the C side allocated for us (its
+    // planes are sized as `Layout::bytes` computes them: jpeg_region.c, rt_jpeg_region).
     let pixels = unsafe { std::slice::from_raw_parts(raw.pixels, len) }.to_vec();
     // SAFETY: the buffer came from the C side's malloc and is freed once, after the copy above.
     unsafe { rt_jpeg_free(raw.pixels) };
@@ -141,6 +222,7 @@ pub fn region_by(bytes: &[u8], x: f64, y: f64, w: f64, h: f64, out: u32, huffman
         left: raw.left,
         top: raw.top,
         scale: raw.scale,
+        layout,
         own_huffman: raw.own_huffman != 0,
     })
 }
@@ -220,7 +302,7 @@ mod tests {
     }
 
     /// Every crop at every DCT scale, of whole images with restart markers and of the sub-images cut from
-    /// them: the own decoder's pixels are libjpeg-turbo's, byte for byte.
+    /// them, as RGB and as planes: the own decoder's pixels are libjpeg-turbo's, byte for byte.
     #[test]
     fn the_own_huffman_decoder_gives_libjpegs_pixels() {
         let mut rng = SplitMix64::new(7);
@@ -232,11 +314,14 @@ mod tests {
                     if let Some(sub) = restart::sub_image(&marked, c.left, c.top, c.width, c.height) {
                         cases.push((sub.jpeg, c.left - f64::from(sub.left), c.top - f64::from(sub.top)));
                     }
-                    for (bytes, x, y) in cases {
-                        let own = region_by(&bytes, x, y, c.width, c.height, out, Huffman::Own).unwrap();
-                        let theirs = region_by(&bytes, x, y, c.width, c.height, out, Huffman::Libjpeg).unwrap();
+                    for ((bytes, x, y), output) in
+                        cases.iter().flat_map(|case| [(case, Output::Rgb), (case, Output::Planes)])
+                    {
+                        let (bytes, x, y) = (bytes.as_slice(), *x, *y);
+                        let own = region_by(bytes, x, y, c.width, c.height, out, Huffman::Own, output).unwrap();
+                        let theirs = region_by(bytes, x, y, c.width, c.height, out, Huffman::Libjpeg, output).unwrap();
                         assert!(own.own_huffman && !theirs.own_huffman, "{name}: the own decoder was not used");
-                        let shape = |r: &Region| (r.width, r.height, r.left, r.top, r.scale);
+                        let shape = |r: &Region| (r.width, r.height, r.left, r.top, r.scale, r.layout);
                         assert_eq!(shape(&own), shape(&theirs), "{name} {c:?} at {out}");
                         let differing = own.pixels.iter().zip(&theirs.pixels).filter(|(a, b)| a != b).count();
                         assert_eq!(differing, 0, "{name} {c:?} at {out}: {differing} bytes differ from libjpeg's");
@@ -282,6 +367,9 @@ mod tests {
             let c = random_resized_crop(width, height, &mut rng);
             if let Ok(r) = region(&bytes, c.left, c.top, c.width, c.height, 64) {
                 assert_eq!(r.pixels.len(), r.width as usize * r.height as usize * 3);
+            }
+            if let Ok(r) = planes(&bytes, c.left, c.top, c.width, c.height, 64) {
+                assert_eq!(r.pixels.len(), r.layout.bytes(r.width, r.height));
             }
         }
     }

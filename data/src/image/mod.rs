@@ -1,6 +1,8 @@
 //! Decoding an image and Goyal's augmentation, into the CHW bytes a batch is made of. A JPEG is decoded by
 //! libjpeg-turbo, only as far as its crop needs ([`jpeg`]: the rows and columns of the crop, at the
-//! smallest DCT scale that keeps its resolution at least the output's); a PNG whole, by the png crate.
+//! smallest DCT scale that keeps its resolution at least the output's), into its planes as stored, each
+//! resized on its own and converted to RGB at the output's size ([`planes`]); a PNG whole, by the png
+//! crate.
 //!
 //! - Training: a random-resized crop (Szegedy et al.'s scale augmentation, as torchvision's
 //!   `RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3))` draws it), resized to `size`×`size`
@@ -20,7 +22,10 @@ use ringtrain_core::random::SplitMix64;
 use crate::shard::ImageFormat;
 
 pub mod jpeg;
+pub mod planes;
 pub mod restart;
+
+pub use planes::Planes;
 
 /// A decoded image, RGB, row by row.
 #[derive(Debug, Clone)]
@@ -62,12 +67,39 @@ pub fn size(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
     Ok((width, height))
 }
 
+/// A decoded image, as the loader resizes it.
+#[derive(Debug, Clone)]
+pub enum Decoded {
+    /// RGB pixels: a PNG, or a JPEG stored otherwise than as YCbCr or grey (CMYK, say).
+    Rgb(Rgb),
+    /// A JPEG's planes, as it stores them.
+    Planes(Planes),
+}
+
+impl Decoded {
+    /// The image's (the luma plane's) width and height.
+    pub fn size(&self) -> (u32, u32) {
+        match self {
+            Decoded::Rgb(rgb) => (rgb.width, rgb.height),
+            Decoded::Planes(planes) => (planes.width, planes.height),
+        }
+    }
+
+    /// How many bytes it holds.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Decoded::Rgb(rgb) => rgb.pixels.len(),
+            Decoded::Planes(planes) => planes.pixels.len(),
+        }
+    }
+}
+
 /// Decodes what `crop` needs of the image for an output of `out`×`out`: the decoded pixels and the crop
-/// in their coordinates (a JPEG's crop region at a reduced scale, from the crop's restart intervals alone
-/// where it has them; a PNG whole, the crop as it was).
-pub fn decode_for(bytes: &[u8], format: ImageFormat, crop: Crop, out: u32) -> Result<(Rgb, Crop), String> {
+/// in their coordinates (a JPEG's crop region at a reduced scale, as its planes, from the crop's restart
+/// intervals alone where it has them; a PNG whole, the crop as it was).
+pub fn decode_for(bytes: &[u8], format: ImageFormat, crop: Crop, out: u32) -> Result<(Decoded, Crop), String> {
     match format {
-        ImageFormat::Png => Ok((decode_png(bytes)?, crop)),
+        ImageFormat::Png => Ok((Decoded::Rgb(decode_png(bytes)?), crop)),
         ImageFormat::Jpeg => {
             // the crop's restart intervals alone where the JPEG has them (as `datasets pack` writes it)
             let sub = restart::sub_image(bytes, crop.left, crop.top, crop.width, crop.height);
@@ -78,22 +110,26 @@ pub fn decode_for(bytes: &[u8], format: ImageFormat, crop: Crop, out: u32) -> Re
                 ),
                 None => (bytes, crop),
             };
-            let region = jpeg::region(bytes, crop.left, crop.top, crop.width, crop.height, out)?;
+            let region = jpeg::planes(bytes, crop.left, crop.top, crop.width, crop.height, out)?;
             let scale = f64::from(region.scale) / 8.0;
-            let rgb = expect_rgb(Rgb { width: region.width, height: region.height, pixels: region.pixels })?;
+            let (width, height) = (region.width, region.height);
+            let decoded = match region.layout {
+                jpeg::Layout::Rgb => Decoded::Rgb(expect_rgb(Rgb { width, height, pixels: region.pixels })?),
+                layout => Decoded::Planes(Planes { width, height, layout, pixels: region.pixels }),
+            };
             let within = Crop {
                 left: (crop.left * scale - f64::from(region.left)).max(0.0),
                 top: (crop.top * scale - f64::from(region.top)).max(0.0),
-                width: (crop.width * scale).min(f64::from(rgb.width)),
-                height: (crop.height * scale).min(f64::from(rgb.height)),
+                width: (crop.width * scale).min(f64::from(width)),
+                height: (crop.height * scale).min(f64::from(height)),
                 flip: crop.flip,
             };
             let within = Crop {
-                width: within.width.min(f64::from(rgb.width) - within.left),
-                height: within.height.min(f64::from(rgb.height) - within.top),
+                width: within.width.min(f64::from(width) - within.left),
+                height: within.height.min(f64::from(height) - within.top),
                 ..within
             };
-            Ok((rgb, within))
+            Ok((decoded, within))
         }
     }
 }
@@ -197,25 +233,41 @@ pub fn centre_crop(width: u32, height: u32, size: u32) -> Crop {
     }
 }
 
-/// Crops, resizes to `size`×`size` and flips `rgb` as `crop` says, writing channel-major bytes (3×size×size)
-/// into `out`. `resizer` and `scratch` are the calling thread's, reused from one image to the next.
-pub fn crop_into(
-    rgb: &Rgb,
-    crop: Crop,
-    size: u32,
-    resizer: &mut Resizer,
-    scratch: &mut Option<Image<'static>>,
-    out: &mut [u8],
-) -> Result<(), String> {
+/// The calling thread's resizer and resized images, reused from one image to the next.
+#[derive(Debug)]
+pub struct Scratch {
+    resizer: Resizer,
+    rgb: Option<Image<'static>>,
+    planes: planes::Buffers,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch { resizer: Resizer::new(), rgb: None, planes: planes::Buffers::default() }
+    }
+}
+
+/// Crops, resizes to `size`×`size` and flips `image` as `crop` says, writing channel-major RGB bytes
+/// (3×size×size) into `out`.
+pub fn crop_into(image: &Decoded, crop: Crop, size: u32, scratch: &mut Scratch, out: &mut [u8]) -> Result<(), String> {
+    match image {
+        Decoded::Rgb(rgb) => crop_rgb_into(rgb, crop, size, scratch, out),
+        Decoded::Planes(planes) => {
+            planes::crop_into(planes, crop, size, &mut scratch.resizer, &mut scratch.planes, out)
+        }
+    }
+}
+
+fn crop_rgb_into(rgb: &Rgb, crop: Crop, size: u32, scratch: &mut Scratch, out: &mut [u8]) -> Result<(), String> {
     let src = ImageRef::new(rgb.width, rgb.height, &rgb.pixels, PixelType::U8x3).map_err(|e| e.to_string())?;
-    let dst = scratch.get_or_insert_with(|| Image::new(size, size, PixelType::U8x3));
+    let dst = sized(&mut scratch.rgb, size, PixelType::U8x3);
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)).crop(
         crop.left,
         crop.top,
         crop.width,
         crop.height,
     );
-    resizer.resize(&src, dst, &options).map_err(|e| e.to_string())?;
+    scratch.resizer.resize(&src, dst, &options).map_err(|e| e.to_string())?;
     let (size, plane) = (size as usize, size as usize * size as usize);
     let (red, rest) = out.split_at_mut(plane);
     let (green, blue) = rest.split_at_mut(plane);
@@ -230,6 +282,15 @@ pub fn crop_into(
         }
     }
     Ok(())
+}
+
+/// The image in `slot`, made anew unless it is `size`×`size` pixels of `pixel_type`.
+fn sized<'a>(slot: &'a mut Option<Image<'static>>, size: u32, pixel_type: PixelType) -> &'a mut Image<'static> {
+    match slot {
+        Some(image) if image.width() == size && image.height() == size && image.pixel_type() == pixel_type => {}
+        _ => *slot = Some(Image::new(size, size, pixel_type)),
+    }
+    slot.get_or_insert_with(|| Image::new(size, size, pixel_type))
 }
 
 /// One row of RGB pixels into its row of each channel's plane.
@@ -282,17 +343,17 @@ mod tests {
 
     #[test]
     fn a_crop_is_resized_flipped_and_laid_out_by_channel() {
-        let rgb = gradient(64, 48);
-        let (mut resizer, mut scratch) = (Resizer::new(), None);
+        let rgb = Decoded::Rgb(gradient(64, 48));
+        let mut scratch = Scratch::default();
         let mut out = vec![0u8; 3 * 16 * 16];
         let whole = Crop { left: 0.0, top: 0.0, width: 64.0, height: 48.0, flip: false };
-        crop_into(&rgb, whole, 16, &mut resizer, &mut scratch, &mut out).unwrap();
+        crop_into(&rgb, whole, 16, &mut scratch, &mut out).unwrap();
         let (red, green, blue) = (&out[..256], &out[256..512], &out[512..]);
         assert!(red[0] < 20 && red[15] > 235, "red grows to the right: {} {}", red[0], red[15]);
         assert!(green[0] < 20 && green[15 * 16] > 235, "green grows downwards");
         assert!(blue.iter().all(|&b| b == 77));
         let mut flipped = vec![0u8; 3 * 16 * 16];
-        crop_into(&rgb, Crop { flip: true, ..whole }, 16, &mut resizer, &mut scratch, &mut flipped).unwrap();
+        crop_into(&rgb, Crop { flip: true, ..whole }, 16, &mut scratch, &mut flipped).unwrap();
         assert_eq!(flipped[0], out[15], "the flip mirrors each row");
     }
 
@@ -305,15 +366,16 @@ mod tests {
         let bytes = crate::synthetic::jpeg(&pixels, width, height, 90).unwrap();
         let whole = decode(&bytes, ImageFormat::Jpeg).unwrap();
         assert_eq!((whole.width, whole.height), (width, height));
-        let (mut resizer, mut scratch) = (Resizer::new(), None);
+        let whole = Decoded::Rgb(whole);
+        let mut scratch = Scratch::default();
         let mut rng = SplitMix64::new(4);
         for _ in 0..20 {
             let crop = random_resized_crop(width, height, &mut rng);
             let (mut expected, mut got) = (vec![0u8; 3 * 64 * 64], vec![0u8; 3 * 64 * 64]);
-            crop_into(&whole, crop, 64, &mut resizer, &mut scratch, &mut expected).unwrap();
+            crop_into(&whole, crop, 64, &mut scratch, &mut expected).unwrap();
             let (region, within) = decode_for(&bytes, ImageFormat::Jpeg, crop, 64).unwrap();
-            assert!(region.pixels.len() < whole.pixels.len() || crop.width * crop.height >= 0.9 * 400.0 * 350.0);
-            crop_into(&region, within, 64, &mut resizer, &mut scratch, &mut got).unwrap();
+            assert!(region.bytes() < whole.bytes() || crop.width * crop.height >= 0.9 * 400.0 * 350.0);
+            crop_into(&region, within, 64, &mut scratch, &mut got).unwrap();
             let mean: f64 =
                 expected.iter().zip(&got).map(|(a, b)| f64::from(a.abs_diff(*b))).sum::<f64>() / expected.len() as f64;
             assert!(mean < 4.0, "{crop:?}: the region's crop differs by {mean:.2} levels on average");
