@@ -1,7 +1,7 @@
 //! `ringtrain-bench`: ringtrain's benchmarks that are not the product's. Each prints its figures beside
 //! the reference it is judged against (`--json`: one object per measurement). Those that need a platform
 //! start the `ringtrain` binary (`--ringtrain`) as processes: a server, agents, ranks; none links libtorch.
-//! What measures the user's own machine stays in the product (`ringtrain bench allreduce|train|data`).
+//! What measures the user's own machine stays in the product (`ringtrain bench allreduce|train`).
 
 mod commands;
 

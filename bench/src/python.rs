@@ -1,5 +1,5 @@
 //! What a comparison with PyTorch needs on this side: a Python with torch, and the JSON lines a process
-//! prints. Used by `ringtrain-bench pytorch|seeds` and by the product's `ringtrain bench data`.
+//! prints. Used by `ringtrain-bench pytorch|seeds|data`.
 
 use std::path::Path;
 use std::process::Command;

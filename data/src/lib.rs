@@ -6,6 +6,7 @@
 //!   `KEY.cls`, or `KEY.x.NAME.npy` for named inputs), read by member offsets so a reader takes only the samples it needs;
 //! - [`pack`]: an image folder (one sub-folder per class, the torchvision and ImageNet layout) into shards;
 //! - [`pack_tensors`]: a safetensors data set of named tensors (an upload's layout) into shards;
+//! - [`safetensors`]: writing a safetensors file (without libtorch);
 //! - [`order`]: which sample comes when in an epoch, a function of the seed and the epoch alone;
 //! - [`npy`]: one sample's tensor as a NumPy `.npy` member (shards of named tensors);
 //! - [`image`]: decoding (JPEG, PNG) and Goyal's augmentation, into CHW bytes;
@@ -23,6 +24,7 @@ pub mod npy;
 pub mod order;
 pub mod pack;
 pub mod pack_tensors;
+pub mod safetensors;
 pub mod shard;
 pub mod stream;
 pub mod synthetic;

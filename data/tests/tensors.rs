@@ -11,6 +11,7 @@ use ringtrain_data::loader::{Batches, CropMode, SplitReader, Transform};
 use ringtrain_data::npy::Dtype;
 use ringtrain_data::pack::PackOptions;
 use ringtrain_data::pack_tensors::pack_tensors;
+use ringtrain_data::safetensors::Named;
 use ringtrain_data::shard::Layout;
 
 /// One tensor of a safetensors file: name, dtype, shape, little-endian bytes.
@@ -18,24 +19,9 @@ type Stored<'a> = (&'a str, &'a str, Vec<u64>, Vec<u8>);
 
 /// Writes a safetensors file of `tensors`.
 fn write_safetensors(path: &Path, tensors: &[Stored]) {
-    let mut header = serde_json::Map::new();
-    let mut offset = 0;
-    for (name, dtype, shape, bytes) in tensors {
-        let end = offset + bytes.len();
-        header
-            .insert((*name).into(), serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, end]}));
-        offset = end;
-    }
-    let mut text = serde_json::Value::Object(header).to_string();
-    while text.len() % 8 != 0 {
-        text.push(' ');
-    }
-    let mut file = (text.len() as u64).to_le_bytes().to_vec();
-    file.extend_from_slice(text.as_bytes());
-    for (_, _, _, bytes) in tensors {
-        file.extend_from_slice(bytes);
-    }
-    std::fs::write(path, file).unwrap();
+    let named: Vec<Named> =
+        tensors.iter().map(|(name, dtype, shape, bytes)| Named { name, dtype, shape, bytes }).collect();
+    ringtrain_data::safetensors::write(path, &named).unwrap();
 }
 
 fn f32s(values: impl IntoIterator<Item = f32>) -> Vec<u8> {

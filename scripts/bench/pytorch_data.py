@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's input pipeline on ringtrain's shards, the reference of `ringtrain bench data` (issue 55): the
+"""PyTorch's input pipeline on ringtrain's shards, the reference of `ringtrain-bench data` (issue 55): the
 training split of a sharded data set (index.json and its tar shards, as `ringtrain datasets pack` writes
 them) read by a torch.utils.data.DataLoader: each sample's bytes read by offset, decoded, augmented by
 torchvision.transforms.v2 (RandomResizedCrop(size, antialias=True), RandomHorizontalFlip), made a uint8
@@ -14,7 +14,7 @@ process). Two decoders, two kinds of PyTorch user:
                   [--batches 40]
 
 Prints one JSON object: images/s over the timed batches (after two warm-up batches) and per core, counting
-max(workers, 1) cores: `ringtrain bench data` runs it under `taskset` on that many cores, so the main
+max(workers, 1) cores: `ringtrain-bench data` runs it under `taskset` on that many cores, so the main
 process's collating shares them.
 """
 

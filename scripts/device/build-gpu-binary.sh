@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on a machine without a GPU, the stripped release `ringtrain` that scripts/device/check.sh runs on a
-# GPU machine, and leaves it in .device/ringtrain (git-ignored; carry that folder to the device).
+# GPU machine, and leaves it in .device/ringtrain (git-ignored; carry that folder to the device), with the
+# stripped `ringtrain-bench` beside it (no libtorch; check.sh's `shards` step makes its shards with it).
 #
 # - Links against the full torch 2.11.0 with its CUDA 13 wheels: python3's own when it is that version with
 #   lib/libtorch_cuda.so, else the one scripts/setup.sh's GPU branch installs into
@@ -12,7 +13,8 @@
 #   another build that takes the same lock.
 # - Fails unless the binary lists libtorch_cuda.so as NEEDED (without it libtorch never registers CUDA and
 #   `tch::Cuda::is_available()` is false; worker/rpath.rs keeps it), every library resolves, it starts on
-#   this CPU machine, and it is under 60 MiB (what the device machine takes in is 64 MiB in all).
+#   this CPU machine, and the two binaries are under 60 MiB together (what the device machine takes in is
+#   64 MiB in all).
 #
 # The binary's RUNPATH names this machine's torch/lib, which the GPU machine does not have: check.sh sets
 # LD_LIBRARY_PATH from the device's own python3 torch (torch/lib and every nvidia/*/lib), which the loader
@@ -30,6 +32,7 @@ source "$ROOT/scripts/torch.sh"
 
 MAX_BYTES=$((60 << 20))
 out="$ROOT/.device/ringtrain"
+bench_out="$ROOT/.device/ringtrain-bench"
 lock="${RINGTRAIN_CARGO_LOCK:-/tmp/cargo.lock}"
 die() { say "error: $*"; exit 1; }
 
@@ -51,13 +54,15 @@ export LD_LIBRARY_PATH="$torch/lib"
 export CARGO_TARGET_DIR="$CACHE/target-gpu"
 if ! flock -n "$lock" true; then say "waiting for another build to release $lock"; fi
 start=$SECONDS
-flock "$lock" cargo build --release --bin ringtrain
+flock "$lock" cargo build --release --bin ringtrain --bin ringtrain-bench
 say "built in $((SECONDS - start)) s (target folder $CARGO_TARGET_DIR)"
 
 # --- strip and check --------------------------------------------------------------------------------------
 mkdir -p "$(dirname "$out")"
-rm -f "$out"
+rm -f "$out" "$bench_out"
 strip --strip-all -o "$out" "$CARGO_TARGET_DIR/release/ringtrain"
+strip --strip-all -o "$bench_out" "$CARGO_TARGET_DIR/release/ringtrain-bench"
+"$bench_out" --help >/dev/null || die "$bench_out does not start on this machine"
 
 needed=$(readelf -d "$out" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 echo "NEEDED: $(echo "$needed" | tr '\n' ' ')"
@@ -70,8 +75,8 @@ unresolved=$(ldd "$out" | grep 'not found' || true)
 $unresolved"
 "$out" --help >/dev/null || die "$out does not start on this machine"
 
-bytes=$(stat -c %s "$out")
+bytes=$(( $(stat -c %s "$out") + $(stat -c %s "$bench_out") ))
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
-[ "$bytes" -lt "$MAX_BYTES" ] || die "$out is $mib MiB, over the 60 MiB the device check allows"
-echo "ready: $out ($mib MiB, stripped; libtorch_cuda.so NEEDED)"
+[ "$bytes" -lt "$MAX_BYTES" ] || die "$out and $bench_out are $mib MiB, over the 60 MiB the device check allows"
+echo "ready: $out and $bench_out ($mib MiB together, stripped; libtorch_cuda.so NEEDED)"
 echo "on the GPU machine: bash scripts/device/check.sh (carry .device)"

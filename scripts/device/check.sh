@@ -4,7 +4,8 @@
 #
 #   bash scripts/device/check.sh
 #
-# It needs .device/ringtrain, built on a CPU machine by scripts/device/build-gpu-binary.sh. Every step is
+# It needs .device/ringtrain (and .device/ringtrain-bench for the `shards` step), built on a CPU machine by
+# scripts/device/build-gpu-binary.sh. Every step is
 # bounded, logs under $OUT (9 small files: env, nccl, faults, equivalence, sandbox, resnet50, shards and up
 # logs, and table.md), and the script ends by printing the table of all steps (also $OUT/table.md). A failed step never
 # stops the others. Steps, cheapest and most telling first:
@@ -33,10 +34,12 @@
 #   CHECK_STEPS=a,b   run only these steps (for a rerun); CHECK_BUDGET_S (default 450) bounds the whole
 #                     run: a step that no longer fits is skipped and says so
 #   RINGTRAIN_BIN     another binary (default .device/ringtrain)
+#   RINGTRAIN_BENCH_BIN  another ringtrain-bench (default .device/ringtrain-bench; the `shards` step's)
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT" || exit 1
 B="${RINGTRAIN_BIN:-$ROOT/.device/ringtrain}"
+RB="${RINGTRAIN_BENCH_BIN:-$ROOT/.device/ringtrain-bench}"
 OUT="${OUT:-${TMPDIR:-/tmp}/ringtrain-check-out}"
 mkdir -p "$OUT"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ringtrain-check.XXXXXX")
@@ -430,10 +433,10 @@ step_resnet50_one() { # precision batch
 # own images/s on those 12 cores.
 step_shards() {
   local keep="$WORK/jpeg" f="$WORK/shards.out" rc rt r50
-  timeout "$(bound 150)" "$B" bench data --images 4000 --batches 20 --cores 12 --no-pytorch --keep "$keep" --json \
-    >"$f" 2>&1
+  timeout "$(bound 150)" "$RB" --ringtrain "$B" data --images 4000 --batches 20 --cores 12 --no-pytorch \
+    --keep "$keep" --json >"$f" 2>&1
   rc=$?
-  append shards "bench data --images 4000 --cores 12 (rc $rc)" "$f"
+  append shards "ringtrain-bench data --images 4000 --cores 12 (rc $rc)" "$f"
   local pipeline
   pipeline=$(python3 -c 'import json,sys
 rows=[json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

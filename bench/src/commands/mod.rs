@@ -6,9 +6,11 @@
 //! - `elastic`: a borrower reclaimed by the owner of half the pool, elastic next to stop-and-requeue.
 //! - `scale-search`: the lr scaling search next to the full grid of multipliers it prunes.
 //! - `pytorch`, `seeds`: ringtrain against plain PyTorch figure by figure, and accuracy over several seeds.
+//! - `data`: the input pipeline from JPEG shards against PyTorch's DataLoader with torchvision.
 //! - `soak`: the platform under injected faults (kill -9 of ranks, agents and the server; the database
 //!   taken away), checked for lost or doubled work, with its restarts, lost iterations and API latency.
 
+mod data;
 mod elastic;
 mod pytorch;
 mod scale_search;
@@ -22,6 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
+pub use data::DataArgs;
 pub use elastic::ElasticArgs;
 pub use pytorch::PytorchArgs;
 pub use scale_search::ScaleSearchArgs;
@@ -58,6 +61,10 @@ pub enum Bench {
     /// Accuracy over several seeds: a spec's final test error per seed and as mean ± sd, ringtrain (each
     /// initialisation asked for) against the same recipe in plain PyTorch, with the paired difference.
     Seeds(SeedsArgs),
+    /// The input pipeline: images/s per core decoded and augmented into batches from JPEG shards, ringtrain's
+    /// loader against PyTorch's DataLoader with torchvision on the same shards; `--train`: training from the
+    /// shards against the same images held in memory.
+    Data(DataArgs),
     /// Fault-injection soak: a server and agents on this machine, jobs of several teams, random kill -9 of
     /// ranks, agents and the server, and the database taken away; checks nothing was lost or done twice.
     Soak(SoakArgs),
@@ -75,6 +82,7 @@ pub fn run(bench: Bench) -> ExitCode {
         Bench::ScaleSearch(args) => scale_search::run(&args),
         Bench::Pytorch(args) => pytorch::run(&args),
         Bench::Seeds(args) => seeds::run(&args),
+        Bench::Data(args) => data::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,12 +6,10 @@
 //! - `allreduce`: algbw and busbw (nccl-tests definitions) of the TCP ring, next to this machine's memcpy
 //!   bandwidth, or of NCCL on GPUs, with exactness checked.
 //! - `train`: samples/s and time per step by phase, for k ranks next to one rank without communication
-//!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh).
-//! - `data`: the input pipeline from JPEG shards against PyTorch's DataLoader with torchvision (still here:
-//!   its `--train` runs the trainer in this process; it is the next to move).
+//!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh); on a
+//!   `shards:` data set, the loader decodes beside the steps (`ringtrain-bench data --train` runs it so).
 
 mod allreduce;
-mod data;
 mod train;
 
 use std::net::TcpListener;
@@ -22,7 +20,6 @@ use anyhow::{Context, Result};
 use ringtrain_worker::{Collective, RendezvousConfig, RingCollective, ShmCollective, ShmSegment};
 
 pub use allreduce::AllreduceArgs;
-pub use data::DataArgs;
 pub use train::TrainArgs;
 
 #[derive(Debug, clap::Subcommand)]
@@ -31,16 +28,12 @@ pub enum Bench {
     Allreduce(AllreduceArgs),
     /// Training throughput and time per step by phase.
     Train(TrainArgs),
-    /// The input pipeline: images/s per core decoded and augmented into batches from JPEG shards, ringtrain's
-    /// loader against PyTorch's DataLoader with torchvision on the same shards.
-    Data(DataArgs),
 }
 
 pub fn run(bench: Bench) -> ExitCode {
     let outcome = match bench {
         Bench::Allreduce(args) => allreduce::run(&args),
         Bench::Train(args) => train::run(&args),
-        Bench::Data(args) => data::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -40,6 +40,9 @@ pub struct TrainArgs {
     /// A safetensors dataset (x, y) instead of --dataset, e.g. ImageNet-sized images for resnet50.
     #[arg(long)]
     dataset_file: Option<PathBuf>,
+    /// The side images of a `shards:` --dataset are cropped to (the spec's `image_size`).
+    #[arg(long)]
+    image_size: Option<u32>,
     /// cpu or gpu.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -104,6 +107,9 @@ fn bench_spec(args: &TrainArgs, world: u32) -> Result<JobSpec> {
     });
     if args.dataset_file.is_none() {
         spec["train_samples"] = json!(u64::from((args.steps + WARMUP_STEPS) * world * args.batch));
+    }
+    if let Some(size) = args.image_size {
+        spec["image_size"] = json!(size);
     }
     JobSpec::from_json(&spec.to_string())
         .map_err(|e| anyhow::anyhow!("{}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))
@@ -276,6 +282,9 @@ fn gpu_processes(args: &TrainArgs) -> Result<()> {
         }
         if let Some(file) = &args.dataset_file {
             argv.extend(["--dataset-file".to_string(), file.display().to_string()]);
+        }
+        if let Some(size) = args.image_size {
+            argv.extend(["--image-size".to_string(), size.to_string()]);
         }
         if args.json {
             argv.push("--json".into());

@@ -1,11 +1,13 @@
-//! `bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision, on the same
-//! images, in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
+//! `ringtrain-bench data`: ringtrain's input pipeline against PyTorch's DataLoader with torchvision, on the
+//! same images, in one run. Both read the training split of a sharded data set by offset, decode each JPEG,
 //! draw a random-resized crop and a flip, resize to `size` and collate uint8 batches; the figure is images
 //! per second per core, each side pinned to as many cores as it has threads or workers (`taskset`).
 //! Without `--shards` it makes ImageNet-sized synthetic photographs (about 400×350, quality 90, 4:2:0 by
 //! default: `ringtrain_data::synthetic`) and packs them twice: as `datasets pack` does, for ringtrain, and
 //! stored as they are, for PyTorch (the restart markers ringtrain's pack adds put libjpeg-turbo's Huffman
-//! decoding on its slower path, and a PyTorch user's JPEGs have none).
+//! decoding on its slower path, and a PyTorch user's JPEGs have none). The loader is ringtrain-data's own
+//! (no libtorch here); `--train` runs the product's `ringtrain bench train` as a process on the shards and on
+//! the same images decoded once into a safetensors file.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +22,7 @@ use ringtrain_data::synthetic::Chroma;
 use serde_json::{json, Value};
 
 use ringtrain_bench::python::{check_python, json_lines};
+use ringtrain_data::safetensors::Named;
 
 #[derive(Debug, clap::Args)]
 pub struct DataArgs {
@@ -128,7 +131,8 @@ pub fn run(args: &DataArgs) -> Result<()> {
 }
 
 /// One rank training `model` from the shards (its images decoded and augmented by one loader thread beside
-/// the step) and from the same images decoded once and held in memory: samples/s of each.
+/// the step) and from the same images decoded once and held in memory: samples/s of each, from the
+/// product's `ringtrain bench train` (one compute thread) run as a process.
 fn train_from_shards_and_memory(
     args: &DataArgs,
     model: &str,
@@ -136,36 +140,31 @@ fn train_from_shards_and_memory(
     index: &DatasetIndex,
     scratch: &Path,
 ) -> Result<()> {
-    use ringtrain_worker::{SoloCollective, TrainOptions};
-    tch::set_num_threads(1);
     let samples = (args.train_steps + 3) as usize * args.batch;
     anyhow::ensure!(samples <= index.train.samples as usize, "--train needs {samples} training images");
-    let spec = |dataset: &str| -> Result<ringtrain_core::JobSpec> {
-        let mut spec = json!({"model": {"name": model}, "dataset": dataset, "workers": 1, "per_worker_batch": args.batch,
-            "epochs": 1, "train_samples": samples, "test_samples": 1,
-            "lr": {"warmup": {"kind": "none"}, "decay": {"kind": "none"}}});
-        if dataset.starts_with("shards:") {
-            spec["image_size"] = json!(args.train_size);
-        }
-        ringtrain_core::JobSpec::from_json(&spec.to_string()).map_err(|e| anyhow::anyhow!("{}", e[0]))
-    };
     eprintln!("decoding {samples} images once into memory ...");
     let file = scratch.join("in-memory.safetensors");
     write_decoded(shards, index, samples, args.train_size, &file)?;
-    let shards_spec = spec(&format!("shards:{}", shards.display()))?;
-    let memory_spec = spec("synthetic")?;
-    let rate = |wall: f64| f64::from(args.train_steps) * args.batch as f64 / wall;
+    let train = |dataset: &[&std::ffi::OsStr], what: &str| -> Result<f64> {
+        let mut command = Command::new(super::product());
+        command.args(["bench", "train", "--model", model, "--world", "1", "--threads", "1", "--loader-threads", "1"]);
+        command.args(["--batch", &args.batch.to_string(), "--steps", &args.train_steps.to_string(), "--json"]);
+        command.args(dataset);
+        let printed = json_lines(&mut command, what)?;
+        let row = printed.iter().find(|row| row["bench"] == "train").context("bench train printed no row")?;
+        row["samples_per_s"].as_f64().context("bench train printed no samples_per_s")
+    };
+    let on_shards = format!("shards:{}", shards.display());
+    let size = args.train_size.to_string();
+    let from_shards: [&std::ffi::OsStr; 4] =
+        ["--dataset".as_ref(), on_shards.as_ref(), "--image-size".as_ref(), size.as_ref()];
+    let from_memory: [&std::ffi::OsStr; 4] =
+        ["--dataset".as_ref(), "synthetic".as_ref(), "--dataset-file".as_ref(), file.as_os_str()];
     // alternately, twice each: the machine's state moves between runs, and a figure is the better of two
     let (mut shards_rates, mut memory_rates) = (Vec::new(), Vec::new());
     for round in 1..=2 {
-        eprintln!("training {model} from the shards (round {round} of 2) ...");
-        let options = TrainOptions { loader_threads: 1, ..Default::default() };
-        let measured = super::train::measure(&shards_spec, args.train_steps, &mut SoloCollective, options)?;
-        shards_rates.push(rate(measured.wall));
-        eprintln!("training {model} from memory (round {round} of 2) ...");
-        let options = TrainOptions { dataset_file: Some(file.clone()), ..Default::default() };
-        let measured = super::train::measure(&memory_spec, args.train_steps, &mut SoloCollective, options)?;
-        memory_rates.push(rate(measured.wall));
+        shards_rates.push(train(&from_shards, &format!("training {model} from the shards (round {round} of 2)"))?);
+        memory_rates.push(train(&from_memory, &format!("training {model} from memory (round {round} of 2)"))?);
     }
     let best = |rates: &[f64]| rates.iter().copied().fold(0.0, f64::max);
     let (shards_rate, memory_rate) = (best(&shards_rates), best(&memory_rates));
@@ -201,12 +200,15 @@ fn write_decoded(shards: &Path, index: &DatasetIndex, samples: usize, size: u32,
     let transform = Transform { size, crop: CropMode::Centre, seed: 0, epoch: 0 };
     let mut batches = Batches::start(reader, plan, transform, 2, 1);
     let batch = batches.next_batch().context("no batch")?.map_err(anyhow::Error::msg)?;
-    let side = i64::from(size);
-    let x = tch::Tensor::from_slice(batch.images()).view([samples as i64, 3, side, side]);
-    let y = tch::Tensor::from_slice(&batch.labels);
-    let (x_test, y_test) = (x.narrow(0, 0, 1), y.narrow(0, 0, 1));
-    tch::Tensor::write_safetensors(&[("x", &x), ("y", &y), ("x_test", &x_test), ("y_test", &y_test)], file)?;
-    Ok(())
+    let side = u64::from(size);
+    let labels: Vec<u8> = batch.labels.iter().flat_map(|label| label.to_le_bytes()).collect();
+    let image_bytes = (3 * side * side) as usize;
+    let x = Named { name: "x", dtype: "U8", shape: &[samples as u64, 3, side, side], bytes: batch.images() };
+    let y = Named { name: "y", dtype: "I64", shape: &[samples as u64], bytes: &labels };
+    let x_test = Named { name: "x_test", shape: &[1, 3, side, side], bytes: &batch.images()[..image_bytes], ..x };
+    let y_test = Named { name: "y_test", shape: &[1], bytes: &labels[..8], ..y };
+    ringtrain_data::safetensors::write(file, &[x, y, x_test, y_test])
+        .with_context(|| format!("cannot write {}", file.display()))
 }
 
 fn read_index(shards: &Path) -> Result<DatasetIndex> {
@@ -227,7 +229,7 @@ fn pinned(cores: usize, program: &Path) -> Command {
 /// ringtrain's side, pinned: this binary again with `--loader-only`.
 fn ringtrain_pinned(args: &DataArgs, shards: &Path, threads: usize) -> Result<Value> {
     let mut command = pinned(threads, &std::env::current_exe()?);
-    command.args(["bench", "data", "--loader-only", &threads.to_string(), "--shards"]).arg(shards);
+    command.args(["data", "--loader-only", &threads.to_string(), "--shards"]).arg(shards);
     command.args(["--size", &args.size.to_string(), "--batch", &args.batch.to_string()]);
     command.args(["--batches", &args.batches.to_string()]);
     let printed = json_lines(&mut command, &format!("ringtrain's loader, {threads} thread(s) on {threads} core(s)"))?;
