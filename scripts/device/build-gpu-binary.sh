@@ -54,7 +54,7 @@ export LD_LIBRARY_PATH="$torch/lib"
 export CARGO_TARGET_DIR="$CACHE/target-gpu"
 if ! flock -n "$lock" true; then say "waiting for another build to release $lock"; fi
 start=$SECONDS
-flock "$lock" cargo build --release --bin ringtrain --bin ringtrain-bench
+flock "$lock" cargo build --release -p ringtrain -p ringtrain-bench --bin ringtrain --bin ringtrain-bench
 say "built in $((SECONDS - start)) s (target folder $CARGO_TARGET_DIR)"
 
 # --- strip and check --------------------------------------------------------------------------------------
