@@ -195,6 +195,11 @@ impl ApiClient {
     }
 
     /// PUTs a file's bytes as `application/octet-stream`, streamed from disk (`length` bytes).
+    /// `GET /v1/nodes`: the worker pool, each device with who holds it.
+    pub async fn nodes(&self) -> Result<ringtrain_views::nodes::NodeList, CallError> {
+        self.get("/v1/nodes").await
+    }
+
     pub async fn put_file(
         &self,
         path: &str,

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use ringtrain_views::nodes::DeviceView;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -159,25 +160,23 @@ pub async fn preview(args: &PreviewArgs) -> Result<()> {
 
 pub async fn nodes(command: &Nodes) -> Result<()> {
     let Nodes::List(args) = command;
-    let answer: Value = args.connection.client()?.get("/v1/nodes").await?;
+    let answer = args.connection.client()?.nodes().await?;
     if args.json {
-        return print_json(&answer);
+        return print_json(&serde_json::to_value(&answer)?);
     }
-    let rows: Vec<Vec<String>> = answer["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|n| {
-            let devices = n["devices"].as_array().cloned().unwrap_or_default();
-            let count = |kind: &str| devices.iter().filter(|d| d["kind"] == kind).count();
+    let rows: Vec<Vec<String>> = answer
+        .nodes
+        .iter()
+        .map(|node| {
+            let count = |kind: &str| node.devices.iter().filter(|d| d.kind == kind).count();
             vec![
-                text(&n["name"]),
-                text(&n["state"]),
+                node.name.clone(),
+                node.state.clone(),
                 format!("{} gpu, {} cpu", count("gpu"), count("cpu")),
-                devices.iter().filter_map(holder).collect::<Vec<_>>().join(", "),
-                text(&n["address"]),
-                text(&n["last_heartbeat"]).chars().take(19).collect(),
-                text(&n["id"]),
+                node.devices.iter().filter_map(holder).collect::<Vec<_>>().join(", "),
+                node.address.clone().unwrap_or_default(),
+                node.last_heartbeat.format("%Y-%m-%dT%H:%M:%S").to_string(),
+                node.id.to_string(),
             ]
         })
         .collect();
@@ -187,13 +186,15 @@ pub async fn nodes(command: &Nodes) -> Result<()> {
 
 /// `gpu 0: alpha/resnet-8k r3` for a device of the caller's own team's job, `cpu 1: beta` for another
 /// team's; None for a free device.
-fn holder(device: &Value) -> Option<String> {
-    let held = device.get("held_by").filter(|h| h.is_object())?;
-    let job = match (&held["job_name"], &held["job_id"]) {
-        (Value::String(name), _) | (_, Value::String(name)) => format!("/{name} r{}", text(&held["rank"])),
-        _ => String::new(),
+fn holder(device: &DeviceView) -> Option<String> {
+    let held = device.held_by.as_ref()?;
+    let rank = held.rank.map_or_else(String::new, |rank| rank.to_string());
+    let job = match (&held.job_name, &held.job_id) {
+        (Some(name), _) => format!("/{name} r{rank}"),
+        (None, Some(id)) => format!("/{id} r{rank}"),
+        (None, None) => String::new(),
     };
-    Some(format!("{} {}: {}{job}", text(&device["kind"]), text(&device["index"]), text(&held["team_name"])))
+    Some(format!("{} {}: {}{job}", device.kind, device.index, held.team_name))
 }
 
 pub async fn teams(command: &Teams) -> Result<()> {
@@ -277,5 +278,37 @@ pub async fn tokens(command: &Tokens) -> Result<()> {
             println!("revoked {}", args.id);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringtrain_core::{DeviceId, JobId, TeamId};
+    use ringtrain_views::nodes::DeviceHolder;
+
+    #[test]
+    fn a_device_shows_its_holder_as_much_as_the_caller_may_see() {
+        let device = |held_by| DeviceView {
+            id: DeviceId(Uuid::nil()),
+            index: 3,
+            kind: "gpu".into(),
+            name: "H100".into(),
+            memory_bytes: None,
+            held_by,
+        };
+        let held = |job_id, job_name: Option<&str>, rank| DeviceHolder {
+            team_id: TeamId(Uuid::nil()),
+            team_name: "alpha".into(),
+            job_id,
+            job_name: job_name.map(String::from),
+            rank,
+        };
+        assert_eq!(holder(&device(None)), None);
+        let own = held(Some(JobId(Uuid::nil())), Some("resnet-8k"), Some(2));
+        assert_eq!(holder(&device(Some(own))).unwrap(), "gpu 3: alpha/resnet-8k r2");
+        let unnamed = held(Some(JobId(Uuid::nil())), None, Some(0));
+        assert_eq!(holder(&device(Some(unnamed))).unwrap(), format!("gpu 3: alpha/{} r0", Uuid::nil()));
+        assert_eq!(holder(&device(Some(held(None, None, None)))).unwrap(), "gpu 3: alpha");
     }
 }

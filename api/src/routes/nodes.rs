@@ -1,4 +1,5 @@
-//! GET /v1/nodes: the worker pool, each device with who holds it.
+//! GET /v1/nodes: the worker pool, each device with who holds it (the answer's types are
+//! `ringtrain_views::nodes`, which the client reads).
 //!
 //! What a team may see of others: which *team* holds a device, never which job. Sharing a pool is only fair
 //! when everyone can see where its devices went (the same as Slurm's `squeue` showing every account), but a
@@ -8,57 +9,15 @@ use std::collections::HashMap;
 
 use axum::extract::State;
 use axum::Json;
-use chrono::{DateTime, Utc};
-use ringtrain_core::{DeviceId, JobId, NodeId, TeamId};
+use ringtrain_core::TeamId;
 use ringtrain_scheduler::DeviceSlot;
 use ringtrain_store::{Device, Node};
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::auth::User;
 use crate::error::ApiResult;
 use crate::state::AppState;
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct NodeList {
-    pub nodes: Vec<NodeView>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct NodeView {
-    pub id: NodeId,
-    pub name: String,
-    pub address: Option<String>,
-    /// `up`, or `lost` when its heartbeats stopped.
-    pub state: String,
-    pub registered_at: DateTime<Utc>,
-    pub last_heartbeat: DateTime<Utc>,
-    pub devices: Vec<DeviceView>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct DeviceView {
-    pub id: DeviceId,
-    /// The device's index on its node (CUDA ordinal; 0.. for CPU slots).
-    pub index: i32,
-    /// `cpu` or `gpu`.
-    pub kind: String,
-    pub name: String,
-    pub memory_bytes: Option<i64>,
-    /// The placement on it now (scheduled or running); absent when the device is free.
-    pub held_by: Option<DeviceHolder>,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct DeviceHolder {
-    pub team_id: TeamId,
-    pub team_name: String,
-    /// The job and its name: only for the caller's own team (and platform admins).
-    pub job_id: Option<JobId>,
-    pub job_name: Option<String>,
-    /// The rank this device runs; only with `job_id`.
-    pub rank: Option<u32>,
-}
+pub use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeView};
 
 /// The worker pool: nodes, their devices, and which team (and, for your own team, which job and rank) holds
 /// each device now (any user token).
