@@ -195,11 +195,6 @@ impl ApiClient {
     }
 
     /// PUTs a file's bytes as `application/octet-stream`, streamed from disk (`length` bytes).
-    /// `GET /v1/nodes`: the worker pool, each device with who holds it.
-    pub async fn nodes(&self) -> Result<ringtrain_views::nodes::NodeList, CallError> {
-        self.get("/v1/nodes").await
-    }
-
     pub async fn put_file(
         &self,
         path: &str,
@@ -293,6 +288,29 @@ async fn read_json<T: DeserializeOwned>(path: &str, response: reqwest::Response)
         .json()
         .await
         .map_err(|e| CallError { status: None, message: format!("unreadable answer from {path}: {e}") })
+}
+
+/// Typed calls, one per user route, answering the types of `ringtrain-views` (the agent's are in
+/// `ringtrain-agent`'s client, in `ringtrain-protocol`'s types). So far the pool and the schedule preview;
+/// the other routes are still read as JSON by their callers.
+impl ApiClient {
+    /// `GET /v1/nodes`: the worker pool, each device with who holds it.
+    pub async fn nodes(&self) -> Result<ringtrain_views::nodes::NodeList, CallError> {
+        self.get("/v1/nodes").await
+    }
+
+    /// `POST /v1/schedules/preview?workers=…`: `spec`'s schedule at each world size of `workers`
+    /// (comma-separated), side by side.
+    pub async fn preview_schedules(
+        &self,
+        spec: &Value,
+        workers: &str,
+    ) -> Result<ringtrain_views::schedules::PreviewComparison, CallError> {
+        let path = "/v1/schedules/preview";
+        let request = self.request(Method::POST, path).query(&[("workers", workers)]).json(spec);
+        let response = self.send(request.timeout(DEFAULT_TIMEOUT)).await.map_err(|e| in_call(path, e))?;
+        read_json(path, response).await
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use ringtrain_views::nodes::DeviceView;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::connection::{encode, Connection};
+use super::connection::Connection;
 use super::jobs::table;
 
 #[derive(Debug, clap::Args)]
@@ -124,35 +124,32 @@ pub async fn preview(args: &PreviewArgs) -> Result<()> {
         &std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?,
     )
     .with_context(|| format!("{} is not JSON", args.file.display()))?;
-    let api = args.connection.client()?;
-    let workers = encode(&args.workers);
-    let answer: Value = api.post(&format!("/v1/schedules/preview?workers={workers}"), &spec).await?;
+    let answer = args.connection.client()?.preview_schedules(&spec, &args.workers).await?;
     if args.json {
-        return print_json(&answer);
+        return print_json(&serde_json::to_value(&answer)?);
     }
-    let rows: Vec<Vec<String>> = answer["schedules"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows: Vec<Vec<String>> = answer
+        .schedules
+        .iter()
         .map(|s| {
-            let e = &s["schedule"]["effective"];
+            let e = &s.schedule.effective;
             vec![
-                text(&s["workers"]),
-                text(&e["global_batch"]),
-                text(&e["scaled_lr"]),
-                match e["warmup_skipped"].is_string() {
-                    true => "0 (skipped)".to_string(),
-                    false => text(&e["warmup_iterations"]),
+                s.workers.to_string(),
+                e.global_batch.to_string(),
+                e.scaled_lr.to_string(),
+                match e.warmup_skipped {
+                    Some(_) => "0 (skipped)".to_string(),
+                    None => e.warmup_iterations.to_string(),
                 },
-                text(&e["iterations_per_epoch"]),
-                text(&e["total_iterations"]),
+                e.iterations_per_epoch.to_string(),
+                e.total_iterations.to_string(),
             ]
         })
         .collect();
     print!("{}", table(&["WORKERS", "GLOBAL BATCH", "LR", "WARMUP ITERS", "ITERS/EPOCH", "ITERS"], &rows));
-    for schedule in answer["schedules"].as_array().into_iter().flatten() {
-        if let Some(why) = schedule["schedule"]["effective"]["warmup_skipped"].as_str() {
-            println!("k = {}: {why}", text(&schedule["workers"]));
+    for schedule in &answer.schedules {
+        if let Some(why) = &schedule.schedule.effective.warmup_skipped {
+            println!("k = {}: {why}", schedule.workers);
         }
     }
     Ok(())

@@ -3,9 +3,11 @@
 //! line prints from their fields. The agent's half of the wire is `ringtrain-protocol`'s, pinned the same
 //! way (`tests/wire_shape.rs` here and there).
 //!
-//! - [`nodes`]: the worker pool, each device with who holds it (`GET /v1/nodes`).
+//! - [`nodes`]: the worker pool, each device with who holds it (`GET /v1/nodes`);
+//! - [`schedules`]: a spec's schedule at several world sizes (`POST /v1/schedules/preview?workers=…`).
 //!
 //! The other resources' views still live beside their routes in `ringtrain-api` and are read by key in the
 //! command line; they move here one resource at a time.
 
 pub mod nodes;
+pub mod schedules;

@@ -78,3 +78,29 @@ fn the_pool() {
         }]}),
     );
 }
+
+#[test]
+fn a_schedule_preview() {
+    use ringtrain_core::{Effective, JobSpec};
+    use ringtrain_views::schedules::{PreviewComparison, PreviewForWorkers};
+    let spec = JobSpec::from_json(
+        &json!({"model": {"name": "lenet5"}, "dataset": "fashion-mnist", "workers": 8, "per_worker_batch": 32,
+                "epochs": 30, "lr": {"base": 0.1, "reference_batch": 256}})
+        .to_string(),
+    )
+    .unwrap();
+    let schedule = Effective::new(&spec, 60_000).unwrap().render(false);
+    let preview = PreviewComparison { schedules: vec![PreviewForWorkers { workers: 8, schedule: schedule.clone() }] };
+    let wire = serde_json::to_value(&preview).unwrap();
+    // the fields the command line's table and scripts read, by name
+    let effective = &wire["schedules"][0]["schedule"]["effective"];
+    assert_eq!(wire["schedules"][0]["workers"], 8);
+    assert_eq!(effective["global_batch"], 256);
+    assert_eq!(effective["iterations_per_epoch"], 234);
+    assert_eq!(effective["total_iterations"], 7020);
+    assert!(effective["scaled_lr"].is_number() && effective["warmup_iterations"].is_number(), "{effective}");
+    assert!(effective["warmup_skipped"].is_null(), "{effective}");
+    assert!(wire["schedules"][0]["schedule"]["epochs"].is_array());
+    assert!(wire["schedules"][0]["schedule"].get("per_iteration").is_none(), "written only when asked for");
+    pinned(&preview, wire);
+}

@@ -4,9 +4,9 @@
 use axum::extract::State;
 use axum::Json;
 use ringtrain_core::FieldError;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult, ProblemType};
@@ -29,18 +29,7 @@ pub struct PreviewParams {
     pub per_iteration: Option<bool>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PreviewForWorkers {
-    pub workers: u32,
-    /// The ScheduleView for this k.
-    #[schema(value_type = Object)]
-    pub schedule: Value,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PreviewComparison {
-    pub schedules: Vec<PreviewForWorkers>,
-}
+pub use ringtrain_views::schedules::{PreviewComparison, PreviewForWorkers};
 
 const MAX_WORLD_SIZES: usize = 16;
 
@@ -74,7 +63,7 @@ pub async fn preview_schedule(
     let spec = reading.finish(problems.0).map_err(ApiError::validation)?;
     let Some(size) = size else { return Err(ApiError::internal_msg("a spec without a size passed its checks")) };
     let per_iteration = params.per_iteration.unwrap_or(false);
-    let render = |spec: &ringtrain_core::JobSpec| -> ApiResult<Value> {
+    let render = |spec: &ringtrain_core::JobSpec| -> ApiResult<ringtrain_core::ScheduleView> {
         let effective = checks::effective(spec, Some(size))?.ok_or_else(|| ApiError::internal_msg("size was known"))?;
         if per_iteration && effective.total_iterations > MAX_PER_ITERATION {
             return Err(ApiError::field(
@@ -83,9 +72,11 @@ pub async fn preview_schedule(
                 format!("{} iterations is more than {MAX_PER_ITERATION}", effective.total_iterations),
             ));
         }
-        serde_json::to_value(effective.render(per_iteration)).map_err(ApiError::internal)
+        Ok(effective.render(per_iteration))
     };
-    let Some(workers) = params.workers else { return Ok(Json(render(&spec)?)) };
+    let Some(workers) = params.workers else {
+        return Ok(Json(serde_json::to_value(render(&spec)?).map_err(ApiError::internal)?));
+    };
     let sizes = parse_world_sizes(&workers)?;
     let mut schedules = Vec::with_capacity(sizes.len());
     let mut errors = Vec::new();
