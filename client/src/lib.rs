@@ -291,12 +291,23 @@ async fn read_json<T: DeserializeOwned>(path: &str, response: reqwest::Response)
 }
 
 /// Typed calls, one per user route, answering the types of `ringtrain-views` (the agent's are in
-/// `ringtrain-agent`'s client, in `ringtrain-protocol`'s types). So far the pool and the schedule preview;
+/// `ringtrain-agent`'s client, in `ringtrain-protocol`'s types). So far the pool, a job's schedule and the schedule preview;
 /// the other routes are still read as JSON by their callers.
 impl ApiClient {
     /// `GET /v1/nodes`: the worker pool, each device with who holds it.
     pub async fn nodes(&self) -> Result<ringtrain_views::nodes::NodeList, CallError> {
         self.get("/v1/nodes").await
+    }
+
+    /// `GET /v1/jobs/{id}/schedule`: the learning rates a job trains with (with `per_iteration`, the lr of
+    /// every iteration too).
+    pub async fn job_schedule(
+        &self,
+        job: &str,
+        per_iteration: bool,
+    ) -> Result<ringtrain_views::ScheduleView, CallError> {
+        let query = if per_iteration { "?per_iteration=true" } else { "" };
+        self.get(&format!("/v1/jobs/{job}/schedule{query}")).await
     }
 
     /// `POST /v1/schedules/preview?workers=…`: `spec`'s schedule at each world size of `workers`

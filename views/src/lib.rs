@@ -11,3 +11,6 @@
 
 pub mod nodes;
 pub mod schedules;
+
+/// `GET /v1/jobs/{id}/schedule` and a preview without `workers` answer the schedule as the core computes it.
+pub use ringtrain_core::ScheduleView;

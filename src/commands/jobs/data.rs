@@ -107,31 +107,25 @@ fn write_csv(out: &mut impl Write, points: &[Value]) -> std::io::Result<()> {
 pub async fn schedule(args: &ScheduleArgs) -> Result<()> {
     let api = args.connection.client()?;
     let id = resolve(&api, &args.id, Kind::Job).await?;
-    let query = if args.per_iteration { "?per_iteration=true" } else { "" };
-    let view: Value = api.get(&format!("/v1/jobs/{id}/schedule{query}")).await?;
+    let view = api.job_schedule(&id.to_string(), args.per_iteration).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&view)?);
         return Ok(());
     }
-    let effective = &view["effective"];
+    let effective = &view.effective;
     println!(
         "global batch {}, lr {} (x{} of {} for {}), {} warmup iterations, {} iterations",
-        effective["global_batch"],
-        effective["scaled_lr"],
-        effective["scaling_factor"],
-        effective["base_lr"],
-        effective["reference_batch"],
-        effective["warmup_iterations"],
-        effective["total_iterations"]
+        effective.global_batch,
+        effective.scaled_lr,
+        effective.scaling_factor,
+        effective.base_lr,
+        effective.reference_batch,
+        effective.warmup_iterations,
+        effective.total_iterations
     );
     println!("{:>6}  {:>12}  {:>12}", "epoch", "lr first", "lr last");
-    for epoch in view["epochs"].as_array().into_iter().flatten() {
-        println!(
-            "{:>6}  {:>12.6}  {:>12.6}",
-            epoch["epoch"],
-            epoch["lr_first"].as_f64().unwrap_or(f64::NAN),
-            epoch["lr_last"].as_f64().unwrap_or(f64::NAN)
-        );
+    for epoch in &view.epochs {
+        println!("{:>6}  {:>12.6}  {:>12.6}", epoch.epoch, epoch.lr_first, epoch.lr_last);
     }
     Ok(())
 }
