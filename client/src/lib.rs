@@ -291,7 +291,7 @@ async fn read_json<T: DeserializeOwned>(path: &str, response: reqwest::Response)
 }
 
 /// Typed calls, one per user route, answering the types of `ringtrain-views` (the agent's are in
-/// `ringtrain-agent`'s client, in `ringtrain-protocol`'s types). So far the pool, a job's schedule and the schedule preview;
+/// `ringtrain-agent`'s client, in `ringtrain-protocol`'s types). So far the pool, a job's schedule, the schedule preview and uploads in parts;
 /// the other routes are still read as JSON by their callers.
 impl ApiClient {
     /// `GET /v1/nodes`: the worker pool, each device with who holds it.
@@ -308,6 +308,23 @@ impl ApiClient {
     ) -> Result<ringtrain_views::ScheduleView, CallError> {
         let query = if per_iteration { "?per_iteration=true" } else { "" };
         self.get(&format!("/v1/jobs/{job}/schedule{query}")).await
+    }
+
+    /// `POST /v1/datasets/uploads`: starts uploading data set `name` of `size_bytes` in parts of
+    /// `part_bytes`.
+    pub async fn start_upload(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        part_bytes: u64,
+    ) -> Result<ringtrain_views::uploads::UploadView, CallError> {
+        let body = serde_json::json!({"name": name, "size_bytes": size_bytes, "part_bytes": part_bytes});
+        self.post("/v1/datasets/uploads", &body).await
+    }
+
+    /// `GET /v1/datasets/uploads/{id}`: an upload in progress and the parts it still needs.
+    pub async fn upload(&self, id: &str) -> Result<ringtrain_views::uploads::UploadView, CallError> {
+        self.get(&format!("/v1/datasets/uploads/{id}")).await
     }
 
     /// `POST /v1/schedules/preview?workers=…`: `spec`'s schedule at each world size of `workers`

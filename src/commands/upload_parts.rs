@@ -29,28 +29,24 @@ pub async fn upload_in_parts(
 ) -> Result<Value> {
     let mut opened = tokio::fs::File::open(file).await.with_context(|| format!("cannot read {}", file.display()))?;
     let size = opened.metadata().await.with_context(|| format!("cannot read {}", file.display()))?.len();
-    let upload: Value = match resume {
+    let upload = match resume {
         Some(id) => {
-            let upload: Value = api.get(&format!("/v1/datasets/uploads/{id}")).await?;
-            if upload["size_bytes"].as_u64() != Some(size) {
+            let upload = api.upload(&id.to_string()).await?;
+            if u64::try_from(upload.size_bytes).ok() != Some(size) {
                 bail!(
                     "upload {id} is of {} bytes; {} has {size}: resume it with the file it was started with",
-                    upload["size_bytes"],
+                    upload.size_bytes,
                     file.display()
                 );
             }
             upload
         }
-        None => {
-            let body = json!({"name": name, "size_bytes": size, "part_bytes": part_bytes});
-            api.post("/v1/datasets/uploads", &body).await?
-        }
+        None => api.start_upload(name, size, part_bytes).await?,
     };
-    let id = upload["id"].as_str().context("the server's answer has no upload id")?.to_string();
-    let part_bytes = upload["part_bytes"].as_u64().context("the server's answer has no part size")?;
-    let parts = upload["parts"].as_u64().unwrap_or(0);
-    let missing: Vec<u64> =
-        upload["missing"].as_array().map(|m| m.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+    let id = upload.id.to_string();
+    let part_bytes = u64::try_from(upload.part_bytes).context("the server's part size is negative")?;
+    let parts = upload.parts;
+    let missing: Vec<u64> = upload.missing.iter().filter_map(|&n| u64::try_from(n).ok()).collect();
     eprintln!("upload {id}: {} of {parts} parts to send", missing.len());
     for (done, number) in missing.iter().enumerate() {
         let offset = (number - 1) * part_bytes;

@@ -104,3 +104,23 @@ fn a_schedule_preview() {
     assert!(wire["schedules"][0]["schedule"].get("per_iteration").is_none(), "written only when asked for");
     pinned(&preview, wire);
 }
+
+#[test]
+fn an_upload_in_parts() {
+    use ringtrain_views::uploads::UploadView;
+    let upload = UploadView {
+        id: id(9),
+        name: "imagenet-train".into(),
+        size_bytes: 150 << 20,
+        part_bytes: 64 << 20,
+        parts: 3,
+        received: vec![1],
+        missing: vec![2, 3],
+        created_at: at(),
+    };
+    pinned(
+        &upload,
+        json!({"id": id(9).to_string(), "name": "imagenet-train", "size_bytes": 157_286_400, "part_bytes": 67_108_864,
+               "parts": 3, "received": [1], "missing": [2, 3], "created_at": "2026-12-07T13:00:00Z"}),
+    );
+}

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use ringtrain_core::{DatasetId, FieldError};
 use ringtrain_store::{Dataset, NewDataset, Upload};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -52,34 +52,7 @@ pub struct NewUpload {
     pub part_bytes: Option<u64>,
 }
 
-/// An upload in progress and what has arrived of it.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct UploadView {
-    pub id: Uuid,
-    pub name: String,
-    pub size_bytes: i64,
-    pub part_bytes: i64,
-    /// How many parts make the file; part numbers run from 1.
-    pub parts: i64,
-    /// The parts kept so far, in order.
-    pub received: Vec<i64>,
-    /// The parts still to send, in order.
-    pub missing: Vec<i64>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct UploadList {
-    pub uploads: Vec<UploadView>,
-}
-
-/// A part as kept.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ReceivedPart {
-    pub number: i64,
-    pub size_bytes: i64,
-    pub sha256: String,
-}
+pub use ringtrain_views::uploads::{ReceivedPart, UploadList, UploadView};
 
 fn area(upload: Uuid) -> String {
     format!("uploads/{upload}")
