@@ -7,6 +7,20 @@ source "$(dirname "$0")/lib.sh"
 source "$ROOT/scripts/postgres.sh"
 ensure_postgres
 say "DATABASE_URL=$DATABASE_URL"
+# A full disk fails whichever test happens to write next (once the image test's podman layer, 2026-12-07),
+# which says nothing of the code. Below 15 GiB free, cargo's incremental caches go first (only a speed-up:
+# ~8 GiB after a workspace build) with the image tests' leftovers of runs that were killed; the space left is
+# printed, so a failure for want of it reads as such.
+free_gib() { df -P -BG "$1" | awk 'NR == 2 { sub("G", "", $4); print $4 }'; }
+mkdir -p "$CARGO_TARGET_DIR"
+if [ "$(free_gib "$CARGO_TARGET_DIR")" -lt 15 ]; then
+  say "only $(free_gib "$CARGO_TARGET_DIR") GiB free: removing cargo's incremental caches and old test images"
+  rm -rf "$CARGO_TARGET_DIR"/*/incremental
+  if command -v podman >/dev/null; then
+    podman images --format '{{.Repository}}:{{.Tag}}' | grep '^localhost/ringtrain-image-test:' | xargs -r podman rmi -f >/dev/null || true
+  fi
+fi
+say "free disk: $(free_gib "$CARGO_TARGET_DIR") GiB where cargo builds, $(free_gib "${TMPDIR:-/tmp}") GiB for temporary files"
 # Only `worker` (and the binary) may link libtorch: the server side and the node agent build and test without it.
 say "checking that only ringtrain-worker links libtorch (cargo tree; the first time cargo also fetches the crates)..."
 for crate in ringtrain-core ringtrain-protocol ringtrain-store ringtrain-scheduler ringtrain-api ringtrain-client ringtrain-agent ringtrain-sandbox ringtrain-data ringtrain-slurm ringtrain-bench; do
