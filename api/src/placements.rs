@@ -11,35 +11,7 @@ use ringtrain_store::{DeviceSpan, SpanFilter, Store, StoreResult};
 use serde::Serialize;
 use serde_json::Value;
 
-/// One placement of a job.
-#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
-pub struct PlacementRecord {
-    /// 1 for the first time the job was placed, one more per start.
-    pub placement: i32,
-    /// The attempt as the job's view counts it (the same across a preemption).
-    pub attempt: i32,
-    pub started_at: DateTime<Utc>,
-    pub ended_at: Option<DateTime<Utc>>,
-    /// From the placement claiming its devices to its last rank giving its device back.
-    pub wall_seconds: f64,
-    pub devices: u32,
-    /// Each device's time held, summed.
-    pub device_seconds: f64,
-    /// `succeeded`, `preempted`, `failed`, `cancelled`, or `running`.
-    pub ended: String,
-    /// The iteration it resumed from (0: from the start).
-    pub resumed_from_iteration: Option<i64>,
-    /// Iterations it had trained and reported that the next placement trained again (0 when it stopped
-    /// after a checkpoint of where it was, as a preemption does).
-    pub iterations_lost: i64,
-    /// Iterations it trained that count: from where it resumed to where the next placement resumed (None for
-    /// the last placement, or when either is unknown).
-    pub iterations: Option<i64>,
-    /// Seconds from the previous placement's last rank stopping to this placement claiming its devices: what
-    /// a stop and a start (a resize, a preemption, a lost node) cost beside the training itself, waiting in
-    /// the queue included (None for the first).
-    pub restart_seconds: Option<f64>,
-}
+pub use ringtrain_views::jobs::PlacementRecord;
 
 /// The whole history.
 #[derive(Debug, Clone, Serialize, PartialEq)]

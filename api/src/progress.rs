@@ -2,35 +2,9 @@
 //! progress, and what the queue's start estimates extrapolate from.
 
 use ringtrain_store::{Job, MetricsQuery, Store, StoreResult};
-use serde::Serialize;
 use serde_json::Value;
-use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct LiveProgress {
-    /// Iterations done (rank 0's newest reported iteration + 1).
-    pub iterations_done: i64,
-    /// Iterations the whole run takes; absent while the dataset's size is unknown.
-    pub total_iterations: Option<i64>,
-    /// The epoch of the newest report (0-based).
-    pub epoch: i64,
-    /// Mean training loss over all ranks at that iteration.
-    pub loss: Option<f64>,
-    /// Samples per second of the whole job over the newest report's window.
-    pub samples_per_s: Option<f64>,
-    /// Share of that window's wall time spent in the gradient all-reduce (0 to 1).
-    pub allreduce_share: Option<f64>,
-    /// Seconds until the last iteration at that window's rate (evaluations and checkpoints not counted).
-    pub seconds_left: Option<f64>,
-}
-
-impl LiveProgress {
-    /// Seconds until the last iteration at the newest rate; None without a rate or a total.
-    pub fn seconds_left(&self, global_batch: f64) -> Option<f64> {
-        let (total, rate) = (self.total_iterations?, self.samples_per_s.filter(|r| *r > 0.0)?);
-        Some((total - self.iterations_done).max(0) as f64 * global_batch / rate)
-    }
-}
+pub use ringtrain_views::jobs::LiveProgress;
 
 /// Rank 0's newest iteration report of `job`, as progress; None until it has reported one.
 pub async fn live_progress(store: &dyn Store, job: &Job) -> StoreResult<Option<LiveProgress>> {

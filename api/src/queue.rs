@@ -12,9 +12,8 @@ use ringtrain_scheduler::{
     estimate_start, read_queue_view, ClusterView, DeviceKind, Estimate, Plan, QueueView, Timeline, Verdict, WaitReason,
 };
 use ringtrain_store::{Job, Store, StoreResult};
-use serde::Serialize;
-use serde_json::{json, Value};
-use utoipa::ToSchema;
+use ringtrain_views::jobs::{EstimatedStart, PendingReason};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::auth::User;
@@ -125,12 +124,15 @@ async fn seconds_left(store: &dyn Store, id: JobId) -> StoreResult<Option<f64>> 
 }
 
 /// A reason as the API shows it: its code and numbers, and a sentence.
-pub fn reason_json(reason: &WaitReason) -> Value {
-    let mut value = serde_json::to_value(reason).unwrap_or_else(|_| json!({"code": reason.code()}));
-    if let Some(object) = value.as_object_mut() {
-        object.insert("message".into(), Value::String(reason.to_string()));
-    }
-    value
+pub fn pending_reason(reason: &WaitReason) -> PendingReason {
+    let details = match serde_json::to_value(reason) {
+        Ok(Value::Object(mut fields)) => {
+            fields.remove("code");
+            fields
+        }
+        _ => serde_json::Map::new(),
+    };
+    PendingReason { code: reason.code().to_string(), message: reason.to_string(), details }
 }
 
 /// How another team's job is named to a reader who may not see its id.
@@ -166,10 +168,22 @@ impl Reader {
     }
 
     /// `reason_json` as this reader may see it.
-    pub fn reason_json(&self, reason: &WaitReason) -> Value {
-        let mut value = reason_json(reason);
-        self.hide_ids(&mut value);
-        value
+    pub fn pending_reason(&self, reason: &WaitReason) -> PendingReason {
+        self.hidden_reason(pending_reason(reason))
+    }
+
+    /// `reason` with the ids and sentences this reader may not see hidden (see [`Reader::hide_ids`]).
+    pub fn hidden_reason(&self, mut reason: PendingReason) -> PendingReason {
+        reason.message = self.words(&reason.message);
+        reason.details.values_mut().for_each(|field| self.hide_ids(field));
+        reason
+    }
+
+    /// `estimate` as this reader may see it: other teams' jobs null, and "a job of another team" in words.
+    pub fn estimate(&self, mut estimate: EstimatedStart) -> EstimatedStart {
+        estimate.basis = self.words(&estimate.basis);
+        estimate.jobs = estimate.jobs.into_iter().map(|job| job.filter(|id| self.may_see_job(*id))).collect();
+        estimate
     }
 
     /// Replaces every hidden id in `value` by null and names hidden jobs in its sentences as "a job of
@@ -215,69 +229,45 @@ impl Reader {
     }
 }
 
-/// When a waiting job is expected to start.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct EstimatedStart {
-    /// `now` (the next pass starts it), `at`, or `unknown`.
-    pub kind: String,
-    /// Seconds from now (with `at`).
-    pub seconds: Option<f64>,
-    /// The moment (with `at`).
-    pub at: Option<chrono::DateTime<chrono::Utc>>,
-    /// The jobs it waits for: those whose end starts it (`at`), or those without a known end (`unknown`).
-    /// Another team's job is null (its id is shown to platform admins only).
-    pub jobs: Vec<Option<JobId>>,
-    /// What the estimate rests on, in words.
-    pub basis: String,
-}
-
-impl EstimatedStart {
-    pub fn from_estimate(estimate: &Estimate) -> Self {
-        match estimate {
-            Estimate::Now => EstimatedStart {
-                kind: "now".into(),
-                seconds: Some(0.0),
-                at: Some(ringtrain_store::now()),
-                jobs: Vec::new(),
-                basis: "devices are free for it: the next scheduler pass starts it".into(),
-            },
-            Estimate::At { seconds, after } => {
-                let at = ringtrain_store::now() + chrono::Duration::milliseconds((seconds * 1e3) as i64);
-                let basis = match after.as_slice() {
-                    [] => format!("in ~{}", duration_words(*seconds)),
-                    [one] => format!("after job {one} ends, in ~{} at its current rate", duration_words(*seconds)),
-                    many => format!(
-                        "after {} jobs end (or stop), in ~{} at their current rates",
-                        many.len(),
-                        duration_words(*seconds)
-                    ),
-                };
-                EstimatedStart { kind: "at".into(), seconds: Some(*seconds), at: Some(at), jobs: named(after), basis }
-            }
-            Estimate::Unknown { depends_on } => EstimatedStart {
-                kind: "unknown".into(),
-                seconds: None,
-                at: None,
-                jobs: named(depends_on),
-                basis: if depends_on.is_empty() {
-                    "it cannot be estimated: nothing known to end would let it start".into()
-                } else {
-                    format!(
-                        "it depends on {} job{} that {} not reported a rate yet",
-                        depends_on.len(),
-                        if depends_on.len() == 1 { "" } else { "s" },
-                        if depends_on.len() == 1 { "has" } else { "have" }
-                    )
-                },
-            },
+/// The start an estimate of the policy's predicts, in the API's words.
+pub fn estimated_start(estimate: &Estimate) -> EstimatedStart {
+    match estimate {
+        Estimate::Now => EstimatedStart {
+            kind: "now".into(),
+            seconds: Some(0.0),
+            at: Some(ringtrain_store::now()),
+            jobs: Vec::new(),
+            basis: "devices are free for it: the next scheduler pass starts it".into(),
+        },
+        Estimate::At { seconds, after } => {
+            let at = ringtrain_store::now() + chrono::Duration::milliseconds((seconds * 1e3) as i64);
+            let basis = match after.as_slice() {
+                [] => format!("in ~{}", duration_words(*seconds)),
+                [one] => format!("after job {one} ends, in ~{} at its current rate", duration_words(*seconds)),
+                many => format!(
+                    "after {} jobs end (or stop), in ~{} at their current rates",
+                    many.len(),
+                    duration_words(*seconds)
+                ),
+            };
+            EstimatedStart { kind: "at".into(), seconds: Some(*seconds), at: Some(at), jobs: named(after), basis }
         }
-    }
-
-    /// This estimate as `reader` may see it: other teams' jobs null, and "a job of another team" in words.
-    pub fn for_reader(mut self, reader: &Reader) -> Self {
-        self.basis = reader.words(&self.basis);
-        self.jobs = self.jobs.into_iter().map(|job| job.filter(|id| reader.may_see_job(*id))).collect();
-        self
+        Estimate::Unknown { depends_on } => EstimatedStart {
+            kind: "unknown".into(),
+            seconds: None,
+            at: None,
+            jobs: named(depends_on),
+            basis: if depends_on.is_empty() {
+                "it cannot be estimated: nothing known to end would let it start".into()
+            } else {
+                format!(
+                    "it depends on {} job{} that {} not reported a rate yet",
+                    depends_on.len(),
+                    if depends_on.len() == 1 { "" } else { "s" },
+                    if depends_on.len() == 1 { "has" } else { "have" }
+                )
+            },
+        },
     }
 }
 
@@ -306,7 +296,7 @@ pub async fn estimate(
     let timeline = insight.timeline(state.store.as_ref()).await?;
     let estimate =
         tokio::task::spawn_blocking(move || estimate_start(&view, job, &timeline)).await.map_err(ApiError::internal)?;
-    Ok(EstimatedStart::from_estimate(&estimate))
+    Ok(estimated_start(&estimate))
 }
 
 /// Standing of several jobs at once (a page of the run history).

@@ -4,22 +4,9 @@
 
 use chrono::Utc;
 use ringtrain_store::{Job, MetricsQuery, SpanFilter, Store, StoreResult};
-use serde::Serialize;
 use serde_json::Value;
-use utoipa::ToSchema;
 
-/// A job's use of the pool.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct JobResources {
-    /// Device-seconds its placements held devices, every placement counted (preempted, failed and
-    /// cancelled ones too; a live one up to now), as the team's usage counts them.
-    pub device_seconds: f64,
-    /// The most memory any of its rank processes has held resident, in bytes, from the ranks' newest
-    /// reports; absent before they report it.
-    pub peak_rss_bytes: Option<f64>,
-    /// CPU cores its rank processes kept busy together over their newest reports' windows.
-    pub cpu_cores: Option<f64>,
-}
+pub use ringtrain_views::jobs::JobResources;
 
 /// What `job` has used so far.
 pub async fn job_resources(store: &dyn Store, job: &Job) -> StoreResult<JobResources> {

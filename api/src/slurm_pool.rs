@@ -27,9 +27,10 @@ use ringtrain_slurm::{BatchJob, JobState as SlurmState, SlurmError, SlurmJob};
 use ringtrain_store::{NewToken, Role, Transition};
 use serde_json::{json, Value};
 
-use crate::queue::{duration_words, EstimatedStart};
+use crate::queue::duration_words;
 use crate::routes::jobs::JobView;
 use crate::state::AppState;
+use ringtrain_views::jobs::{EstimatedStart, PendingReason};
 
 /// How often the loop looks.
 const PASS_EVERY: Duration = Duration::from_secs(3);
@@ -109,14 +110,12 @@ impl SlurmPool {
 
     /// The Slurm job a view names: adds `slurm` to `reason` (a pending reason's JSON) and Slurm's words to
     /// its message.
-    pub fn annotate(&self, job: JobId, reason: &mut Value) {
+    pub fn annotate(&self, job: JobId, reason: &mut PendingReason) {
         let Some(slurm) = self.waiting(job) else { return };
-        if let Some(object) = reason.as_object_mut() {
-            if let (Some(Value::String(message)), Some(said)) = (object.get_mut("message"), slurm["message"].as_str()) {
-                message.push_str(&format!("; {said}"));
-            }
-            object.insert("slurm".into(), slurm);
+        if let Some(said) = slurm["message"].as_str() {
+            reason.message.push_str(&format!("; {said}"));
         }
+        reason.details.insert("slurm".into(), slurm);
     }
 
     /// When `job` may start, as Slurm expects its pending Slurm job to (`squeue --start`'s time, which

@@ -3,6 +3,7 @@
 //! typed `/v1/agent` calls and the command line's (`jobs watch`, `ringtrain-bench submit`) are built on it. (The API
 //! load benchmark keeps its own raw HTTP/1.1 connections: it measures the server, not a client library.)
 
+use ringtrain_views as views;
 use std::path::Path;
 use std::time::Duration;
 
@@ -290,24 +291,131 @@ async fn read_json<T: DeserializeOwned>(path: &str, response: reqwest::Response)
         .map_err(|e| CallError { status: None, message: format!("unreadable answer from {path}: {e}") })
 }
 
-/// Typed calls, one per user route, answering the types of `ringtrain-views` (the agent's are in
-/// `ringtrain-agent`'s client, in `ringtrain-protocol`'s types). So far the pool, a job's schedule, the schedule preview and uploads in parts;
-/// the other routes are still read as JSON by their callers.
+/// Typed calls, one per user route the command line uses, answering the types of `ringtrain-views` (the
+/// agent's are in `ringtrain-agent`'s client, in `ringtrain-protocol`'s types). `job`, `study` and the like
+/// take an id as the caller resolved it; queries are passed as the route's query string (`limit=50&tag=a`).
 impl ApiClient {
     /// `GET /v1/nodes`: the worker pool, each device with who holds it.
-    pub async fn nodes(&self) -> Result<ringtrain_views::nodes::NodeList, CallError> {
+    pub async fn nodes(&self) -> Result<views::nodes::NodeList, CallError> {
         self.get("/v1/nodes").await
+    }
+
+    /// `POST /v1/jobs`: submits `spec`; the job as stored (queued).
+    pub async fn submit_job(&self, spec: &Value) -> Result<views::jobs::JobView, CallError> {
+        self.post("/v1/jobs", spec).await
+    }
+
+    /// `POST /v1/jobs?dry_run=true`: what the scheduler would do with `spec` now; nothing is stored.
+    pub async fn dry_run_job(&self, spec: &Value) -> Result<views::jobs::waiting::DryRunView, CallError> {
+        self.post("/v1/jobs?dry_run=true", spec).await
+    }
+
+    /// `GET /v1/jobs?QUERY`: a page of the team's run history, newest first.
+    pub async fn jobs(&self, query: &str) -> Result<views::jobs::JobPage, CallError> {
+        self.get(&format!("/v1/jobs?{query}")).await
+    }
+
+    /// `GET /v1/jobs/{id}`: one job, with its standing, progress, resources and placements.
+    pub async fn job(&self, job: &str) -> Result<views::jobs::JobView, CallError> {
+        self.get(&format!("/v1/jobs/{job}")).await
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`.
+    pub async fn cancel_job(&self, job: &str) -> Result<views::jobs::JobView, CallError> {
+        self.post(&format!("/v1/jobs/{job}/cancel"), &serde_json::json!({})).await
+    }
+
+    /// `POST /v1/jobs/{id}/resume`: a stopped or failed job back into the queue, from its newest checkpoint.
+    pub async fn resume_job(&self, job: &str) -> Result<views::jobs::JobView, CallError> {
+        self.post(&format!("/v1/jobs/{job}/resume"), &serde_json::json!({})).await
+    }
+
+    /// `PATCH /v1/jobs/{id}`: sets what `annotations` names of the job's tags and note.
+    pub async fn annotate_job(&self, job: &str, annotations: &Value) -> Result<views::jobs::JobView, CallError> {
+        self.patch(&format!("/v1/jobs/{job}"), annotations).await
     }
 
     /// `GET /v1/jobs/{id}/schedule`: the learning rates a job trains with (with `per_iteration`, the lr of
     /// every iteration too).
-    pub async fn job_schedule(
-        &self,
-        job: &str,
-        per_iteration: bool,
-    ) -> Result<ringtrain_views::ScheduleView, CallError> {
+    pub async fn job_schedule(&self, job: &str, per_iteration: bool) -> Result<views::ScheduleView, CallError> {
         let query = if per_iteration { "?per_iteration=true" } else { "" };
         self.get(&format!("/v1/jobs/{job}/schedule{query}")).await
+    }
+
+    /// `GET /v1/jobs/{id}/metrics?QUERY`: a page of its ranks' reports.
+    pub async fn job_metrics(&self, job: &str, query: &str) -> Result<views::jobs::records::MetricsPage, CallError> {
+        self.get(&format!("/v1/jobs/{job}/metrics?{query}")).await
+    }
+
+    /// `GET /v1/jobs/{id}/logs?QUERY`: a page of its ranks' output lines.
+    pub async fn job_logs(&self, job: &str, query: &str) -> Result<views::jobs::records::LogPage, CallError> {
+        self.get(&format!("/v1/jobs/{job}/logs?{query}")).await
+    }
+
+    /// `GET /v1/jobs/{id}/checkpoints`: oldest first.
+    pub async fn job_checkpoints(&self, job: &str) -> Result<views::jobs::records::CheckpointList, CallError> {
+        self.get(&format!("/v1/jobs/{job}/checkpoints")).await
+    }
+
+    /// `GET /v1/studies?QUERY`: a page of the team's studies, newest first.
+    pub async fn studies(&self, query: &str) -> Result<views::studies::StudyPage, CallError> {
+        self.get(&format!("/v1/studies?{query}")).await
+    }
+
+    /// `POST /v1/studies`: starts the study `request` describes.
+    pub async fn create_study(&self, request: &Value) -> Result<views::studies::StudyView, CallError> {
+        self.post("/v1/studies", request).await
+    }
+
+    /// `POST /v1/studies?dry_run=true`: the points `request` would make, each with its schedule.
+    pub async fn plan_study(&self, request: &Value) -> Result<views::studies::StudyDryRun, CallError> {
+        self.post("/v1/studies?dry_run=true", request).await
+    }
+
+    /// `GET /v1/studies/{id}`: the study with every point's curves and costs.
+    pub async fn study(&self, study: &str) -> Result<views::studies::StudyView, CallError> {
+        self.get(&format!("/v1/studies/{study}")).await
+    }
+
+    /// `POST /v1/studies/{id}/cancel`: cancels every point not ended.
+    pub async fn cancel_study(&self, study: &str) -> Result<views::studies::StudyView, CallError> {
+        self.post(&format!("/v1/studies/{study}/cancel"), &serde_json::json!({})).await
+    }
+
+    /// `GET /v1/teams`: every team for a platform admin, its own for a team admin.
+    pub async fn teams(&self) -> Result<views::teams::TeamList, CallError> {
+        self.get("/v1/teams").await
+    }
+
+    /// `POST /v1/teams`: creates a team as `body` describes.
+    pub async fn create_team(&self, body: &Value) -> Result<views::teams::Team, CallError> {
+        self.post("/v1/teams", body).await
+    }
+
+    /// `GET /v1/teams/{id}/tokens`: the team's tokens, newest first (never their secrets).
+    pub async fn team_tokens(&self, team: &str) -> Result<views::teams::TokenList, CallError> {
+        self.get(&format!("/v1/teams/{team}/tokens")).await
+    }
+
+    /// `POST /v1/teams/{id}/tokens`: mints a token of the team as `body` describes; its secret is in this
+    /// answer only.
+    pub async fn create_team_token(&self, team: &str, body: &Value) -> Result<views::teams::CreatedToken, CallError> {
+        self.post(&format!("/v1/teams/{team}/tokens"), body).await
+    }
+
+    /// `GET /v1/datasets`: the team's data sets, newest first.
+    pub async fn datasets(&self) -> Result<views::artifacts::DatasetList, CallError> {
+        self.get("/v1/datasets").await
+    }
+
+    /// `POST /v1/datasets/sharded`: registers a sharded data set where it lies.
+    pub async fn register_sharded_dataset(&self, body: &Value) -> Result<views::artifacts::Dataset, CallError> {
+        self.post("/v1/datasets/sharded", body).await
+    }
+
+    /// `GET /v1/models`: the team's uploaded models, newest first.
+    pub async fn models(&self) -> Result<views::artifacts::ModelList, CallError> {
+        self.get("/v1/models").await
     }
 
     /// `POST /v1/datasets/uploads`: starts uploading data set `name` of `size_bytes` in parts of
@@ -317,13 +425,13 @@ impl ApiClient {
         name: &str,
         size_bytes: u64,
         part_bytes: u64,
-    ) -> Result<ringtrain_views::uploads::UploadView, CallError> {
+    ) -> Result<views::uploads::UploadView, CallError> {
         let body = serde_json::json!({"name": name, "size_bytes": size_bytes, "part_bytes": part_bytes});
         self.post("/v1/datasets/uploads", &body).await
     }
 
     /// `GET /v1/datasets/uploads/{id}`: an upload in progress and the parts it still needs.
-    pub async fn upload(&self, id: &str) -> Result<ringtrain_views::uploads::UploadView, CallError> {
+    pub async fn upload(&self, id: &str) -> Result<views::uploads::UploadView, CallError> {
         self.get(&format!("/v1/datasets/uploads/{id}")).await
     }
 
@@ -333,7 +441,7 @@ impl ApiClient {
         &self,
         spec: &Value,
         workers: &str,
-    ) -> Result<ringtrain_views::schedules::PreviewComparison, CallError> {
+    ) -> Result<views::schedules::PreviewComparison, CallError> {
         let path = "/v1/schedules/preview";
         let request = self.request(Method::POST, path).query(&[("workers", workers)]).json(spec);
         let response = self.send(request.timeout(DEFAULT_TIMEOUT)).await.map_err(|e| in_call(path, e))?;

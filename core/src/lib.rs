@@ -14,6 +14,7 @@ pub mod reading;
 pub mod schedule;
 pub mod spec;
 pub mod study;
+pub mod timeline;
 pub mod validate;
 
 pub use cluster::{AssignmentState, NodeState};
@@ -25,3 +26,4 @@ pub use job::JobState;
 pub use reading::{read_spec, SpecReading};
 pub use schedule::{Effective, ScheduleView};
 pub use spec::JobSpec;
+pub use timeline::Timeline;

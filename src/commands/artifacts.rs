@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
 use ringtrain_client::ApiClient;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use uuid::Uuid;
 
 use crate::commands::connection::{encode, Connection};
@@ -16,7 +18,7 @@ use crate::commands::jobs::manage::table;
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A column of a list: its header, and its cell for one item.
-pub type Column = (&'static str, fn(&Value) -> String);
+pub type Column<T> = (&'static str, fn(&T) -> String);
 
 #[derive(Debug, clap::Args)]
 pub struct UploadArgs {
@@ -35,11 +37,11 @@ pub struct UploadArgs {
 impl UploadArgs {
     /// Uploads the file to `route` (with `name=` added to its query) and prints what was stored: the JSON
     /// with `--json`, else its `summary`.
-    pub async fn upload(&self, route: &str, summary: fn(&Value) -> String) -> Result<()> {
+    pub async fn upload<T: DeserializeOwned + Serialize>(&self, route: &str, summary: fn(&T) -> String) -> Result<()> {
         let api = self.connection.client()?;
         let name = self.name.clone().unwrap_or_else(|| default_name(&self.file));
         let separator = if route.contains('?') { '&' } else { '?' };
-        let stored = upload(&api, &format!("{route}{separator}name={}", encode(&name)), &self.file).await?;
+        let stored: T = upload(&api, &format!("{route}{separator}name={}", encode(&name)), &self.file).await?;
         if self.json {
             println!("{}", serde_json::to_string_pretty(&stored)?);
         } else {
@@ -67,7 +69,7 @@ pub struct DeleteArgs {
 }
 
 /// POSTs `file` to `route` (which carries the query), streamed from disk: the stored artifact.
-async fn upload(api: &ApiClient, route: &str, file: &Path) -> Result<Value> {
+async fn upload<T: DeserializeOwned>(api: &ApiClient, route: &str, file: &Path) -> Result<T> {
     let opened = tokio::fs::File::open(file).await.with_context(|| format!("cannot read {}", file.display()))?;
     let length = opened.metadata().await.with_context(|| format!("cannot read {}", file.display()))?.len();
     Ok(api.post_file(route, opened, length, UPLOAD_TIMEOUT).await?)
@@ -78,21 +80,25 @@ pub fn default_name(file: &Path) -> String {
     file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "upload".to_string())
 }
 
-/// Prints `GET route`'s list under `key` as a table of `columns` (header, cell of one item), or the whole
+/// Prints `items` (the `noun` of `answer`) as a table of `columns` (header, cell of one item), or the whole
 /// answer with `--json`.
-pub async fn list(args: &ListArgs, route: &str, key: &str, columns: &[Column]) -> Result<()> {
-    let answer: Value = args.connection.client()?.get(route).await?;
+pub fn print_list<T>(
+    args: &ListArgs,
+    answer: &impl Serialize,
+    items: &[T],
+    noun: &str,
+    columns: &[Column<T>],
+) -> Result<()> {
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&answer)?);
+        println!("{}", serde_json::to_string_pretty(answer)?);
         return Ok(());
     }
-    let items = answer[key].as_array().cloned().unwrap_or_default();
     let headers: Vec<&str> = columns.iter().map(|(header, _)| *header).collect();
     let rows: Vec<Vec<String>> =
         items.iter().map(|item| columns.iter().map(|(_, cell)| cell(item)).collect()).collect();
     print!("{}", table(&headers, &rows));
     if items.is_empty() {
-        println!("(no {key})");
+        println!("(no {noun})");
     }
     Ok(())
 }
@@ -104,15 +110,9 @@ pub async fn delete(args: &DeleteArgs, route: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// A text field of an artifact.
-pub fn text(item: &Value, field: &str) -> String {
-    item[field].as_str().unwrap_or("").to_string()
-}
-
 /// A size in bytes for people: 91.6 KB, 12.0 MB.
-pub fn size(item: &Value) -> String {
-    let bytes = item["size_bytes"].as_f64().unwrap_or(0.0);
-    match bytes {
+pub fn size(bytes: i64) -> String {
+    match bytes as f64 {
         b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
         b if b >= 1e6 => format!("{:.1} MB", b / 1e6),
         b => format!("{:.1} KB", b / 1e3),
@@ -120,17 +120,15 @@ pub fn size(item: &Value) -> String {
 }
 
 /// When it was uploaded, to the second.
-pub fn created(item: &Value) -> String {
-    text(item, "created_at").chars().take(19).collect()
+pub fn created(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S").to_string()
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     #[test]
     fn sizes_read_in_decimal_units_and_names_default_to_the_file_stem() {
-        let sized = |bytes: u64| super::size(&json!({ "size_bytes": bytes }));
+        let sized = super::size;
         assert_eq!(
             (sized(91_584), sized(12_000_000), sized(3_500_000_000)),
             ("91.6 KB".into(), "12.0 MB".into(), "3.5 GB".into())

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use serde_json::Value;
+use ringtrain_views::artifacts::Dataset;
 
-use crate::commands::artifacts::{self, created, size, text, Column, DeleteArgs, ListArgs, UploadArgs};
+use crate::commands::artifacts::{self, created, size, Column, DeleteArgs, ListArgs, UploadArgs};
 use crate::commands::{block_on, upload_parts};
 
 #[derive(Debug, clap::Subcommand)]
@@ -86,17 +86,17 @@ impl RegisterArgs {
         let source = self.source.trim_end_matches('/');
         let name = self.name.clone().unwrap_or_else(|| source.rsplit('/').next().unwrap_or(source).to_string());
         let body = serde_json::json!({"name": name, "source": source});
-        let stored: Value = self.connection.client()?.post("/v1/datasets/sharded", &body).await?;
+        let stored = self.connection.client()?.register_sharded_dataset(&body).await?;
         if self.json {
             println!("{}", serde_json::to_string_pretty(&stored)?);
         } else {
             println!(
                 "registered dataset {} ({}): {} training samples, {}, {} in its shards at {source}",
-                text(&stored, "id"),
-                text(&stored, "name"),
-                stored["train_samples"],
+                stored.id,
+                stored.name,
+                stored.train_samples,
                 labels(&stored),
-                size(&stored)
+                size(stored.size_bytes)
             );
         }
         Ok(())
@@ -195,43 +195,44 @@ fn pack(args: &PackArgs) -> ExitCode {
 }
 
 /// What the server found in the data set.
-fn summary(dataset: &Value) -> String {
+fn summary(dataset: &Dataset) -> String {
     format!(
         "uploaded dataset {} ({}): {} training samples, {}, {}",
-        text(dataset, "id"),
-        text(dataset, "name"),
-        dataset["train_samples"],
+        dataset.id,
+        dataset.name,
+        dataset.train_samples,
         inputs(dataset),
         labels(dataset)
     )
 }
 
 async fn list(args: &ListArgs) -> Result<()> {
-    let columns: [Column; 7] = [
-        ("ID", |d| text(d, "id")),
-        ("NAME", |d| text(d, "name")),
-        ("SAMPLES", |d| d["train_samples"].to_string()),
+    let answer = args.connection.client()?.datasets().await?;
+    let columns: [Column<Dataset>; 7] = [
+        ("ID", |d| d.id.to_string()),
+        ("NAME", |d| d.name.clone()),
+        ("SAMPLES", |d| d.train_samples.to_string()),
         ("INPUTS", inputs),
         ("LABELS", labels),
-        ("SIZE", size),
-        ("CREATED", created),
+        ("SIZE", |d| size(d.size_bytes)),
+        ("CREATED", |d| created(d.created_at)),
     ];
-    artifacts::list(args, "/v1/datasets", "datasets", &columns).await
+    artifacts::print_list(args, &answer, &answer.datasets, "datasets", &columns)
 }
 
 /// Its inputs: `x [1, 28, 28]`, or the named ones.
-fn inputs(dataset: &Value) -> String {
-    match dataset["inputs"].as_array().filter(|named| !named.is_empty()) {
-        Some(named) => named.iter().map(|input| format!("x.{}", text(input, "name"))).collect::<Vec<_>>().join(" "),
-        None if dataset["source"].is_string() => "images (shards)".to_string(),
-        None => format!("x {}", dataset["sample_shape"]).replace(',', ", "),
+fn inputs(dataset: &Dataset) -> String {
+    match dataset.inputs.as_slice() {
+        [] if dataset.source.is_some() => "images (shards)".to_string(),
+        [] => format!("x {:?}", dataset.sample_shape),
+        named => named.iter().map(|input| format!("x.{}", input.name)).collect::<Vec<_>>().join(" "),
     }
 }
 
 /// `3 classes`, or `values`.
-fn labels(dataset: &Value) -> String {
-    match dataset["num_classes"].as_i64() {
-        Some(classes) if classes > 0 => format!("{classes} classes"),
+fn labels(dataset: &Dataset) -> String {
+    match dataset.num_classes {
+        classes if classes > 0 => format!("{classes} classes"),
         _ => "values".to_string(),
     }
 }

@@ -7,7 +7,6 @@ use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use ringtrain_client::ApiClient;
-use serde_json::Value;
 use uuid::Uuid;
 
 /// An id argument: a UUID, or the start of one (at least one hex digit; dashes where a UUID has them).
@@ -58,11 +57,11 @@ impl Kind {
         }
     }
 
-    /// The list route, its page size (the most it serves) and the field holding the page's rows.
-    fn list(self) -> (&'static str, u32, &'static str) {
+    /// The most rows a page of its list route serves.
+    fn page_size(self) -> u32 {
         match self {
-            Kind::Job => ("/v1/jobs", 500, "jobs"),
-            Kind::Study => ("/v1/studies", 100, "studies"),
+            Kind::Job => 500,
+            Kind::Study => 100,
         }
     }
 }
@@ -72,20 +71,29 @@ pub async fn resolve(api: &ApiClient, id: &IdArg, kind: Kind) -> Result<Uuid> {
     if let Ok(whole) = Uuid::parse_str(&id.0) {
         return Ok(whole);
     }
-    let (route, limit, rows) = kind.list();
     let mut found: Vec<(String, String)> = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let after = cursor.as_ref().map_or_else(String::new, |c| format!("&cursor={c}"));
-        let page: Value = api.get(&format!("{route}?limit={limit}{after}")).await?;
-        for row in page[rows].as_array().into_iter().flatten() {
-            let Some(uuid) = row["id"].as_str() else { continue };
+        let query = format!("limit={}{after}", kind.page_size());
+        // (id, name) of each row of the page, and the next page's cursor
+        let (rows, next): (Vec<(String, Option<String>)>, _) = match kind {
+            Kind::Job => {
+                let page = api.jobs(&query).await?;
+                (page.jobs.into_iter().map(|j| (j.id.to_string(), j.name)).collect(), page.next_cursor)
+            }
+            Kind::Study => {
+                let page = api.studies(&query).await?;
+                (page.studies.into_iter().map(|s| (s.id.to_string(), s.name)).collect(), page.next_cursor)
+            }
+        };
+        for (uuid, name) in rows {
             if uuid.starts_with(&id.0) {
-                found.push((uuid.to_string(), row["name"].as_str().unwrap_or("").to_string()));
+                found.push((uuid, name.unwrap_or_default()));
             }
         }
-        match page["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_string()),
+        match next {
+            Some(next) => cursor = Some(next),
             None => break,
         }
     }

@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use ringtrain_protocol::model::ModelMemory;
 use ringtrain_protocol::model::EXIT_REFUSED;
+use ringtrain_views::artifacts::Model;
 use ringtrain_worker::models::OperatorCheck;
-use serde_json::Value;
 use uuid::Uuid;
 
-use crate::commands::artifacts::{self, created, size, text, Column, DeleteArgs, ListArgs};
+use crate::commands::artifacts::{self, created, size, Column, DeleteArgs, ListArgs};
 use crate::commands::block_on;
 use crate::commands::connection::encode;
 
@@ -93,51 +94,52 @@ async fn upload(args: &ModelUploadArgs) -> Result<()> {
 }
 
 /// What the server's check found in the model.
-fn summary(model: &Value) -> String {
-    let report = &model["report"];
+fn summary(model: &Model) -> String {
+    let Some(report) = model.checked() else {
+        return format!("uploaded model {} ({}): forward({})", model.id, model.name, inputs(model));
+    };
     format!(
-        "uploaded model {} ({}): {} parameters in {} tensors, forward({}) -> {}{}{}",
-        text(model, "id"),
-        text(model, "name"),
-        report["parameters"],
-        report["parameter_tensors"],
+        "uploaded model {} ({}): {} parameters in {} tensors, forward({}) -> {:?}{}{}",
+        model.id,
+        model.name,
+        report.parameters,
+        report.parameter_tensors,
         inputs(model),
-        report["output_shape"].to_string().replace(',', ", "),
-        if report["batch_norm"].as_bool() == Some(true) { ", BatchNorm (statistics per rank)" } else { "" },
-        step_memory(&report["memory"]),
+        report.output_shape,
+        if report.batch_norm { ", BatchNorm (statistics per rank)" } else { "" },
+        report.memory.as_ref().map_or_else(String::new, step_memory),
     )
 }
 
 /// What the check measured of a training step, as `; a training step takes 12 MiB + 1.5 MiB per sample`.
-fn step_memory(memory: &Value) -> String {
+fn step_memory(memory: &ModelMemory) -> String {
     use ringtrain_core::memory::human_bytes;
-    match (memory["step_fixed_bytes"].as_u64(), memory["step_per_sample_bytes"].as_u64()) {
-        (Some(fixed), Some(per_sample)) => {
-            format!("; a training step takes {} + {} per sample", human_bytes(fixed), human_bytes(per_sample))
-        }
-        _ => String::new(),
-    }
+    format!(
+        "; a training step takes {} + {} per sample",
+        human_bytes(memory.step_fixed_bytes),
+        human_bytes(memory.step_per_sample_bytes)
+    )
 }
 
 async fn list(args: &ListArgs) -> Result<()> {
-    let columns: [Column; 6] = [
-        ("ID", |m| text(m, "id")),
-        ("NAME", |m| text(m, "name")),
-        ("PARAMETERS", |m| m["report"]["parameters"].to_string()),
+    let answer = args.connection.client()?.models().await?;
+    let columns: [Column<Model>; 6] = [
+        ("ID", |m| m.id.to_string()),
+        ("NAME", |m| m.name.clone()),
+        ("PARAMETERS", |m| m.checked().map_or_else(String::new, |r| r.parameters.to_string())),
         ("INPUTS", inputs),
-        ("SIZE", size),
-        ("CREATED", created),
+        ("SIZE", |m| size(m.size_bytes)),
+        ("CREATED", |m| created(m.created_at)),
     ];
-    artifacts::list(args, "/v1/models", "models", &columns).await
+    artifacts::print_list(args, &answer, &answer.models, "models", &columns)
 }
 
 /// forward's inputs, comma-separated (`x` for a plain data set's one input).
-fn inputs(model: &Value) -> String {
-    let names: Vec<&str> = model["inputs"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-    if names.is_empty() {
+fn inputs(model: &Model) -> String {
+    if model.inputs.is_empty() {
         "x".to_string()
     } else {
-        names.join(", ")
+        model.inputs.join(", ")
     }
 }
 

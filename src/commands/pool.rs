@@ -106,17 +106,14 @@ pub struct RevokeArgs {
     connection: Connection,
 }
 
-fn print_json(value: &Value) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+fn print_json(answer: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(answer)?);
     Ok(())
 }
 
-fn text(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
+/// A moment to the second, as the tables show it: `2026-12-07T14:51:27`.
+fn time_text(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S").to_string()
 }
 
 pub async fn preview(args: &PreviewArgs) -> Result<()> {
@@ -126,7 +123,7 @@ pub async fn preview(args: &PreviewArgs) -> Result<()> {
     .with_context(|| format!("{} is not JSON", args.file.display()))?;
     let answer = args.connection.client()?.preview_schedules(&spec, &args.workers).await?;
     if args.json {
-        return print_json(&serde_json::to_value(&answer)?);
+        return print_json(&answer);
     }
     let rows: Vec<Vec<String>> = answer
         .schedules
@@ -159,7 +156,7 @@ pub async fn nodes(command: &Nodes) -> Result<()> {
     let Nodes::List(args) = command;
     let answer = args.connection.client()?.nodes().await?;
     if args.json {
-        return print_json(&serde_json::to_value(&answer)?);
+        return print_json(&answer);
     }
     let rows: Vec<Vec<String>> = answer
         .nodes
@@ -172,7 +169,7 @@ pub async fn nodes(command: &Nodes) -> Result<()> {
                 format!("{} gpu, {} cpu", count("gpu"), count("cpu")),
                 node.devices.iter().filter_map(holder).collect::<Vec<_>>().join(", "),
                 node.address.clone().unwrap_or_default(),
-                node.last_heartbeat.format("%Y-%m-%dT%H:%M:%S").to_string(),
+                time_text(node.last_heartbeat),
                 node.id.to_string(),
             ]
         })
@@ -197,24 +194,22 @@ fn holder(device: &DeviceView) -> Option<String> {
 pub async fn teams(command: &Teams) -> Result<()> {
     match command {
         Teams::List(args) => {
-            let answer: Value = args.connection.client()?.get("/v1/teams").await?;
+            let answer = args.connection.client()?.teams().await?;
             if args.json {
                 return print_json(&answer);
             }
-            let rows: Vec<Vec<String>> = answer["teams"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let rows: Vec<Vec<String>> = answer
+                .teams
+                .iter()
                 .map(|t| {
                     vec![
-                        text(&t["name"]),
-                        text(&t["gpu_quota"]),
-                        text(&t["cpu_quota"]),
-                        text(&t["weight"]),
-                        t["budget"]["device_hours"]
-                            .as_f64()
-                            .map_or_else(String::new, |h| format!("{h} device-h/{}", text(&t["budget"]["period"]))),
-                        text(&t["id"]),
+                        t.name.clone(),
+                        t.gpu_quota.to_string(),
+                        t.cpu_quota.to_string(),
+                        t.weight.to_string(),
+                        t.budget
+                            .map_or_else(String::new, |b| format!("{} device-h/{}", b.device_hours, b.period.as_str())),
+                        t.id.to_string(),
                     ]
                 })
                 .collect();
@@ -223,11 +218,11 @@ pub async fn teams(command: &Teams) -> Result<()> {
         }
         Teams::Create(args) => {
             let body = json!({"name": args.name, "gpu_quota": args.gpus, "cpu_quota": args.cpus});
-            let team: Value = args.connection.client()?.post("/v1/teams", &body).await?;
+            let team = args.connection.client()?.create_team(&body).await?;
             if args.json {
                 return print_json(&team);
             }
-            println!("created team {} ({})", text(&team["name"]), text(&team["id"]));
+            println!("created team {} ({})", team.name, team.id);
             Ok(())
         }
     }
@@ -237,33 +232,31 @@ pub async fn tokens(command: &Tokens) -> Result<()> {
     match command {
         Tokens::Create(args) => {
             let body = json!({"role": args.role, "label": args.label});
-            let answer: Value =
-                args.connection.client()?.post(&format!("/v1/teams/{}/tokens", args.team), &body).await?;
+            let answer = args.connection.client()?.create_team_token(&args.team.to_string(), &body).await?;
             if args.json {
                 return print_json(&answer);
             }
-            println!("{}", text(&answer["token"]));
-            eprintln!("(shown once: keep it now; its id is {})", text(&answer["info"]["id"]));
+            println!("{}", answer.token);
+            eprintln!("(shown once: keep it now; its id is {})", answer.info.id);
             Ok(())
         }
         Tokens::List(args) => {
-            let answer: Value = args.connection.client()?.get(&format!("/v1/teams/{}/tokens", args.team)).await?;
+            let answer = args.connection.client()?.team_tokens(&args.team.to_string()).await?;
             if args.json {
                 return print_json(&answer);
             }
-            let rows: Vec<Vec<String>> = answer["tokens"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let when = |at: Option<chrono::DateTime<chrono::Utc>>| at.map_or_else(String::new, time_text);
+            let rows: Vec<Vec<String>> = answer
+                .tokens
+                .iter()
                 .map(|t| {
-                    let when = |v: &Value| text(v).chars().take(19).collect::<String>();
                     vec![
-                        text(&t["id"]),
-                        text(&t["role"]),
-                        text(&t["label"]),
-                        when(&t["created_at"]),
-                        when(&t["last_used_at"]),
-                        if t["revoked_at"].is_null() { String::new() } else { "revoked".into() },
+                        t.id.to_string(),
+                        t.role.as_str().to_string(),
+                        t.label.clone().unwrap_or_default(),
+                        time_text(t.created_at),
+                        when(t.last_used_at),
+                        if t.revoked_at.is_none() { String::new() } else { "revoked".into() },
                     ]
                 })
                 .collect();

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ringtrain_client::ApiClient;
-use ringtrain_core::study::GOYAL_REPORTED;
+use ringtrain_core::study::{StudyRequest, GOYAL_REPORTED};
+use ringtrain_core::JobState;
+use ringtrain_views::studies::{SearchSummary, StudyPointView, StudyView};
 use serde_json::{json, Value};
 
 use super::block_on;
@@ -164,7 +166,7 @@ pub fn run(study: Study) -> std::process::ExitCode {
         Study::Show(args) => block_on("study show", async {
             let api = args.connection.client()?;
             let id = resolve(&api, &args.id, Kind::Study).await?;
-            let view: Value = api.get(&format!("/v1/studies/{id}")).await?;
+            let view = api.study(&id.to_string()).await?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&view)?);
             } else {
@@ -175,7 +177,7 @@ pub fn run(study: Study) -> std::process::ExitCode {
         Study::Cancel(args) => block_on("study cancel", async {
             let api = args.connection.client()?;
             let id = resolve(&api, &args.id, Kind::Study).await?;
-            let view: Value = api.post(&format!("/v1/studies/{id}/cancel"), &json!({})).await?;
+            let view = api.cancel_study(&id.to_string()).await?;
             print!("{}", render(&view));
             Ok(())
         }),
@@ -188,30 +190,32 @@ const POLL: Duration = Duration::from_secs(10);
 async fn submit_and_follow(request: Value, args: &FollowArgs) -> Result<()> {
     let api = args.connection.client()?;
     if args.dry_run {
-        let plan: Value = api.post("/v1/studies?dry_run=true", &request).await?;
-        let rows: Vec<Vec<String>> = plan["points"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        let plan = api.plan_study(&request).await?;
+        let rows: Vec<Vec<String>> = plan
+            .points
+            .iter()
             .map(|p| {
-                let e = &p["schedule"]["effective"];
-                vec![
-                    format!("{}{}", p["point"], if p["is_reference"] == true { "*" } else { "" }),
-                    p["label"].as_str().unwrap_or("").to_string(),
-                    e["global_batch"].to_string(),
-                    format!("{:.4}", e["scaled_lr"].as_f64().unwrap_or(0.0)),
-                    e["warmup_iterations"].to_string(),
-                    e["iterations_per_epoch"].to_string(),
-                ]
+                let mut row = vec![format!("{}{}", p.point, if p.is_reference { "*" } else { "" }), p.label.clone()];
+                match p.schedule.as_ref().map(|s| &s.effective) {
+                    Some(e) => row.extend([
+                        e.global_batch.to_string(),
+                        format!("{:.4}", e.scaled_lr),
+                        e.warmup_iterations.to_string(),
+                        e.iterations_per_epoch.to_string(),
+                    ]),
+                    // the data set's size is not known before a job reads it (`idx:`)
+                    None => row.extend(["?".to_string(), "?".into(), "?".into(), "?".into()]),
+                }
+                row
             })
             .collect();
         print!("{}", table(&["POINT", "OVERRIDES", "KN", "LR", "WARMUP ITERS", "ITERS/EPOCH"], &rows));
         println!("(* the reference point; nothing was submitted)");
         return Ok(());
     }
-    let created: Value = api.post("/v1/studies", &request).await?;
-    let id = created["id"].as_str().context("the server's answer has no study id")?.to_string();
-    println!("study {id}: {} points queued", created["points"].as_array().map_or(0, Vec::len));
+    let created = api.create_study(&request).await?;
+    let id = created.id.to_string();
+    println!("study {id}: {} points queued", created.points.len());
     if let Some(out) = args.out.as_ref().filter(|_| !args.detach) {
         println!("when it ends, its plot and table are written into {}", out.display());
     }
@@ -221,7 +225,7 @@ async fn submit_and_follow(request: Value, args: &FollowArgs) -> Result<()> {
     }
     let mut last_line = String::new();
     let view = loop {
-        let view: Value = api.get(&format!("/v1/studies/{id}")).await?;
+        let view = api.study(&id).await?;
         let line = progress_line(&view);
         if line != last_line {
             println!("{line}");
@@ -243,9 +247,9 @@ async fn submit_and_follow(request: Value, args: &FollowArgs) -> Result<()> {
 }
 
 /// Writes a study's plot (`<name>.svg`, the server's) and its view (`<name>.json`) into `out`: their paths.
-pub async fn save(api: &ApiClient, view: &Value, out: &Path) -> Result<(PathBuf, PathBuf)> {
-    let id = view["id"].as_str().context("the study has no id")?;
-    let name = view["name"].as_str().unwrap_or("study").replace(['/', ' ', ':'], "_");
+pub async fn save(api: &ApiClient, view: &StudyView, out: &Path) -> Result<(PathBuf, PathBuf)> {
+    let id = view.id;
+    let name = view.name.as_deref().unwrap_or("study").replace(['/', ' ', ':'], "_");
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let svg = api.send(api.request(reqwest::Method::GET, &format!("/v1/studies/{id}/plot.svg"))).await?;
     let svg_path = out.join(format!("{name}.svg"));
@@ -258,25 +262,22 @@ pub async fn save(api: &ApiClient, view: &Value, out: &Path) -> Result<(PathBuf,
 /// The newest studies as a table: id, name, points, states, created.
 async fn list(args: &ListArgs) -> Result<()> {
     let api = args.connection.client()?;
-    let page: Value = api.get(&format!("/v1/studies?limit={}", args.limit.clamp(1, 100))).await?;
+    let page = api.studies(&format!("limit={}", args.limit.clamp(1, 100))).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
-    let rows: Vec<Vec<String>> = page["studies"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows: Vec<Vec<String>> = page
+        .studies
+        .iter()
         .map(|study| {
-            let states = study["states"].as_object().map_or_else(String::new, |states| {
-                states.iter().map(|(state, n)| format!("{n} {state}")).collect::<Vec<_>>().join(", ")
-            });
+            let states = study.states.iter().map(|(state, n)| format!("{n} {state}")).collect::<Vec<_>>();
             vec![
-                study["id"].as_str().unwrap_or("").to_string(),
-                study["name"].as_str().unwrap_or("").to_string(),
-                study["points"].to_string(),
-                states,
-                study["created_at"].as_str().unwrap_or("").to_string(),
+                study.id.to_string(),
+                study.name.clone().unwrap_or_default(),
+                study.points.to_string(),
+                states.join(", "),
+                study.created_at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
             ]
         })
         .collect();
@@ -288,67 +289,69 @@ async fn list(args: &ListArgs) -> Result<()> {
     Ok(())
 }
 
-fn ended(view: &Value) -> bool {
-    let states = view["states"].as_object();
-    states.is_some_and(|s| s.keys().all(|k| matches!(k.as_str(), "succeeded" | "failed" | "cancelled" | "stopped")))
+/// Whether every point has ended.
+fn ended(view: &StudyView) -> bool {
+    view.states.keys().all(|state| matches!(state.as_str(), "succeeded" | "failed" | "cancelled" | "stopped"))
 }
 
 /// "3/10 ended; running: #3 workers=16 ... epoch 2/8".
-fn progress_line(view: &Value) -> String {
-    let points = view["points"].as_array().cloned().unwrap_or_default();
-    let done = points
+fn progress_line(view: &StudyView) -> String {
+    let ended = |p: &&StudyPointView| {
+        matches!(p.state, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Stopped)
+    };
+    let done = view.points.iter().filter(ended).count();
+    let running: Vec<String> = view
+        .points
         .iter()
-        .filter(|p| matches!(p["state"].as_str(), Some("succeeded" | "failed" | "cancelled" | "stopped")))
-        .count();
-    let running: Vec<String> = points
-        .iter()
-        .filter(|p| p["state"] == "running")
-        .map(|p| {
-            let done = p["test_error"].as_array().map_or(0, Vec::len);
-            format!("#{} {} ({done} epochs done)", p["point"], p["label"].as_str().unwrap_or(""))
-        })
+        .filter(|p| p.state == JobState::Running)
+        .map(|p| format!("#{} {} ({} epochs done)", p.point, p.label, p.test_error.len()))
         .collect();
     format!(
         "{done}/{} ended; running: {}",
-        points.len(),
+        view.points.len(),
         if running.is_empty() { "none".into() } else { running.join(", ") }
     )
 }
 
-fn percent(value: &Value) -> String {
-    value.as_f64().map_or_else(|| "-".into(), |v| format!("{:.2}", v * 100.0))
+/// A share as a percentage with two decimals, `-` without one.
+fn percent(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{:.2}", v * 100.0))
+}
+
+/// A figure with `decimals`, `-` without one.
+fn figure(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
 }
 
 /// The study's table; for the Goyal template, with the paper's figure for each point beside the measured one.
-pub fn render(view: &Value) -> String {
-    let points = view["points"].as_array().cloned().unwrap_or_default();
+pub fn render(view: &StudyView) -> String {
     let goyal = is_goyal(view);
-    let searched = view["search"].is_object();
+    let searched = view.search.is_some();
     let reference_paper = GOYAL_REPORTED[0].1.unwrap_or_default();
-    let rows: Vec<Vec<String>> = points
+    let rows: Vec<Vec<String>> = view
+        .points
         .iter()
         .map(|p| {
-            let i = p["point"].as_u64().unwrap_or(0) as usize;
             let mut row = vec![
-                format!("{i}{}", if p["is_reference"] == true { "*" } else { "" }),
-                p["global_batch"].to_string(),
-                format!("{}/{}", p["workers"], p["devices"]),
-                p["warmup"].as_str().unwrap_or("-").to_string(),
-                p["scaling"].as_str().unwrap_or("-").to_string(),
-                p["scaled_lr"].as_f64().map_or_else(|| "-".into(), |lr| format!("{lr:.4}")),
-                percent(&p["train_error"].as_array().and_then(|a| a.last()).cloned().unwrap_or(Value::Null)),
-                percent(&p["final_test_error"]),
-                p["vs_reference"].as_f64().map_or_else(|| "-".into(), |d| format!("{:+.2}", d * 100.0)),
-                p["wall_seconds"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.0}")),
-                p["samples_per_s"].as_f64().map_or_else(|| "-".into(), |s| format!("{s:.0}")),
-                p["state"].as_str().unwrap_or("?").to_string(),
+                format!("{}{}", p.point, if p.is_reference { "*" } else { "" }),
+                p.global_batch.to_string(),
+                format!("{}/{}", p.workers, p.devices),
+                p.warmup.clone().unwrap_or_else(|| "-".into()),
+                p.scaling.clone().unwrap_or_else(|| "-".into()),
+                figure(p.scaled_lr, 4),
+                percent(p.train_error.last().copied()),
+                percent(p.final_test_error),
+                p.vs_reference.map_or_else(|| "-".into(), |d| format!("{:+.2}", d * 100.0)),
+                figure(p.wall_seconds, 0),
+                figure(p.samples_per_s, 0),
+                p.state.as_str().to_string(),
             ];
             if searched {
-                row.push(p["search"].as_str().unwrap_or("-").to_string());
+                row.push(p.search.clone().unwrap_or_else(|| "-".into()));
                 row.push(at_rungs(p));
             }
             if goyal {
-                match GOYAL_REPORTED.get(i) {
+                match usize::try_from(p.point).ok().and_then(|i| GOYAL_REPORTED.get(i)) {
                     Some((what, Some(error))) => row.extend([
                         what.to_string(),
                         format!("{error:.2}"),
@@ -381,77 +384,111 @@ pub fn render(view: &Value) -> String {
     if goyal {
         headers.extend(["GOYAL (RESNET-50, IMAGENET)", "ERR %", "VS REF"]);
     }
-    let mut out = format!("study {} ({})\n", view["id"].as_str().unwrap_or("?"), view["name"].as_str().unwrap_or(""));
+    let mut out = format!("study {} ({})\n", view.id, view.name.as_deref().unwrap_or(""));
     out += &table(&headers, &rows);
     out += "* the reference point; errors are the last epoch's (test: the finished run's); VS REF in points\n";
     if searched {
         out += "AT RUNGS: the search's metric at each rung reached, ^ promoted past it\n";
     }
-    for p in points.iter().filter(|p| p["error"].is_string()) {
-        out += &format!("point {}: {}\n", p["point"], p["error"].as_str().unwrap_or(""));
+    for p in &view.points {
+        if let Some(error) = &p.error {
+            out += &format!("point {}: {error}\n", p.point);
+        }
     }
-    if searched {
-        out += &search_summary(&view["search"], &points);
+    if let Some(search) = &view.search {
+        out += &search_summary(search, &view.points);
     }
     out
 }
 
 /// A point's figure at each rung it reached, "^" where it was promoted past it: "21.30^ 18.02".
-fn at_rungs(point: &Value) -> String {
-    let passed = point["rungs_passed"].as_u64().unwrap_or(0) as usize;
-    let figures = point["at_rungs"].as_array().cloned().unwrap_or_default();
+fn at_rungs(point: &StudyPointView) -> String {
+    let passed = point.rungs_passed.unwrap_or(0);
+    let figures = point.at_rungs.as_deref().unwrap_or_default();
     if figures.is_empty() {
         return "-".into();
     }
-    let marked =
-        figures.iter().enumerate().map(|(rung, f)| format!("{}{}", percent(f), if rung < passed { "^" } else { "" }));
+    let marked = figures
+        .iter()
+        .enumerate()
+        .map(|(rung, f)| format!("{}{}", percent(Some(*f)), if rung < passed { "^" } else { "" }));
     marked.collect::<Vec<_>>().join(" ")
 }
 
 /// What the search found: the best point, its multiplier, what was spent and saved, and the spec to submit.
-fn search_summary(search: &Value, points: &[Value]) -> String {
-    let hours = |v: &Value| v.as_f64().map_or_else(|| "?".into(), |h| format!("{h:.3}"));
+fn search_summary(search: &SearchSummary, points: &[StudyPointView]) -> String {
+    let hours = |h: Option<f64>| h.map_or_else(|| "?".into(), |h| format!("{h:.3}"));
     let mut out = format!(
         "search: {}; {} device-hours spent of the full grid's {} (saved {})\n",
-        if search["done"] == true { "done" } else { "running" },
-        hours(&search["device_hours"]),
-        hours(&search["grid_device_hours"]),
-        hours(&search["saved_device_hours"]),
+        if search.done { "done" } else { "running" },
+        hours(Some(search.device_hours)),
+        hours(search.grid_device_hours),
+        hours(search.saved_device_hours),
     );
-    let Some(best) = search["best_point"].as_i64() else { return out + "no point has reached a rung yet\n" };
-    let point = points.iter().find(|p| p["point"].as_i64() == Some(best)).cloned().unwrap_or_default();
-    let figure = point["final_test_error"].as_f64().or_else(|| point["test_error"].as_array()?.last()?.as_f64());
+    let Some(best) = search.best_point else { return out + "no point has reached a rung yet\n" };
+    let point = points.iter().find(|p| p.point == best);
+    let label = point.map_or("", |p| p.label.as_str());
+    let last = point.and_then(|p| p.test_error.last().copied());
+    let figure = point.and_then(|p| p.final_test_error).or(last);
     out += &format!(
-        "best: point {best} ({}){}, test error {}% ({})\n",
-        point["label"].as_str().unwrap_or(""),
-        search["best_multiplier"].as_f64().map_or_else(String::new, |m| format!(", lr multiplier {m}")),
-        percent(&figure.map_or(Value::Null, Value::from)),
-        if point["final_test_error"].is_f64() { "final" } else { "so far" },
+        "best: point {best} ({label}){}, test error {}% ({})\n",
+        search.best_multiplier.map_or_else(String::new, |m| format!(", lr multiplier {m}")),
+        percent(figure),
+        if point.is_some_and(|p| p.final_test_error.is_some()) { "final" } else { "so far" },
     );
-    if search["best_spec"].is_object() {
-        out += &format!("its spec, to submit: {}\n", search["best_spec"]);
+    if let Some(spec) = search.best_spec.as_ref().filter(|spec| spec.is_object()) {
+        out += &format!("its spec, to submit: {spec}\n");
     }
     out
 }
 
 /// Whether the study was made from the Goyal template (its points are the template's, in order).
-fn is_goyal(view: &Value) -> bool {
+fn is_goyal(view: &StudyView) -> bool {
     let template = ringtrain_core::study::goyal_template();
-    serde_json::to_value(&template.points).ok().as_ref() == Some(&view["definition"]["points"])
+    let definition = serde_json::from_value::<StudyRequest>(view.definition.clone());
+    definition.is_ok_and(|definition| definition.points == template.points)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A study's view as the server answers it, its points given by the fields that differ from a
+    /// queued point's.
+    fn study_view(fields: Value, points: &[Value]) -> StudyView {
+        let point = |given: &Value| {
+            let mut point = json!({"point": 0, "label": "", "overrides": {},
+                "job_id": "76acc08f-0000-4000-8000-000000000001", "state": "queued", "is_reference": false,
+                "workers": 1, "devices": 1, "global_batch": 32, "scaled_lr": null, "warmup": null, "scaling": null,
+                "train_error": [], "test_error": [], "final_test_error": null, "vs_reference": null,
+                "wall_seconds": null, "samples_per_s": null, "error": null, "device_seconds": 0.0,
+                "reused": false, "search": null, "rungs_passed": null, "at_rungs": null});
+            for (name, value) in given.as_object().unwrap() {
+                point[name] = value.clone();
+            }
+            point
+        };
+        let mut view = json!({"id": "76acc08f-0000-4000-8000-000000000003", "name": "s",
+            "team_id": "76acc08f-0000-4000-8000-000000000002", "created_at": "2026-12-02T09:59:00Z",
+            "reference_point": 0, "states": {}, "definition": {}, "device_hours": 0.0, "max_device_hours": null,
+            "search": null, "links": {"self": "", "plot": "", "cancel": ""}});
+        for (name, value) in fields.as_object().unwrap() {
+            view[name] = value.clone();
+        }
+        view["points"] = points.iter().map(point).collect();
+        serde_json::from_value(view).unwrap()
+    }
+
     #[test]
     fn a_goyal_study_is_printed_beside_the_paper() {
         let definition = serde_json::to_value(ringtrain_core::study::goyal_template()).unwrap();
-        let view = json!({"id": "s", "name": "goyal-miniature", "definition": definition, "states": {"succeeded": 1},
-            "points": [{"point": 0, "is_reference": true, "global_batch": 32, "workers": 1, "devices": 1,
+        let view = study_view(
+            json!({"name": "goyal-miniature", "definition": definition, "states": {"succeeded": 1}}),
+            &[json!({"point": 0, "is_reference": true, "global_batch": 32, "workers": 1, "devices": 1,
                 "warmup": "gradual", "scaling": "linear", "scaled_lr": 0.1, "train_error": [0.2, 0.1],
                 "final_test_error": 0.0912, "vs_reference": 0.0, "wall_seconds": 300.0, "samples_per_s": 1500.0,
-                "state": "succeeded"}]});
+                "state": "succeeded"})],
+        );
         let text = render(&view);
         assert!(text.contains("GOYAL (RESNET-50, IMAGENET)"), "{text}");
         assert!(text.contains("9.12") && text.contains("23.60") && text.contains("kn=256 (reference)"), "{text}");
@@ -460,17 +497,20 @@ mod tests {
 
     #[test]
     fn a_search_prints_each_point_s_standing_and_the_spec_to_submit() {
-        let view = json!({"id": "s", "name": "scale", "definition": {}, "states": {"succeeded": 2, "stopped": 1},
-            "points": [json!({"point": 0, "is_reference": true, "label": "", "state": "succeeded",
-                              "search": "the reference: trains to the end", "test_error": [0.3, 0.2],
-                              "final_test_error": 0.1}),
-                       json!({"point": 1, "label": "lr.multiplier=1", "state": "stopped", "test_error": [0.3],
-                              "search": "stopped at rung 1 (1 epochs)", "at_rungs": [0.3], "rungs_passed": 0}),
-                       json!({"point": 2, "label": "lr.multiplier=2", "state": "succeeded", "test_error": [0.25, 0.2, 0.12],
-                              "search": "promoted past every rung (2)", "at_rungs": [0.25, 0.2], "rungs_passed": 2,
-                              "final_test_error": 0.12})],
-            "search": {"done": true, "best_point": 2, "best_multiplier": 5.657, "device_hours": 0.5,
-                       "grid_device_hours": 1.25, "saved_device_hours": 0.75, "best_spec": {"workers": 32}}});
+        let view = study_view(
+            json!({"name": "scale", "states": {"succeeded": 2, "stopped": 1},
+                "search": {"spec": {}, "done": true, "best_point": 2, "best_multiplier": 5.657, "device_hours": 0.5,
+                    "grid_device_hours": 1.25, "saved_device_hours": 0.75, "best_spec": {"workers": 32}}}),
+            &[
+                json!({"point": 0, "is_reference": true, "label": "", "state": "succeeded",
+                    "search": "the reference: trains to the end", "test_error": [0.3, 0.2], "final_test_error": 0.1}),
+                json!({"point": 1, "label": "lr.multiplier=1", "state": "stopped", "test_error": [0.3],
+                    "search": "stopped at rung 1 (1 epochs)", "at_rungs": [0.3], "rungs_passed": 0}),
+                json!({"point": 2, "label": "lr.multiplier=2", "state": "succeeded", "test_error": [0.25, 0.2, 0.12],
+                    "search": "promoted past every rung (2)", "at_rungs": [0.25, 0.2], "rungs_passed": 2,
+                    "final_test_error": 0.12}),
+            ],
+        );
         let text = render(&view);
         assert!(text.contains("SEARCH") && text.contains("stopped at rung 1 (1 epochs)"), "{text}");
         assert!(text.contains("25.00^ 20.00^"), "{text}");

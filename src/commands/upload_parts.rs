@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use reqwest::Method;
 use ringtrain_client::ApiClient;
-use serde_json::{json, Value};
+use ringtrain_views::artifacts::Dataset;
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
@@ -26,7 +27,7 @@ pub async fn upload_in_parts(
     name: &str,
     part_bytes: u64,
     resume: Option<uuid::Uuid>,
-) -> Result<Value> {
+) -> Result<Dataset> {
     let mut opened = tokio::fs::File::open(file).await.with_context(|| format!("cannot read {}", file.display()))?;
     let size = opened.metadata().await.with_context(|| format!("cannot read {}", file.display()))?.len();
     let upload = match resume {

@@ -8,9 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{Effective, JobId, JobSpec, JobState, StudyId, TeamId, TokenId};
-use serde::Serialize;
 use serde_json::Value;
-use utoipa::ToSchema;
 
 use crate::error::StoreResult;
 
@@ -94,13 +92,7 @@ pub struct StudyPoint {
     pub point: i32,
 }
 
-/// Why a queued job cannot be placed on the pool as it exists, and since when.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct Unplaceable {
-    pub since: DateTime<Utc>,
-    /// In words, with the numbers: "needs 8 cpu devices; the pool has 1".
-    pub reason: String,
-}
+pub use ringtrain_views::jobs::Unplaceable;
 
 #[derive(Debug, Clone)]
 pub struct NewJob {
@@ -153,23 +145,7 @@ pub struct JobFilter {
     pub limit: i64,
 }
 
-/// A row of a job's history: a state change, a restart, a note.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct JobEvent {
-    pub seq: i64,
-    pub job_id: JobId,
-    pub at: DateTime<Utc>,
-    /// `state` for transitions.
-    pub kind: String,
-    pub from_state: Option<String>,
-    pub to_state: Option<String>,
-    /// The placement it belongs to: 1 for the first time the job was placed, one more per start (after a
-    /// failure or a preemption); 0 before the first.
-    pub placement: i32,
-    /// The attempt as the job's view counts it: one more per failure-restart, the same across a preemption.
-    pub attempt: i32,
-    pub reason: Option<String>,
-}
+pub use ringtrain_views::jobs::records::JobEvent;
 
 #[async_trait]
 pub trait JobStore: Send + Sync {

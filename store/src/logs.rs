@@ -6,26 +6,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use ringtrain_core::JobId;
 use ringtrain_protocol::LogLine;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::error::StoreResult;
 
-/// A stored line.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct RankLogLine {
-    /// Arrival order within the job: pass the last one as `since` to read on.
-    pub id: i64,
-    /// The placement that printed it.
-    pub attempt: i32,
-    pub rank: i32,
-    /// Its number in the rank's output.
-    pub seq: i64,
-    pub at: DateTime<Utc>,
-    /// `stderr` or `stdout`.
-    pub stream: String,
-    pub line: String,
-}
+pub use ringtrain_views::jobs::records::RankLogLine;
 
 /// Which lines to read; every field narrows.
 #[derive(Debug, Clone, Default)]

@@ -3,24 +3,10 @@
 
 use async_trait::async_trait;
 use ringtrain_core::JobId;
-use serde::Serialize;
-use serde_json::Value;
-use utoipa::ToSchema;
 
 use crate::error::StoreResult;
 
-/// One report of a rank: an `iteration` or `epoch` line. `fields` holds the numbers (`loss`, `lr`,
-/// `test_error`, ...). (kind, iteration, rank) is unique per job: reporting it again replaces it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct MetricPoint {
-    pub kind: String,
-    pub rank: i32,
-    pub epoch: i64,
-    pub iteration: i64,
-    pub attempt: i32,
-    #[schema(value_type = Object)]
-    pub fields: serde_json::Map<String, Value>,
-}
+pub use ringtrain_views::jobs::records::MetricPoint;
 
 /// Which metrics to read, in (kind, iteration, rank) order.
 #[derive(Debug, Clone, Default)]

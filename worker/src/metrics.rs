@@ -74,24 +74,8 @@ pub struct RunResult {
     pub timeline: Timeline,
 }
 
-/// Where a rank's time went, in seconds: what a whole run spends besides its training steps. The
-/// parts after `start_up_s` add up to `wall_seconds`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Timeline {
-    /// From the rank's start (its command's entry) to its first step: loading the data, building the model,
-    /// the rendezvous, a resume. Not part of `wall_seconds`.
-    pub start_up_s: f64,
-    /// Training steps: forward, backward, the all-reduce and the update.
-    pub train_steps_s: f64,
-    /// The end-of-epoch evaluations.
-    pub evaluation_s: f64,
-    /// Writing checkpoints (rank 0), and waiting for it (the others).
-    pub checkpoint_s: f64,
-    /// Writing metrics lines.
-    pub reporting_s: f64,
-    /// The rest: each epoch's shuffle, the collapse guard, bookkeeping.
-    pub other_s: f64,
-}
+/// Where rank 0's wall time went: the core's, so the server's job view reads it typed.
+pub use ringtrain_core::Timeline;
 
 /// What a run's error fields (`train_error`, `test_error`, `final_test_error`) measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

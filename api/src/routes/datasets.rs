@@ -11,14 +11,16 @@ use axum::Json;
 use ringtrain_core::{DatasetId, FieldError};
 use ringtrain_store::{Dataset, DatasetInput, NewDataset};
 use safetensors::{Dtype, SafeTensors};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::state::AppState;
 use crate::uploads::{self, UploadKind};
+
+pub use ringtrain_views::artifacts::DatasetList;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -220,11 +222,6 @@ pub(crate) async fn check_file(path: &Path) -> ApiResult<Contents> {
     })
     .await
     .map_err(ApiError::internal)?
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct DatasetList {
-    pub datasets: Vec<Dataset>,
 }
 
 /// The team's uploaded datasets, newest first.

@@ -2,28 +2,12 @@
 
 use axum::extract::State;
 use axum::Json;
-use ringtrain_core::{TeamId, TokenId};
-use ringtrain_store::Role;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::auth::User;
 use crate::error::ApiResult;
 use crate::state::AppState;
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Me {
-    pub token_id: TokenId,
-    pub role: Role,
-    pub team_id: TeamId,
-    pub team_name: String,
-    /// A platform admin (manages every team and the node agents' tokens).
-    pub platform: bool,
-    pub label: Option<String>,
-    /// The team's guarantee: devices of each kind it may always hold (it may borrow idle ones beyond).
-    pub gpu_quota: i32,
-    pub cpu_quota: i32,
-}
+pub use ringtrain_views::teams::Me;
 
 /// The calling token: its team (and the team's quotas), role and label.
 #[utoipa::path(get, path = "/v1/me", tag = "tokens",

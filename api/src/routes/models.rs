@@ -13,8 +13,8 @@ use axum::Json;
 use ringtrain_core::{DatasetId, FieldError, ModelId};
 use ringtrain_protocol::model::{ModelRefusal, ModelReport, EXIT_REFUSED};
 use ringtrain_store::{Dataset, Model, NewModel};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult, ProblemType};
@@ -22,6 +22,8 @@ use crate::extract::{ApiPath, ApiQuery};
 use crate::model_check::{self, ModelChecker};
 use crate::state::AppState;
 use crate::uploads::{self, UploadKind};
+
+pub use ringtrain_views::artifacts::ModelList;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -175,11 +177,6 @@ async fn run_check(
             format!("the model crashed its check ({}): {}", outcome.status, outcome.last_error),
         )),
     }
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ModelList {
-    pub models: Vec<Model>,
 }
 
 /// The team's uploaded models, newest first.

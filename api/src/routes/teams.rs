@@ -5,13 +5,15 @@ use axum::http::StatusCode;
 use axum::Json;
 use ringtrain_core::{FieldError, TeamId};
 use ringtrain_store::{Budget, NewTeam, Team, TeamChange};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, JsonBody};
 use crate::state::AppState;
+
+pub use ringtrain_views::teams::{TeamList, TeamStorage};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -202,17 +204,6 @@ pub async fn update_team(
     Ok(Json(team))
 }
 
-/// What a team keeps on the server against its storage quota.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TeamStorage {
-    pub quota_bytes: u64,
-    pub used_bytes: i64,
-    pub datasets_bytes: i64,
-    pub checkpoints_bytes: i64,
-    /// Checkpoints kept per job besides its final weights.
-    pub checkpoints_kept_per_job: i64,
-}
-
 /// The team's storage: its quota and what its datasets and checkpoints take (the team's own tokens, or a
 /// platform admin).
 #[utoipa::path(get, path = "/v1/teams/{id}/storage", tag = "teams", params(("id" = TeamId, Path)),
@@ -235,11 +226,6 @@ pub async fn team_storage(
         checkpoints_bytes: used.checkpoints_bytes,
         checkpoints_kept_per_job: state.config.keep_checkpoints,
     }))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TeamList {
-    pub teams: Vec<Team>,
 }
 
 /// Teams: every team for a platform admin, its own for a team admin.

@@ -8,13 +8,15 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use ringtrain_core::{FieldError, TeamId, TokenId};
 use ringtrain_store::{generate_token, hash_token, NewToken, Role, TokenInfo};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiPath, JsonBody};
 use crate::state::AppState;
+
+pub use ringtrain_views::teams::{CreatedToken, TokenList};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -31,19 +33,6 @@ pub struct CreateToken {
     /// A platform admin token (role admin; only a platform admin may make one).
     #[serde(default)]
     pub platform: bool,
-}
-
-/// A new token: `token` is shown this once and never again.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct CreatedToken {
-    pub token: String,
-    pub info: TokenInfo,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TokenList {
-    /// Newest first, revoked ones included (with `revoked_at`); never the secrets.
-    pub tokens: Vec<TokenInfo>,
 }
 
 fn check_label_and_expiry(label: &Option<String>, expires_at: Option<DateTime<Utc>>) -> ApiResult<()> {

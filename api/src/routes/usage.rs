@@ -8,14 +8,16 @@ use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Duration, Utc};
 use ringtrain_core::{AssignmentState, TeamId};
-use ringtrain_store::{Budget, DeviceSpan, SpanFilter};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use ringtrain_store::{DeviceSpan, SpanFilter};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery};
 use crate::state::AppState;
+
+pub use ringtrain_views::teams::{BudgetUse, TeamUsage, UsageRow};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -28,40 +30,6 @@ pub struct UsageQuery {
     /// `day` (UTC, the default), `token` (the token that submitted the job) or `kind` (`cpu`, `gpu`).
     #[param(pattern = "^(day|token|kind)$")]
     pub by: Option<String>,
-}
-
-/// Device-seconds of one group.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct UsageRow {
-    /// The day (`2026-12-01`), the token id (`unknown` for jobs whose token is gone), or the kind.
-    pub key: String,
-    pub device_seconds: f64,
-    /// The same split by how each placement's rank ended: `done`, `preempted`, `failed`, `cancelled`, or
-    /// `running` (still holding its device: counted up to `to`).
-    pub by_outcome: BTreeMap<String, f64>,
-}
-
-/// The budget and what the current period used of it.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct BudgetUse {
-    pub budget: Budget,
-    pub period_start: DateTime<Utc>,
-    pub period_end: DateTime<Utc>,
-    pub used_device_hours: f64,
-    /// Its queued jobs wait (`budget_exhausted`) until `period_end`.
-    pub exhausted: bool,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TeamUsage {
-    pub team_id: TeamId,
-    pub from: DateTime<Utc>,
-    pub to: DateTime<Utc>,
-    pub by: String,
-    pub device_seconds: f64,
-    pub device_hours: f64,
-    pub rows: Vec<UsageRow>,
-    pub budget: Option<BudgetUse>,
 }
 
 /// A team's device usage (the team's own tokens, or a platform admin).

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use ringtrain_views::jobs::records::Checkpoint;
 use serde_json::{json, Value};
 
 use super::manage::ShowArgs;
@@ -39,47 +40,46 @@ pub struct ForkArgs {
 pub async fn fork(args: &ForkArgs) -> Result<()> {
     let api = args.connection.client()?;
     let id = resolve(&api, &args.id, Kind::Job).await?;
-    let job: Value = api.get(&format!("/v1/jobs/{id}")).await?;
-    let list: Value = api.get(&format!("/v1/jobs/{id}/checkpoints")).await?;
-    let checkpoints = list["checkpoints"].as_array().cloned().unwrap_or_default();
+    let job = api.job(&id.to_string()).await?;
+    let checkpoints = api.job_checkpoints(&id.to_string()).await?.checkpoints;
     let checkpoint = pick_checkpoint(&checkpoints, args.checkpoint.as_ref())?;
     let mut spec = match &args.spec {
         Some(file) => {
             let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
             serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?
         }
-        None => job["spec"].clone(),
+        None => job.spec.clone(),
     };
     for change in &args.set {
         let (path, text) = change.split_once('=').with_context(|| format!("--set {change}: write PATH=VALUE"))?;
         let value = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()));
         ringtrain_core::study::set_path(&mut spec, path, value).map_err(|e| anyhow::anyhow!("--set {change}: {e}"))?;
     }
-    let name = args.name.clone().unwrap_or_else(|| format!("{}-fork", job["name"].as_str().unwrap_or("job")));
-    spec["name"] = name.into();
-    spec["init_from"] = json!({"checkpoint": checkpoint["id"]});
-    let answer: Value = api.post("/v1/jobs", &spec).await?;
+    let name = args.name.clone().unwrap_or_else(|| format!("{}-fork", job.name.as_deref().unwrap_or("job")));
+    let fields = spec.as_object_mut().context("the spec is not a JSON object")?;
+    fields.insert("name".into(), name.into());
+    fields.insert("init_from".into(), json!({"checkpoint": checkpoint.id}));
+    let answer = api.submit_job(&spec).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&answer)?);
     } else {
         println!(
             "submitted {} ({}): {}, starting from the weights of {} of job {id}",
-            answer["id"].as_str().unwrap_or("?"),
-            answer["name"].as_str().unwrap_or("unnamed"),
-            answer["state"].as_str().unwrap_or("?"),
-            checkpoint["name"].as_str().unwrap_or("?"),
+            answer.id,
+            answer.name.as_deref().unwrap_or("unnamed"),
+            answer.state.as_str(),
+            checkpoint.name,
         );
     }
     Ok(())
 }
 
 /// The checkpoint `wanted` names (a unique start of its id), or the final weights, else the newest.
-fn pick_checkpoint<'a>(checkpoints: &'a [Value], wanted: Option<&IdArg>) -> Result<&'a Value> {
-    let id_of = |c: &Value| c["id"].as_str().unwrap_or_default().to_string();
+fn pick_checkpoint<'a>(checkpoints: &'a [Checkpoint], wanted: Option<&IdArg>) -> Result<&'a Checkpoint> {
     match wanted {
         Some(prefix) => {
-            let matching: Vec<&Value> =
-                checkpoints.iter().filter(|c| id_of(c).starts_with(&prefix.to_string())).collect();
+            let matching: Vec<&Checkpoint> =
+                checkpoints.iter().filter(|c| c.id.to_string().starts_with(&prefix.to_string())).collect();
             match matching.as_slice() {
                 [one] => Ok(one),
                 [] => anyhow::bail!("the job has no checkpoint {prefix} (`jobs show` lists them)"),
@@ -91,7 +91,7 @@ fn pick_checkpoint<'a>(checkpoints: &'a [Value], wanted: Option<&IdArg>) -> Resu
         }
         None => checkpoints
             .iter()
-            .max_by_key(|c| (c["is_final"].as_bool().unwrap_or(false), c["iteration"].as_i64().unwrap_or(0)))
+            .max_by_key(|c| (c.is_final, c.iteration))
             .context("the job has no checkpoint to start from"),
     }
 }
@@ -100,11 +100,11 @@ fn pick_checkpoint<'a>(checkpoints: &'a [Value], wanted: Option<&IdArg>) -> Resu
 pub async fn resume(args: &ShowArgs) -> Result<()> {
     let api = args.connection.client()?;
     let id = resolve(&api, &args.id, Kind::Job).await?;
-    let job: Value = api.post(&format!("/v1/jobs/{id}/resume"), &json!({})).await?;
+    let job = api.resume_job(&id.to_string()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
     } else {
-        println!("{id}: {} (it resumes from its newest checkpoint)", job["state"].as_str().unwrap_or("?"));
+        println!("{id}: {} (it resumes from its newest checkpoint)", job.state.as_str());
     }
     Ok(())
 }

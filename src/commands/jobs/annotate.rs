@@ -2,7 +2,7 @@
 //! `jobs list --tag` and `--search` find runs by them.
 
 use anyhow::Result;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::commands::connection::Connection;
 use crate::commands::ids::{resolve, IdArg, Kind};
@@ -35,16 +35,14 @@ pub struct NoteArgs {
 pub async fn tag(args: &TagArgs) -> Result<()> {
     let api = args.connection.client()?;
     let id = resolve(&api, &args.id, Kind::Job).await?;
-    let job: Value = api.get(&format!("/v1/jobs/{id}")).await?;
-    let mut tags: Vec<String> =
-        job["tags"].as_array().into_iter().flatten().filter_map(|t| t.as_str().map(str::to_string)).collect();
+    let mut tags = api.job(&id.to_string()).await?.tags;
     if args.remove {
         tags.retain(|t| !args.tags.contains(t));
     } else {
         tags.extend(args.tags.iter().cloned());
     }
-    let job: Value = api.patch(&format!("/v1/jobs/{id}"), &json!({ "tags": tags })).await?;
-    println!("{id}: tags {}", tags_text(&job));
+    let job = api.annotate_job(&id.to_string(), &json!({ "tags": tags })).await?;
+    println!("{id}: tags {}", tags_text(&job.tags));
     Ok(())
 }
 
@@ -52,14 +50,13 @@ pub async fn tag(args: &TagArgs) -> Result<()> {
 pub async fn note(args: &NoteArgs) -> Result<()> {
     let api = args.connection.client()?;
     let id = resolve(&api, &args.id, Kind::Job).await?;
-    api.patch::<Value>(&format!("/v1/jobs/{id}"), &json!({ "note": args.text })).await?;
+    api.annotate_job(&id.to_string(), &json!({ "note": args.text })).await?;
     println!("{id}: note {}", if args.text.is_empty() { "removed" } else { "set" });
     Ok(())
 }
 
 /// A job's tags as `a, b` (`none` without).
-pub fn tags_text(job: &Value) -> String {
-    let tags: Vec<&str> = job["tags"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+pub fn tags_text(tags: &[String]) -> String {
     if tags.is_empty() {
         "none".into()
     } else {

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use crate::commands::ids::{resolve, IdArg, Kind};
 use anyhow::Result;
-use serde_json::Value;
+use ringtrain_views::jobs::records::MetricPoint;
 
 use crate::commands::connection::{encode, Connection};
 
@@ -51,20 +51,21 @@ pub async fn metrics(args: &MetricsArgs) -> Result<()> {
         filters += &format!("&rank={rank}");
     }
     let mut out = std::io::stdout().lock();
-    let mut kept: Vec<Value> = Vec::new();
+    let mut kept: Vec<MetricPoint> = Vec::new();
     let mut cursor: Option<String> = None;
+    let id = id.to_string();
     loop {
         let after = cursor.as_ref().map_or_else(String::new, |c| format!("&cursor={}", encode(c)));
-        let page: Value = api.get(&format!("/v1/jobs/{id}/metrics?limit=10000{filters}{after}")).await?;
-        for point in page["points"].as_array().into_iter().flatten() {
+        let page = api.job_metrics(&id, &format!("limit=10000{filters}{after}")).await?;
+        for point in page.points {
             if args.csv {
-                kept.push(point.clone());
+                kept.push(point);
             } else {
-                writeln!(out, "{point}")?;
+                writeln!(out, "{}", serde_json::to_string(&point)?)?;
             }
         }
-        match page["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_string()),
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
             None => break,
         }
     }
@@ -76,10 +77,10 @@ pub async fn metrics(args: &MetricsArgs) -> Result<()> {
 
 /// The points as CSV: kind, rank, epoch, iteration, attempt, then every field any point has, in the order
 /// they first appear; a point without a field leaves its cell empty.
-fn write_csv(out: &mut impl Write, points: &[Value]) -> std::io::Result<()> {
+fn write_csv(out: &mut impl Write, points: &[MetricPoint]) -> std::io::Result<()> {
     let mut names: Vec<&str> = Vec::new();
     for point in points {
-        for name in point["fields"].as_object().into_iter().flat_map(|f| f.keys()) {
+        for name in point.fields.keys() {
             if !names.contains(&name.as_str()) {
                 names.push(name);
             }
@@ -87,18 +88,9 @@ fn write_csv(out: &mut impl Write, points: &[Value]) -> std::io::Result<()> {
     }
     writeln!(out, "kind,rank,epoch,iteration,attempt{}", names.iter().map(|n| format!(",{n}")).collect::<String>())?;
     for point in points {
-        let fields = &point["fields"];
         let values: String =
-            names.iter().map(|n| fields.get(n).map_or_else(|| ",".to_string(), |v| format!(",{v}"))).collect();
-        writeln!(
-            out,
-            "{},{},{},{},{}{values}",
-            point["kind"].as_str().unwrap_or(""),
-            point["rank"],
-            point["epoch"],
-            point["iteration"],
-            point["attempt"],
-        )?;
+            names.iter().map(|n| point.fields.get(*n).map_or_else(|| ",".to_string(), |v| format!(",{v}"))).collect();
+        writeln!(out, "{},{},{},{},{}{values}", point.kind, point.rank, point.epoch, point.iteration, point.attempt)?;
     }
     Ok(())
 }
@@ -141,7 +133,8 @@ mod tests {
                 "fields": {"test_error": 0.5}}),
             json!({"kind": "iteration", "rank": 0, "epoch": 0, "iteration": 0, "attempt": 1,
                 "fields": {"loss": 2.3, "lr": 0.1}}),
-        ];
+        ]
+        .map(|point| serde_json::from_value(point).unwrap());
         let mut out = Vec::new();
         super::write_csv(&mut out, &points).unwrap();
         assert_eq!(

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Result;
-use serde_json::Value;
+use ringtrain_core::JobState;
 
 use crate::commands::connection::{encode, Connection};
 use crate::commands::ids::{resolve, IdArg, Kind};
@@ -44,28 +44,18 @@ pub async fn logs(args: &LogsArgs) -> Result<()> {
     if let Some(text) = &args.grep {
         filters += &format!("&q={}", encode(text));
     }
-    let mut since = 0;
+    let (id, mut since) = (id.to_string(), 0);
     loop {
         // the job's state before its lines: a line stored after this read is still fetched below
         let ended = args.follow
-            && matches!(
-                api.get::<Value>(&format!("/v1/jobs/{id}")).await?["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            );
-        let page = api.get::<Value>(&format!("/v1/jobs/{id}/logs?since={since}&limit=5000{filters}")).await?;
-        let lines = page["lines"].as_array().cloned().unwrap_or_default();
+            && matches!(api.job(&id).await?.state, JobState::Succeeded | JobState::Failed | JobState::Cancelled);
+        let page = api.job_logs(&id, &format!("since={since}&limit=5000{filters}")).await?;
         let mut out = std::io::stdout().lock();
-        for line in &lines {
-            let _ = writeln!(
-                out,
-                "[rank {}, placement {}] {}",
-                line["rank"],
-                line["attempt"],
-                line["line"].as_str().unwrap_or("")
-            );
+        for line in &page.lines {
+            let _ = writeln!(out, "[rank {}, placement {}] {}", line.rank, line.attempt, line.line);
         }
-        since = page["next_since"].as_i64().unwrap_or(since);
-        if lines.len() == 5000 {
+        since = page.next_since;
+        if page.lines.len() == 5000 {
             continue;
         }
         if !args.follow || ended {

@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use serde_json::{json, Value};
-use uuid::Uuid;
+use ringtrain_core::{Effective, JobState, Timeline};
+use ringtrain_views::jobs::{JobResources, JobResult, JobView, LiveProgress, PlacementRecord};
+use serde_json::Value;
 
 use super::watch::{watch, WatchArgs};
 use crate::commands::connection::{encode, Connection};
@@ -67,38 +68,42 @@ pub async fn submit(args: &SubmitArgs) -> Result<bool> {
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
     let spec: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", args.file.display()))?;
     let api = args.connection.client()?;
-    let path = if args.dry_run { "/v1/jobs?dry_run=true" } else { "/v1/jobs" };
-    let answer: Value = api.post(path, &spec).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&answer)?);
-    } else if args.dry_run {
-        println!("{}: {}", answer["verdict"].as_str().unwrap_or("?"), answer["message"].as_str().unwrap_or(""));
-        if let Some(basis) = answer["estimated_start"]["basis"].as_str() {
-            println!("estimated start: {basis}");
+    if args.dry_run {
+        let answer = api.dry_run_job(&spec).await?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+        } else {
+            println!("{}: {}", answer.verdict, answer.message);
+            if let Some(estimate) = &answer.estimated_start {
+                println!("estimated start: {}", estimate.basis);
+            }
         }
+        return Ok(true);
+    }
+    let job = api.submit_job(&spec).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&job)?);
     } else {
-        let effective = &answer["effective"];
-        println!(
-            "submitted {} ({}): {}; {} workers x {} = global batch {}, lr {}",
-            answer["id"].as_str().unwrap_or("?"),
-            answer["name"].as_str().unwrap_or("unnamed"),
-            answer["state"].as_str().unwrap_or("?"),
-            effective["workers"],
-            effective["per_worker_batch"],
-            effective["global_batch"],
-            effective["scaled_lr"]
+        let recipe = job.effective.as_ref().map_or_else(
+            || "the data set's size is not known yet".to_string(),
+            |e| {
+                format!(
+                    "{} workers x {} = global batch {}, lr {}",
+                    e.workers, e.per_worker_batch, e.global_batch, e.scaled_lr
+                )
+            },
         );
+        println!("submitted {} ({}): {}; {recipe}", job.id, name(&job), job.state.as_str());
     }
     if !args.watch {
         return Ok(true);
     }
-    let id: Uuid = answer["id"].as_str().and_then(|id| id.parse().ok()).context("the answer has no job id")?;
-    watch(&WatchArgs { id: IdArg::from(id), connection: args.connection.clone(), every_s: 1.0 }).await
+    watch(&WatchArgs { id: IdArg::from(job.id.0), connection: args.connection.clone(), every_s: 1.0 }).await
 }
 
 pub async fn list(args: &ListArgs) -> Result<()> {
     let api = args.connection.client()?;
-    let mut query = format!("/v1/jobs?limit={}", args.limit);
+    let mut query = format!("limit={}", args.limit);
     if let Some(state) = &args.state {
         query += &format!("&state={}", encode(state));
     }
@@ -111,59 +116,62 @@ pub async fn list(args: &ListArgs) -> Result<()> {
     if let Some(text) = &args.search {
         query += &format!("&q={}", encode(text));
     }
-    let page: Value = api.get(&query).await?;
+    let page = api.jobs(&query).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
-    let jobs = page["jobs"].as_array().cloned().unwrap_or_default();
-    let rows: Vec<Vec<String>> = jobs
+    let rows: Vec<Vec<String>> = page
+        .jobs
         .iter()
         .map(|job| {
-            let waits = match (job["queue_position"].as_i64(), job["pending_reason"]["code"].as_str()) {
+            let code = job.pending_reason.as_ref().map(|reason| reason.code.as_str());
+            let waits = match (job.queue_position, code) {
                 (Some(position), Some(code)) => format!("#{position} {code}"),
                 (None, Some(code)) => code.to_string(),
-                _ => outcome(job).or_else(|| progress(&job["progress"])).unwrap_or_default(),
+                _ => outcome(job).or_else(|| job.progress.as_ref().map(progress)).unwrap_or_default(),
             };
             vec![
-                job["id"].as_str().unwrap_or("").to_string(),
-                job["name"].as_str().unwrap_or("").to_string(),
-                job["state"].as_str().unwrap_or("").to_string(),
+                job.id.to_string(),
+                job.name.clone().unwrap_or_default(),
+                job.state.as_str().to_string(),
                 devices(job),
-                job["created_at"].as_str().unwrap_or("").chars().take(19).collect(),
+                job.created_at.format("%Y-%m-%dT%H:%M:%S").to_string(),
                 waits,
             ]
         })
         .collect();
     print!("{}", table(&["ID", "NAME", "STATE", "DEVICES", "CREATED", "WAITING / PROGRESS / OUTCOME"], &rows));
-    if jobs.is_empty() {
+    if page.jobs.is_empty() {
         println!("(no jobs)");
     }
     Ok(())
 }
 
+fn name(job: &JobView) -> &str {
+    job.name.as_deref().unwrap_or("unnamed")
+}
+
 /// How an ended job ended, in one line: `test error 13.09%, 2 min 31 s` for a success, the first line of
 /// the error for a failure, with how long it ran; None while it has not ended.
-fn outcome(job: &Value) -> Option<String> {
-    let ran = match (job["started_at"].as_str(), job["finished_at"].as_str()) {
-        (Some(start), Some(end)) => {
-            let start = chrono::DateTime::parse_from_rfc3339(start).ok()?;
-            let end = chrono::DateTime::parse_from_rfc3339(end).ok()?;
-            Some(duration_text((end - start).num_seconds().max(0)))
-        }
+fn outcome(job: &JobView) -> Option<String> {
+    let ran = match (job.started_at, job.finished_at) {
+        (Some(start), Some(end)) => Some(duration_text((end - start).num_seconds().max(0))),
         _ => None,
     };
     let after = |text: String| match &ran {
         Some(ran) => format!("{text}, {ran}"),
         None => text,
     };
-    match job["state"].as_str()? {
-        "succeeded" => {
-            let error = job["result"]["final_test_error"].as_f64();
+    match job.state {
+        JobState::Succeeded => {
+            let error = job.result.as_ref().and_then(|r| r.final_test_error);
             Some(after(error.map_or_else(|| "succeeded".into(), |e| format!("test error {:.2}%", e * 100.0))))
         }
-        "failed" => Some(after(job["error"].as_str().and_then(|e| e.lines().next()).unwrap_or("failed").to_string())),
-        "cancelled" => Some(after("cancelled".into())),
+        JobState::Failed => {
+            Some(after(job.error.as_deref().and_then(|e| e.lines().next()).unwrap_or("failed").to_string()))
+        }
+        JobState::Cancelled => Some(after("cancelled".into())),
         _ => None,
     }
 }
@@ -178,153 +186,150 @@ fn duration_text(seconds: i64) -> String {
 }
 
 /// A running job's progress, e.g. `iteration 120 of 1875 (6%), epoch 1, loss 0.6120, 2405 samples/s, 3%
-/// all-reduce`; None when the view has none.
-fn progress(progress: &Value) -> Option<String> {
-    let done = progress["iterations_done"].as_i64()?;
+/// all-reduce`.
+fn progress(progress: &LiveProgress) -> String {
+    let done = progress.iterations_done;
     let mut text = format!("iteration {done}");
-    if let Some(total) = progress["total_iterations"].as_i64().filter(|t| *t > 0) {
+    if let Some(total) = progress.total_iterations.filter(|t| *t > 0) {
         text += &format!(" of {total} ({:.0}%)", done as f64 * 100.0 / total as f64);
     }
-    text += &format!(", epoch {}", progress["epoch"].as_i64().unwrap_or(0) + 1);
-    if let Some(loss) = progress["loss"].as_f64() {
+    text += &format!(", epoch {}", progress.epoch + 1);
+    if let Some(loss) = progress.loss {
         text += &format!(", loss {loss:.4}");
     }
-    if let Some(rate) = progress["samples_per_s"].as_f64() {
+    if let Some(rate) = progress.samples_per_s {
         text += &format!(", {rate:.0} samples/s");
     }
-    if let Some(share) = progress["allreduce_share"].as_f64() {
+    if let Some(share) = progress.allreduce_share {
         text += &format!(", {:.0}% all-reduce", share * 100.0);
     }
-    if let Some(left) = progress["seconds_left"].as_f64() {
+    if let Some(left) = progress.seconds_left {
         text += &format!(", about {} left", duration_text(left.round() as i64));
     }
-    Some(text)
+    text
 }
 
 /// Where rank 0's time went (the result's `timeline`), as shares of its training wall time, and its
 /// start-up apart: `steps 93.6%, evaluation 6.3%, checkpoints 0.0%, reporting 0.0%, other 0.1%; start-up 0.6 s`.
-/// None for a run recorded before results carried a timeline.
-fn timeline(timeline: &Value) -> Option<String> {
+fn timeline(timeline: &Timeline) -> String {
     let parts = [
-        ("steps", "train_steps_s"),
-        ("evaluation", "evaluation_s"),
-        ("checkpoints", "checkpoint_s"),
-        ("reporting", "reporting_s"),
-        ("other", "other_s"),
+        ("steps", timeline.train_steps_s),
+        ("evaluation", timeline.evaluation_s),
+        ("checkpoints", timeline.checkpoint_s),
+        ("reporting", timeline.reporting_s),
+        ("other", timeline.other_s),
     ];
-    let seconds: Vec<f64> = parts.iter().map(|(_, key)| timeline[*key].as_f64()).collect::<Option<_>>()?;
-    let total = seconds.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-    let shares: Vec<String> =
-        parts.iter().zip(&seconds).map(|((name, _), s)| format!("{name} {:.1}%", s / total * 100.0)).collect();
-    let start_up = timeline["start_up_s"].as_f64().map_or_else(String::new, |s| format!("; start-up {s:.1} s"));
-    Some(format!("{}{start_up}", shares.join(", ")))
+    let total = parts.iter().map(|(_, s)| s).sum::<f64>().max(f64::MIN_POSITIVE);
+    let shares: Vec<String> = parts.iter().map(|(name, s)| format!("{name} {:.1}%", s / total * 100.0)).collect();
+    format!("{}; start-up {:.1} s", shares.join(", "), timeline.start_up_s)
 }
 
 /// The device count of each placement, over time: `4 (31 s, preempted) → 2 (55 s) → 4 (running)`; None
 /// before the first.
-fn placements(placements: &Value) -> Option<String> {
-    let list = placements.as_array().filter(|l| !l.is_empty())?;
-    let parts: Vec<String> = list
+fn placements(placements: &[PlacementRecord]) -> Option<String> {
+    if placements.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = placements
         .iter()
         .map(|p| {
-            let ended = p["ended"].as_str().unwrap_or("?");
-            let wall = duration_text(p["wall_seconds"].as_f64().unwrap_or(0.0).round() as i64);
-            match ended {
-                "running" => format!("{} (running, {wall})", p["devices"]),
-                _ => format!("{} ({wall}, {ended})", p["devices"]),
+            let wall = duration_text(p.wall_seconds.round() as i64);
+            match p.ended.as_str() {
+                "running" => format!("{} (running, {wall})", p.devices),
+                ended => format!("{} ({wall}, {ended})", p.devices),
             }
         })
         .collect();
     Some(parts.join(" → "))
 }
 
-/// What a job used: `41.3 device-seconds, peak memory 212 MiB per rank, 1.9 CPU cores`; None before it
-/// was placed.
-fn resources(used: &Value) -> Option<String> {
-    let mut text = format!("{:.1} device-seconds", used["device_seconds"].as_f64()?);
-    if let Some(bytes) = used["peak_rss_bytes"].as_f64() {
+/// What a job used: `41.3 device-seconds, peak memory 212 MiB per rank, 1.9 CPU cores`.
+fn resources(used: &JobResources) -> String {
+    let mut text = format!("{:.1} device-seconds", used.device_seconds);
+    if let Some(bytes) = used.peak_rss_bytes {
         text += &format!(", peak memory {:.0} MiB per rank", bytes / f64::from(1 << 20));
     }
-    if let Some(cores) = used["cpu_cores"].as_f64() {
+    if let Some(cores) = used.cpu_cores {
         text += &format!(", {cores:.1} CPU cores busy");
     }
-    Some(text)
+    text
+}
+
+/// The recipe a job runs: `global batch 256, lr 0.1 (base 0.1 for 256), 0 warmup iterations, 3 epochs`.
+fn recipe(effective: &Effective) -> String {
+    format!(
+        "global batch {}, lr {} (base {} for {}), {} warmup iterations, {} epochs",
+        effective.global_batch,
+        effective.scaled_lr,
+        effective.base_lr,
+        effective.reference_batch,
+        effective.warmup_iterations,
+        effective.epochs
+    )
+}
+
+/// A finished run's figures: `final test error 13.09%, 151.0 s over 1 placement(s), 302.1 device-seconds`.
+fn result_text(result: &JobResult) -> String {
+    format!(
+        "final test error {:.2}%, {:.1} s over {} placement(s), {:.1} device-seconds",
+        result.final_test_error.unwrap_or(f64::NAN) * 100.0,
+        result.wall_seconds.unwrap_or(f64::NAN),
+        result.history.as_ref().map_or(1, Vec::len),
+        result.device_seconds.unwrap_or(f64::NAN)
+    )
 }
 
 pub async fn show(args: &ShowArgs) -> Result<()> {
     let api = args.connection.client()?;
     let id = resolve(&api, &args.id, Kind::Job).await?;
-    let job: Value = api.get(&format!("/v1/jobs/{id}")).await?;
+    let job = api.job(&id.to_string()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
         return Ok(());
     }
-    let field = |name: &str| job[name].as_str().unwrap_or("").to_string();
-    let effective = &job["effective"];
     let mut lines = vec![
-        ("job", format!("{} ({})", field("id"), job["name"].as_str().unwrap_or("unnamed"))),
-        ("state", field("state")),
+        ("job", format!("{} ({})", job.id, name(&job))),
+        ("state", job.state.as_str().to_string()),
         ("devices", devices(&job)),
-        ("attempt", format!("{} ({} preemptions)", job["attempt"], job["preemptions"])),
-        (
-            "recipe",
-            format!(
-                "global batch {}, lr {} (base {} for {}), {} warmup iterations, {} epochs",
-                effective["global_batch"],
-                effective["scaled_lr"],
-                effective["base_lr"],
-                effective["reference_batch"],
-                effective["warmup_iterations"],
-                effective["epochs"]
-            ),
-        ),
+        ("attempt", format!("{} ({} preemptions)", job.attempt, job.preemptions)),
+        ("recipe", job.effective.as_ref().map_or_else(|| "the data set's size is not known yet".into(), recipe)),
     ];
-    if let Some(why) = job["pending_reason"]["message"].as_str() {
-        let position = job["queue_position"].as_i64().map_or_else(String::new, |p| format!("#{p} in queue: "));
-        lines.push(("waiting", format!("{position}{why}")));
+    if let Some(why) = &job.pending_reason {
+        let position = job.queue_position.map_or_else(String::new, |p| format!("#{p} in queue: "));
+        lines.push(("waiting", format!("{position}{}", why.message)));
     }
-    if let Some(basis) = job["estimated_start"]["basis"].as_str() {
-        lines.push(("starts", basis.to_string()));
+    if let Some(estimate) = &job.estimated_start {
+        lines.push(("starts", estimate.basis.clone()));
     }
-    if let Some(progress) = progress(&job["progress"]) {
-        lines.push(("progress", progress));
+    if let Some(now) = &job.progress {
+        lines.push(("progress", progress(now)));
     }
-    let result = &job["result"];
-    if result.is_object() {
-        lines.push((
-            "result",
-            format!(
-                "final test error {:.2}%, {:.1} s over {} placement(s), {:.1} device-seconds",
-                result["final_test_error"].as_f64().unwrap_or(f64::NAN) * 100.0,
-                result["wall_seconds"].as_f64().unwrap_or(f64::NAN),
-                result["history"].as_array().map_or(1, Vec::len),
-                result["device_seconds"].as_f64().unwrap_or(f64::NAN)
-            ),
-        ));
+    if let Some(result) = &job.result {
+        lines.push(("result", result_text(result)));
+        if let Some(spent) = &result.timeline {
+            lines.push(("time", timeline(spent)));
+        }
     }
-    if let Some(spent) = timeline(&result["timeline"]) {
-        lines.push(("time", spent));
+    if let Some(error) = &job.error {
+        lines.push(("error", error.clone()));
     }
-    if let Some(error) = job["error"].as_str() {
-        lines.push(("error", error.to_string()));
+    if let Some(used) = &job.resources {
+        lines.push(("used", resources(used)));
     }
-    if let Some(used) = resources(&job["resources"]) {
-        lines.push(("used", used));
-    }
-    if let Some(placed) = placements(&job["placements"]) {
+    if let Some(placed) = job.placements.as_deref().and_then(placements) {
         lines.push(("devices", placed));
     }
-    lines.push(("tags", super::annotate::tags_text(&job)));
-    if let Some(note) = job["note"].as_str().filter(|n| !n.is_empty()) {
-        lines.push(("note", note.to_string()));
+    lines.push(("tags", super::annotate::tags_text(&job.tags)));
+    if !job.note.is_empty() {
+        lines.push(("note", job.note.clone()));
     }
     for (name, value) in lines {
         println!("{name:>8}  {value}");
     }
-    if let Some(last) = job["last_log_lines"].as_array().filter(|l| !l.is_empty()) {
+    if let Some(last) = job.last_log_lines.as_ref().filter(|l| !l.is_empty()) {
         println!("last lines of its ranks:");
         for line in last {
-            println!("  [rank {}] {}", line["rank"], line["line"].as_str().unwrap_or(""));
+            println!("  [rank {}] {}", line.rank, line.line);
         }
     }
     Ok(())
@@ -333,26 +338,25 @@ pub async fn show(args: &ShowArgs) -> Result<()> {
 pub async fn cancel(args: &ShowArgs) -> Result<()> {
     let api = args.connection.client()?;
     let id = resolve(&api, &args.id, Kind::Job).await?;
-    let job: Value = api.post(&format!("/v1/jobs/{id}/cancel"), &json!({})).await?;
+    let job = api.cancel_job(&id.to_string()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&job)?);
     } else {
-        println!("{id}: {}", job["state"].as_str().unwrap_or("?"));
+        println!("{id}: {}", job.state.as_str());
     }
     Ok(())
 }
 
-/// Left-aligned columns, two spaces apart.
 /// "2 cpu", or "2 cpu (8 workers as virtual ranks)" when the job plays more ranks than it holds devices.
-fn devices(job: &Value) -> String {
-    let kind = job["device"].as_str().unwrap_or("");
-    match (job["devices"].as_i64(), job["workers"].as_i64()) {
-        (Some(d), Some(k)) if k > d => format!("{d} {kind} ({k} workers as virtual ranks)"),
-        (Some(d), _) => format!("{d} {kind}"),
-        _ => format!("{} {kind}", job["workers"]),
+fn devices(job: &JobView) -> String {
+    let kind = job.device.as_str();
+    match (job.devices, job.workers) {
+        (d, k) if k > d => format!("{d} {kind} ({k} workers as virtual ranks)"),
+        (d, _) => format!("{d} {kind}"),
     }
 }
 
+/// Left-aligned columns, two spaces apart.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -372,12 +376,34 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use ringtrain_views::jobs::JobView;
+    use serde_json::{json, Value};
+
+    /// A job's view as the server answers it, with `fields` set over a queued job's.
+    pub(crate) fn job_view(fields: Value) -> JobView {
+        let mut view = json!({
+            "id": "76acc08f-0000-4000-8000-000000000001", "name": "j", "state": "queued",
+            "team_id": "76acc08f-0000-4000-8000-000000000002", "priority": 0, "device": "cpu", "workers": 2,
+            "devices": 2, "study": null, "attempt": 0, "preemptions": 0, "max_restarts": 0, "spec": {},
+            "effective": null, "dataset_size": null, "created_at": "2026-12-02T09:59:00Z",
+            "updated_at": "2026-12-02T09:59:00Z", "started_at": null, "finished_at": null, "result": null,
+            "error": null, "unplaceable": null, "pending_reason": null, "queue_position": null,
+            "estimated_start": null, "last_log_lines": null, "progress": null, "resources": null,
+            "placements": null, "tags": [], "note": "",
+            "links": {"self": "", "schedule": "", "events": "", "metrics": "", "logs": "", "checkpoints": ""}
+        });
+        for (name, value) in fields.as_object().expect("fields are an object") {
+            view[name] = value.clone();
+        }
+        serde_json::from_value(view).expect("a job view")
+    }
+
     #[test]
     fn devices_say_when_workers_are_virtual_ranks() {
-        let job = serde_json::json!({"device": "cpu", "workers": 8, "devices": 2});
+        let job = job_view(json!({"device": "cpu", "workers": 8, "devices": 2}));
         assert_eq!(super::devices(&job), "2 cpu (8 workers as virtual ranks)");
-        assert_eq!(super::devices(&serde_json::json!({"device": "gpu", "workers": 2, "devices": 2})), "2 gpu");
+        assert_eq!(super::devices(&job_view(json!({"device": "gpu", "workers": 2, "devices": 2}))), "2 gpu");
     }
 
     #[test]
@@ -388,36 +414,36 @@ mod tests {
 
     #[test]
     fn progress_reads_as_a_sentence() {
-        let progress = serde_json::json!({"iterations_done": 120, "total_iterations": 1875, "epoch": 0,
-            "loss": 0.61204, "samples_per_s": 2405.4, "allreduce_share": 0.031});
+        let progress = serde_json::from_value(json!({"iterations_done": 120, "total_iterations": 1875,
+            "epoch": 0, "loss": 0.61204, "samples_per_s": 2405.4, "allreduce_share": 0.031, "seconds_left": null}))
+        .unwrap();
         assert_eq!(
-            super::progress(&progress).unwrap(),
+            super::progress(&progress),
             "iteration 120 of 1875 (6%), epoch 1, loss 0.6120, 2405 samples/s, 3% all-reduce"
         );
-        assert_eq!(super::progress(&serde_json::Value::Null), None);
     }
 
     #[test]
     fn the_timeline_is_shown_as_shares_of_the_training_time() {
-        let timeline = serde_json::json!({"start_up_s": 0.63, "train_steps_s": 44.9, "evaluation_s": 3.04,
-            "checkpoint_s": 0.017, "reporting_s": 0.004, "other_s": 0.03});
+        let timeline = serde_json::from_value(json!({"start_up_s": 0.63, "train_steps_s": 44.9,
+            "evaluation_s": 3.04, "checkpoint_s": 0.017, "reporting_s": 0.004, "other_s": 0.03}))
+        .unwrap();
         assert_eq!(
-            super::timeline(&timeline).unwrap(),
+            super::timeline(&timeline),
             "steps 93.6%, evaluation 6.3%, checkpoints 0.0%, reporting 0.0%, other 0.1%; start-up 0.6 s"
         );
-        assert_eq!(super::timeline(&serde_json::Value::Null), None, "a result from before the timeline");
+        let result = job_view(json!({"result": {"final_test_error": 0.1}})).result.unwrap();
+        assert!(result.timeline.is_none(), "a result from before the timeline has none");
     }
 
     #[test]
     fn an_ended_job_says_how_it_ended_and_how_long_it_ran() {
-        let at = |start: &str, end: &str| (start.to_string(), end.to_string());
-        let (start, end) = at("2026-12-02T10:00:00Z", "2026-12-02T10:02:31Z");
-        let job = serde_json::json!({"state": "succeeded", "started_at": start, "finished_at": end,
-            "result": {"final_test_error": 0.1309}});
+        let job = job_view(json!({"state": "succeeded", "started_at": "2026-12-02T10:00:00Z",
+            "finished_at": "2026-12-02T10:02:31Z", "result": {"final_test_error": 0.1309, "spec": {}}}));
         assert_eq!(super::outcome(&job).unwrap(), "test error 13.09%, 2 min 31 s");
-        let failed = serde_json::json!({"state": "failed", "error": "rank 1 was killed\nits last lines: ..."});
+        let failed = job_view(json!({"state": "failed", "error": "rank 1 was killed\nits last lines: ..."}));
         assert_eq!(super::outcome(&failed).unwrap(), "rank 1 was killed");
-        assert_eq!(super::outcome(&serde_json::json!({"state": "running"})), None);
+        assert_eq!(super::outcome(&job_view(json!({"state": "running"}))), None);
         assert_eq!(super::duration_text(3 * 3600 + 5 * 60 + 9), "3 h 05 min");
     }
 }

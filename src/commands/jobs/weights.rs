@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::commands::connection::Connection;
@@ -43,12 +42,10 @@ pub async fn weights(args: &WeightsArgs) -> Result<()> {
     let checkpoint = match args.checkpoint {
         Some(id) => id.to_string(),
         None => {
-            let list: Value = api.get(&format!("/v1/jobs/{id}/checkpoints")).await?;
-            let checkpoints = list["checkpoints"].as_array().cloned().unwrap_or_default();
+            let checkpoints = api.job_checkpoints(&id.to_string()).await?.checkpoints;
             // oldest first: the final one if the job finished, else the newest
-            let chosen = checkpoints.iter().find(|c| c["is_final"] == true).or(checkpoints.last());
-            let chosen = chosen.with_context(|| format!("job {id} has no checkpoint yet"))?;
-            chosen["id"].as_str().context("a checkpoint without an id")?.to_string()
+            let chosen = checkpoints.iter().find(|c| c.is_final).or(checkpoints.last());
+            chosen.with_context(|| format!("job {id} has no checkpoint yet"))?.id.to_string()
         }
     };
     let route = format!("/v1/jobs/{id}/checkpoints/{checkpoint}/weights/{file}");

@@ -113,7 +113,7 @@ pub async fn annotate_job(
     let annotations = checked(body)?;
     let job = state.store.annotate_job(job.id, &annotations).await?;
     let job = job.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
-    Ok(Json(JobView::from(&job)))
+    Ok(Json(super::job_view(&job)))
 }
 
 #[cfg(test)]

@@ -6,9 +6,6 @@ use axum::response::Response;
 use axum::Json;
 use ringtrain_core::{CheckpointId, JobId};
 use ringtrain_protocol::rank::checkpoint_files;
-use ringtrain_store::Checkpoint;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::access::team_job;
 use crate::auth::User;
@@ -17,10 +14,7 @@ use crate::extract::ApiPath;
 use crate::state::AppState;
 use crate::storage::{checkpoint_area, checkpoint_file, find_checkpoint};
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct CheckpointList {
-    pub checkpoints: Vec<Checkpoint>,
-}
+pub use ringtrain_views::jobs::records::CheckpointList;
 
 /// The job's checkpoints, oldest first; `is_final` marks the finished job's weights.
 #[utoipa::path(get, path = "/v1/jobs/{id}/checkpoints", tag = "jobs", params(("id" = Uuid, Path)),
@@ -36,13 +30,7 @@ pub async fn job_checkpoints(
     Ok(Json(CheckpointList { checkpoints: state.store.list_checkpoints(job.id).await? }))
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct DeletedCheckpoints {
-    pub deleted: usize,
-    pub freed_bytes: i64,
-    /// Lines of its ranks' output deleted with them.
-    pub log_lines: u64,
-}
+pub use ringtrain_views::jobs::records::DeletedCheckpoints;
 
 /// Delete a finished job's artifacts: its checkpoints, final weights too, freeing the team's storage, and
 /// its ranks' output (its record, events and metrics stay). Refused (409) while the job may still resume from them.

@@ -43,7 +43,7 @@ pub async fn resume_job(
     let room = enqueue::room(&state, &user, 1, "resume it").await?;
     let resumed = room.resume(job.id, &format!("resumed by token {}", token_name(&user))).await?;
     let resumed = resumed.ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
-    Ok(Json(JobView::from(&resumed)))
+    Ok(Json(super::job_view(&resumed)))
 }
 
 /// Cancel a job that has not finished; its ranks are told to stop (by their agents' next poll).
@@ -66,7 +66,7 @@ pub async fn cancel_job(
             // Ranks already handed to agents keep their devices until the agents, told by their next poll,
             // stop them and say so.
             state.changed().await;
-            Ok(Json(JobView::from(&cancelled)))
+            Ok(Json(super::job_view(&cancelled)))
         }
         Some(Cancellation::AlreadyEnded(ended)) => Err(ApiError::conflict(format!("job {id} already {}", ended.state))),
         None => Err(ApiError::not_found(format!("no job {id}"))),

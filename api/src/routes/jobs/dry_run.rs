@@ -2,64 +2,15 @@
 //! The policy plans the loop's own view of the cluster with the job added (`ringtrain_scheduler::dry_run`),
 //! so the answer is what the next pass would decide for that view.
 
-use ringtrain_core::{Effective, JobId, JobSpec, TeamId};
+use ringtrain_core::{Effective, JobId, JobSpec};
 use ringtrain_scheduler::{DeviceSlot, QueuedJob, Verdict, WaitReason};
-use serde::Serialize;
-use serde_json::Value;
-use utoipa::ToSchema;
-use uuid::Uuid;
 
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult};
-use crate::queue::{self, reason_json, EstimatedStart};
+use crate::queue::{self, pending_reason};
 use crate::state::AppState;
 
-/// A device of a node.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PlannedDevice {
-    pub node_id: Uuid,
-    /// The device's index on its node (CUDA ordinal or CPU slot).
-    pub index: u32,
-}
-
-/// A job the submission would preempt.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PlannedPreemption {
-    pub job_id: JobId,
-    pub team_id: TeamId,
-}
-
-/// What the scheduler would do with the job now.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct DryRunView {
-    /// Always true: nothing was stored.
-    pub dry_run: bool,
-    /// `start` (the next pass places it), `reclaim` (it preempts borrowers to get its team's guarantee
-    /// back, then starts) or `wait`.
-    pub verdict: String,
-    /// The verdict in words.
-    pub message: String,
-    /// `start`: where rank r would run (`devices[r]`). `reclaim`: the devices it would get, free ones held
-    /// for it and busy ones it awaits.
-    pub devices: Vec<PlannedDevice>,
-    /// `start`: devices within the team's guarantee, and borrowed beyond it (reclaimable by other teams).
-    pub within_guarantee: Option<u32>,
-    pub borrowed: Option<u32>,
-    /// `reclaim`: the jobs it would preempt (they checkpoint first, then resume when devices are free).
-    pub preempts: Vec<PlannedPreemption>,
-    /// `reclaim` and `wait`: its place among the waiting jobs of its device kind.
-    pub queue_position: Option<u32>,
-    /// `reclaim` and `wait`: the reason, as `pending_reason` in a job's view.
-    #[schema(value_type = Option<Object>)]
-    pub pending_reason: Option<Value>,
-    /// `reclaim` and `wait`: when it would start, if it were submitted now.
-    pub estimated_start: Option<EstimatedStart>,
-    /// Other jobs the next pass would start without this submission and not with it.
-    pub delays: Vec<JobId>,
-    /// The effective hyperparameters, as the job's view would show them.
-    #[schema(value_type = Option<Object>)]
-    pub effective: Option<Effective>,
-}
+pub use ringtrain_views::jobs::waiting::{DryRunView, PlannedDevice, PlannedPreemption};
 
 fn devices(slots: &[DeviceSlot]) -> Vec<PlannedDevice> {
     slots.iter().map(|s| PlannedDevice { node_id: s.node.0, index: s.index }).collect()
@@ -107,7 +58,7 @@ pub async fn answer(
     };
     if let Some(reason) = held_back {
         view.message = reason.to_string();
-        view.pending_reason = Some(reason_json(&reason));
+        view.pending_reason = Some(pending_reason(&reason));
         return Ok(view);
     }
     let (cluster, planned_job) = (insight.read.view.clone(), job.clone());
@@ -147,12 +98,12 @@ pub async fn answer(
             view.devices = devices(&[held, awaiting].concat());
             view.queue_position = position;
             view.message = reason.to_string();
-            view.pending_reason = Some(reason_json(&reason));
+            view.pending_reason = Some(pending_reason(&reason));
         }
         Verdict::Wait { position, reason } => {
             view.queue_position = position;
             view.message = reason.to_string();
-            view.pending_reason = Some(reason_json(&reason));
+            view.pending_reason = Some(pending_reason(&reason));
         }
     }
     if view.verdict != "start" {

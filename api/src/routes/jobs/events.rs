@@ -11,8 +11,8 @@ use axum::Json;
 use futures_util::stream::{self, Stream};
 use ringtrain_core::JobId;
 use ringtrain_store::JobEvent;
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::access::team_job;
 use crate::admission::requests::StreamSlot;
@@ -29,10 +29,7 @@ pub struct EventsQuery {
     pub after: Option<i64>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct EventList {
-    pub events: Vec<JobEvent>,
-}
+pub use ringtrain_views::jobs::records::EventList;
 
 const EVENT_PAGE: i64 = 1000;
 

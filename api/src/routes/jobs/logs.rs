@@ -12,8 +12,8 @@ use axum::Json;
 use futures_util::stream::{self, Stream};
 use ringtrain_core::JobId;
 use ringtrain_store::{LogQuery, RankLogLine};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use crate::access::team_job;
 use crate::admission::requests::StreamSlot;
@@ -44,12 +44,7 @@ pub struct LogsQuery {
     pub limit: Option<i64>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct LogPage {
-    pub lines: Vec<RankLogLine>,
-    /// Pass as `since` to read on (the last line's id, or `since` when there was none).
-    pub next_since: i64,
-}
+pub use ringtrain_views::jobs::records::LogPage;
 
 const MAX_LIMIT: i64 = 5000;
 /// How often a following stream looks for new lines (log batches do not move the change notifier).

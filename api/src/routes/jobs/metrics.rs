@@ -4,10 +4,10 @@
 use axum::extract::State;
 use axum::Json;
 use ringtrain_core::JobId;
-use ringtrain_store::{MetricPoint, MetricsQuery};
-use serde::{Deserialize, Serialize};
+use ringtrain_store::MetricsQuery;
+use serde::Deserialize;
 use serde_json::Value;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 
 use crate::access::team_job;
 use crate::auth::User;
@@ -38,14 +38,7 @@ pub struct MetricsParams {
     pub limit: Option<u32>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct MetricsPage {
-    pub points: Vec<MetricPoint>,
-    /// Downsampled: with `kind`, points are `stride` iterations apart (the first report at or after each);
-    /// without, every `stride`-th report of each series was kept. 1: every point.
-    pub stride: i64,
-    pub next_cursor: Option<String>,
-}
+pub use ringtrain_views::jobs::records::MetricsPage;
 
 const MAX_METRICS_PAGE: u32 = 10_000;
 /// The most points per series a downsampled read asks for.

@@ -16,11 +16,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use ringtrain_core::spec::DeviceKind;
-use ringtrain_core::{Effective, JobId, JobState, StudyId, TeamId};
-use ringtrain_store::{IdempotencyKey, Job, JobFilter, RankLogLine, Submitted, Unplaceable};
+use ringtrain_core::{JobId, JobState};
+use ringtrain_store::{IdempotencyKey, Job, JobFilter, Submitted};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use utoipa::{IntoParams, ToSchema};
 
@@ -28,110 +26,20 @@ use crate::access::team_job;
 use crate::auth::User;
 use crate::error::{ApiError, ApiResult, ProblemType};
 use crate::extract::{ApiPath, ApiQuery, JsonBytes};
-use crate::placements::{job_history, PlacementRecord};
-use crate::progress::{live_progress, LiveProgress};
-use crate::queue::{self, EstimatedStart, Reader, Standing};
-use crate::resources::{job_resources, JobResources};
+use crate::placements::job_history;
+use crate::progress::live_progress;
+use crate::queue::{self, Reader, Standing};
+use crate::resources::job_resources;
 use crate::state::AppState;
 use crate::submission::checks;
 use crate::submission::enqueue;
 
-/// A job as the API shows it.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct JobView {
-    pub id: JobId,
-    pub name: Option<String>,
-    #[schema(value_type = String, example = "queued")]
-    pub state: JobState,
-    pub team_id: TeamId,
-    pub priority: i32,
-    /// `cpu` or `gpu`.
-    #[schema(value_type = String, example = "cpu")]
-    pub device: DeviceKind,
-    /// k: the ranks of the run's math (global batch workers × per_worker_batch).
-    pub workers: i32,
-    /// The devices it holds when placed, each playing workers / devices virtual ranks (the spec's `devices`,
-    /// by default `workers`).
-    pub devices: i32,
-    /// The study this job is a point of, and which point (0-based).
-    pub study: Option<StudyMembership>,
-    /// The attempt: 0 until first placed, 1 for the first run, one more per restart after a failure. A run
-    /// that was preempted and resumes elsewhere continues the same attempt.
-    pub attempt: i32,
-    /// How often the scheduler reclaimed its devices (it resumed from its last checkpoint each time).
-    pub preemptions: i32,
-    pub max_restarts: i32,
-    /// The spec as submitted.
-    #[schema(value_type = Object)]
-    pub spec: Value,
-    /// The effective hyperparameters (scaled lr, warmup iterations, milestones...); null while the
-    /// dataset's size is unknown.
-    #[schema(value_type = Option<Object>)]
-    pub effective: Option<Effective>,
-    pub dataset_size: Option<i64>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-    #[schema(value_type = Option<Object>)]
-    pub result: Option<Value>,
-    pub error: Option<String>,
-    /// While queued: the pool as it exists cannot place this job (more devices than it has of the kind,
-    /// or none of the kind), why, and since when. The job fails once the platform's grace period (an hour
-    /// by default) has passed without the pool growing.
-    pub unplaceable: Option<Unplaceable>,
-    /// While queued: why it has not started, from the scheduler's own policy run on the current cluster
-    /// (what its next pass decides). `code` is one of waiting_for_devices, head_of_line,
-    /// head_of_line_reserved, behind_reservation, team_at_guarantee_pool_full, reclaiming,
-    /// reclaim_after_min_run_time, too_large, no_devices_of_kind, previous_placement_stopping,
-    /// beyond_queue_window, starting_next_pass, budget_exhausted; the other fields are the code's numbers (user guide, "Why a job
-    /// waits"); `message` says it in words.
-    #[schema(value_type = Option<Object>)]
-    pub pending_reason: Option<Value>,
-    /// While queued: its place among the waiting jobs of its device kind, as the policy orders them (1 is
-    /// next); absent when it starts in the next pass or cannot be placed.
-    pub queue_position: Option<u32>,
-    /// While queued, on `GET /v1/jobs/{id}` only: when it is expected to start, and on what that rests.
-    /// Here and in `pending_reason`, another team's job or team is null and "a job of another team" in
-    /// words (a platform admin sees the ids).
-    pub estimated_start: Option<EstimatedStart>,
-    /// Failed, on `GET /v1/jobs/{id}` only: the last stderr lines of its last placement's ranks (the whole
-    /// output is at `/v1/jobs/{id}/logs`).
-    pub last_log_lines: Option<Vec<RankLogLine>>,
-    /// While running: how far it has come (rank 0's newest report: iterations done of the total, epoch,
-    /// loss, samples/s, all-reduce share); absent until it reports.
-    pub progress: Option<LiveProgress>,
-    /// On `GET /v1/jobs/{id}` only, once placed: the device-seconds it used, and what its ranks reported of
-    /// their memory and CPU.
-    pub resources: Option<JobResources>,
-    /// On `GET /v1/jobs/{id}` only, once placed: every placement so far (devices, wall time, device-seconds,
-    /// how it ended, where it resumed): an elastic job's device count over time.
-    pub placements: Option<Vec<PlacementRecord>>,
-    /// What the team wrote about the run (`PATCH /v1/jobs/{id}`): tags to filter by, and a note.
-    pub tags: Vec<String>,
-    pub note: String,
-    pub links: JobLinks,
-}
+pub use ringtrain_views::jobs::{JobLinks, JobPage, JobResult, JobView, StudyMembership};
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct StudyMembership {
-    pub id: StudyId,
-    pub point: i32,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct JobLinks {
-    #[serde(rename = "self")]
-    pub this: String,
-    pub schedule: String,
-    pub events: String,
-    pub metrics: String,
-    pub logs: String,
-    pub checkpoints: String,
-}
-
-impl From<&Job> for JobView {
-    fn from(job: &Job) -> Self {
+/// A job as the API shows it, without what is read beside the job's row (its standing in the queue, its
+/// progress, resources and placements).
+pub fn job_view(job: &Job) -> JobView {
+    {
         let base = format!("/v1/jobs/{}", job.id);
         JobView {
             id: job.id,
@@ -153,7 +61,7 @@ impl From<&Job> for JobView {
             updated_at: job.updated_at,
             started_at: job.started_at,
             finished_at: job.finished_at,
-            result: job.result.clone(),
+            result: job.result.clone().and_then(JobResult::from_json),
             error: job.error.clone(),
             unplaceable: job.unplaceable.clone().filter(|_| job.state == JobState::Queued),
             pending_reason: None,
@@ -177,15 +85,13 @@ impl From<&Job> for JobView {
     }
 }
 
-impl JobView {
-    /// Adds where a queued job stands, naming only the jobs `reader` may see.
-    fn with_standing(mut self, standing: Option<&Standing>, reader: &Reader) -> Self {
-        if let Some(standing) = standing {
-            self.pending_reason = Some(reader.reason_json(&standing.reason));
-            self.queue_position = standing.position;
-        }
-        self
+/// Adds where a queued job stands, naming only the jobs `reader` may see.
+fn with_standing(mut view: JobView, standing: Option<&Standing>, reader: &Reader) -> JobView {
+    if let Some(standing) = standing {
+        view.pending_reason = Some(reader.pending_reason(&standing.reason));
+        view.queue_position = standing.position;
     }
+    view
 }
 
 /// Views of `jobs` for `user`, with the standing of those that are queued (one plan for the whole page).
@@ -199,9 +105,9 @@ async fn views(state: &AppState, user: &User, jobs: &[Job]) -> ApiResult<Vec<Job
     };
     let mut views = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let mut view = JobView::from(job);
+        let mut view = job_view(job);
         if let Some((standings, reader)) = &standings {
-            view = view.with_standing(standings.get(&job.id), reader);
+            view = with_standing(view, standings.get(&job.id), reader);
             state.annotate_slurm(job.id, &mut view);
         }
         views.push(with_progress(state, job, view).await?);
@@ -224,10 +130,8 @@ async fn dry_run_for(state: &AppState, user: &User, mut answer: dry_run::DryRunV
     let insight = state.queue_insight().await?;
     let reader = Reader::new(user, &insight.read.view);
     answer.message = reader.words(&answer.message);
-    if let Some(reason) = answer.pending_reason.as_mut() {
-        reader.hide_ids(reason);
-    }
-    answer.estimated_start = answer.estimated_start.map(|estimate| estimate.for_reader(&reader));
+    answer.pending_reason = answer.pending_reason.map(|reason| reader.hidden_reason(reason));
+    answer.estimated_start = answer.estimated_start.map(|estimate| reader.estimate(estimate));
     answer.preempts.retain(|preempted| reader.may_see_job(preempted.job_id));
     answer.delays.retain(|delayed| reader.may_see_job(*delayed));
     Ok(answer)
@@ -323,9 +227,9 @@ pub async fn submit_job(
     match room.submit(new, key).await? {
         Submitted::Created(job) => {
             let location = format!("/v1/jobs/{}", job.id);
-            Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(JobView::from(&job))).into_response())
+            Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(job_view(&job))).into_response())
         }
-        Submitted::Replayed(job) => Ok((StatusCode::OK, Json(JobView::from(&job))).into_response()),
+        Submitted::Replayed(job) => Ok((StatusCode::OK, Json(job_view(&job))).into_response()),
         Submitted::KeyReused => {
             Err(ApiError::conflict("this Idempotency-Key was already used with a different request body"))
         }
@@ -355,13 +259,6 @@ pub struct ListJobsQuery {
     /// 1 to 500 (default 50).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct JobPage {
-    pub jobs: Vec<JobView>,
-    /// Pass as `cursor` for the next (older) page; absent on the last page.
-    pub next_cursor: Option<String>,
 }
 
 const MAX_PAGE: u32 = 500;
@@ -415,7 +312,7 @@ pub async fn get_job(
     ApiPath(id): ApiPath<JobId>,
 ) -> ApiResult<Json<JobView>> {
     let job = team_job(&state, &user, id).await?;
-    let mut view = JobView::from(&job);
+    let mut view = job_view(&job);
     if job.attempt > 0 {
         view.resources = Some(job_resources(state.store.as_ref(), &job).await?);
         view.placements = Some(job_history(state.store.as_ref(), job.id, None).await?.placements);
@@ -430,11 +327,11 @@ pub async fn get_job(
     let insight = state.queue_insight().await?;
     let standing = insight.standing(&job);
     let reader = Reader::new(&user, &insight.read.view);
-    let mut view = view.with_standing(standing.as_ref(), &reader);
+    let mut view = with_standing(view, standing.as_ref(), &reader);
     let planned = insight.read.view.queued.iter().any(|q| q.id == job.id);
     if planned {
         let estimate = queue::estimate(&state, &insight, insight.read.view.clone(), job.id).await?;
-        view.estimated_start = Some(estimate.for_reader(&reader));
+        view.estimated_start = Some(reader.estimate(estimate));
     }
     state.annotate_slurm(job.id, &mut view);
     Ok(Json(view))

@@ -74,8 +74,7 @@ async fn dry_run(state: &AppState, user: &User, study: &PlannedStudy) -> ApiResu
     for (i, point) in points.iter().enumerate() {
         let size = checks::dataset_size(state, user, &point.spec).await?;
         let effective = checks::effective(&point.spec, size)?;
-        let schedule =
-            effective.map(|e| serde_json::to_value(e.render(false))).transpose().map_err(ApiError::internal)?;
+        let schedule = effective.map(|e| e.render(false));
         planned.push(PlannedPointView {
             point: i,
             label: study::label(&point.overrides),
