@@ -13,6 +13,7 @@ use ringtrain_client::ApiClient;
 use ringtrain_core::study::{StudyRequest, GOYAL_REPORTED};
 use ringtrain_core::JobState;
 use ringtrain_views::studies::{SearchSummary, StudyPointView, StudyView};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::block_on;
@@ -445,7 +446,7 @@ fn search_summary(search: &SearchSummary, points: &[StudyPointView]) -> String {
 /// Whether the study was made from the Goyal template (its points are the template's, in order).
 fn is_goyal(view: &StudyView) -> bool {
     let template = ringtrain_core::study::goyal_template();
-    let definition = serde_json::from_value::<StudyRequest>(view.definition.clone());
+    let definition = StudyRequest::deserialize(&view.definition);
     definition.is_ok_and(|definition| definition.points == template.points)
 }
 

@@ -74,6 +74,6 @@ pub struct ModelList {
 impl Model {
     /// What the upload's check found, as its type; None for a report this version cannot read.
     pub fn checked(&self) -> Option<ModelReport> {
-        serde_json::from_value(self.report.clone()).ok()
+        ModelReport::deserialize(&self.report).ok()
     }
 }

@@ -116,7 +116,8 @@ impl JobResult {
     /// The stored `result.json` as a result; a field of an unexpected type leaves the whole file in `rest`
     /// rather than losing it. None for what is not a JSON object.
     pub fn from_json(value: Value) -> Option<JobResult> {
-        match serde_json::from_value(value.clone()) {
+        // read from the value in place: it is cloned only where nothing fits
+        match JobResult::deserialize(&value) {
             Ok(result) => Some(result),
             Err(_) => match value {
                 Value::Object(rest) => Some(JobResult { rest, ..JobResult::default() }),
