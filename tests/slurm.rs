@@ -431,6 +431,17 @@ async fn a_slurm_jobs_grace_signal_checkpoints_the_job_which_resumes_where_it_st
 
 /// Waits for 3-rank job `id` to succeed after `what` cost it its agents: placed again, resumed from a
 /// checkpoint (not from the start), its metric series complete. Its events.
+/// Waits until the job trains its second epoch and the server holds its first epoch's checkpoint: the
+/// agent registers a rank's checkpoint on its next tick, so an interruption right at the epoch's start
+/// could otherwise find none and the job would (correctly) start over.
+async fn past_its_first_checkpoint(api: &support::Api, id: &str, timeout: Duration) {
+    api.wait_job(id, timeout, "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1)).await;
+    api.wait_for(&format!("/v1/jobs/{id}/checkpoints"), Duration::from_secs(60), "its first checkpoint", |list| {
+        list["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
+    })
+    .await;
+}
+
 async fn succeeds_resumed_from_a_checkpoint(api: &support::Api, id: &str, what: &str) -> Value {
     let done = api.wait_state(id, "succeeded", Duration::from_secs(400)).await;
     let placements = done["placements"].as_array().unwrap();
@@ -463,8 +474,7 @@ async fn a_node_going_down_in_slurm_is_a_lost_agent_and_the_job_resumes_on_the_o
     let api = ringtrain.team("slurm", 6).await;
     let id = api.submit(&interruptible("a node goes down", 3, 9000, 3)).await;
     // past its first checkpoint (an epoch), on 2 of the 3 hosts
-    api.wait_job(&id, Duration::from_secs(180), "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1))
-        .await;
+    past_its_first_checkpoint(&api, &id, Duration::from_secs(180)).await;
     let first = running_slurm_job(&cluster, &id).await;
     let host = if first.nodes.contains('2') { "h2" } else { "h1" };
     cluster.run("scontrol", &["update", &format!("nodename={host}"), "state=down", "reason=ringtrain-test"]);
@@ -487,8 +497,7 @@ async fn slurms_own_preemption_is_a_lost_agent_and_the_job_resumes_from_its_chec
     let ringtrain = serve_with_pool(&cluster, dir.path(), "slurmpreempt").await;
     let api = ringtrain.team("slurm", 6).await;
     let id = api.submit(&interruptible("preempted by Slurm", 3, 9000, 3)).await;
-    api.wait_job(&id, Duration::from_secs(180), "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1))
-        .await;
+    past_its_first_checkpoint(&api, &id, Duration::from_secs(180)).await;
     let first = running_slurm_job(&cluster, &id).await;
 
     let urgent = BatchJob {
@@ -579,8 +588,7 @@ async fn long_a_run_through_a_slurm_pool_survives_its_interruptions_to_the_resul
 
     spec["name"] = json!("interrupted");
     let id = api.submit(&spec).await;
-    api.wait_job(&id, Duration::from_secs(600), "its second epoch", |job| job["progress"]["epoch"].as_i64() >= Some(1))
-        .await;
+    past_its_first_checkpoint(&api, &id, Duration::from_secs(600)).await;
     let first = running_slurm_job(&cluster, &id).await;
     cluster.slurm().signal(first.id, "USR1").await.unwrap();
     wait_for(&cluster, first.id, "over", |j| !j.state.is_active()).await;

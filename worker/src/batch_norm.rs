@@ -47,9 +47,14 @@ impl BatchNormState {
         table
     }
 
-    /// Loads a table into the live buffers.
+    /// Loads a table into the live buffers. It writes through `.data()` (the same memory, its own version
+    /// counter): BatchNorm's backward keeps the running statistics it was given, for evaluation-mode
+    /// gradients, and autograd refuses a backward after they changed in place; a training-mode backward
+    /// never reads them, and a pipeline stage swaps micro-batch j+1's statistics in before micro-batch j's
+    /// backward (see [`crate::pipeline::schedule`]).
     pub(crate) fn restore(&self, table: &[f32]) {
-        from_host(table, self.buffers.iter().map(|(_, t)| t));
+        let live: Vec<Tensor> = self.buffers.iter().map(|(_, t)| t.data()).collect();
+        from_host(table, live.iter());
     }
 
     /// The table of virtual rank j of this process (the live buffers when v = 1).

@@ -14,6 +14,7 @@ pub mod model_check;
 pub mod models;
 pub mod optim;
 pub mod peak_memory;
+pub mod pipeline;
 pub mod precision;
 pub mod process_usage;
 pub mod signals;

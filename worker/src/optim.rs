@@ -37,6 +37,19 @@ pub struct SgdConfig {
 }
 
 impl SgdConfig {
+    /// The recipe's update without a spec (benchmarks, tests): Goyal's momentum form with correction, no
+    /// Nesterov, weight decay on weights only.
+    pub fn goyal(momentum: f64, weight_decay: f64) -> SgdConfig {
+        SgdConfig {
+            momentum,
+            nesterov: false,
+            form: MomentumForm::Goyal,
+            weight_decay,
+            bn_weight_decay: false,
+            bias_weight_decay: false,
+        }
+    }
+
     pub fn from_effective(eff: &Effective) -> SgdConfig {
         SgdConfig {
             momentum: eff.momentum,

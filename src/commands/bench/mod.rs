@@ -8,8 +8,10 @@
 //! - `train`: samples/s and time per step by phase, for k ranks next to one rank without communication
 //!   (CPU), or GPU ranks over NCCL (the PyTorch reference runs next to it in scripts/device/check.sh); on a
 //!   `shards:` data set, the loader decodes beside the steps (`ringtrain-bench data --train` runs it so).
+//! - `pipeline`: a ResNet cut into stages against the unsplit model (throughput, bubble, transfers).
 
 mod allreduce;
+mod pipeline;
 mod train;
 
 use std::net::TcpListener;
@@ -20,6 +22,7 @@ use anyhow::{Context, Result};
 use ringtrain_worker::{Collective, RendezvousConfig, RingCollective, ShmCollective, ShmSegment};
 
 pub use allreduce::AllreduceArgs;
+pub use pipeline::PipelineArgs;
 pub use train::TrainArgs;
 
 #[derive(Debug, clap::Subcommand)]
@@ -28,12 +31,16 @@ pub enum Bench {
     Allreduce(AllreduceArgs),
     /// Training throughput and time per step by phase.
     Train(TrainArgs),
+    /// A ResNet cut into pipeline stages (threads joined by TCP links) against the unsplit model: throughput,
+    /// bubble and transfer per step.
+    Pipeline(PipelineArgs),
 }
 
 pub fn run(bench: Bench) -> ExitCode {
     let outcome = match bench {
         Bench::Allreduce(args) => allreduce::run(&args),
         Bench::Train(args) => train::run(&args),
+        Bench::Pipeline(args) => pipeline::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 pub use nccl::NcclCollective;
-pub use rendezvous::{listen_on, RendezvousConfig};
+pub use rendezvous::{connect_ring, connect_rings, listen_on, RendezvousConfig, RingLinks};
 pub use ring::RingCollective;
 pub use shm::{ShmCollective, ShmSegment, DEFAULT_SLOT_ELEMS};
 

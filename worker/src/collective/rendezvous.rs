@@ -43,6 +43,10 @@ struct Hello {
     rank: usize,
     world: usize,
     ring_port: u16,
+    /// Which of the rings the rendezvous makes this connection joins (see [`connect_rings`]); 0 for the
+    /// hello to rank 0.
+    #[serde(default)]
+    ring: usize,
     /// The connecting rank's own nonce, which rank 0 signs the address table for.
     #[serde(default)]
     nonce: String,
@@ -91,6 +95,7 @@ impl Hello {
             self.rank.to_string(),
             self.world.to_string(),
             self.ring_port.to_string(),
+            self.ring.to_string(),
             self.nonce.clone(),
         ]
     }
@@ -124,36 +129,86 @@ fn rv_err(message: impl Into<String>) -> CommError {
 
 /// Runs the rendezvous for a world of at least two ranks and returns this rank's ring links.
 pub fn connect_ring(config: &RendezvousConfig) -> CommResult<RingLinks> {
+    let everyone: Vec<usize> = (0..config.world).collect();
+    let mut links = connect_rings(config, &[everyone])?;
+    links.pop().flatten().ok_or_else(|| rv_err("a ring needs at least two ranks"))
+}
+
+/// Runs the rendezvous once and joins several rings over it: each ring a list of the world's ranks in ring
+/// order (a pipelined job's ranks form one ring per stage across its workers, and one chain per worker
+/// across its stages). Returns this rank's links in each ring, None where it is not a member or the ring
+/// has fewer than two. Every connection proves the placement's secret, and says which ring it joins.
+pub fn connect_rings(config: &RendezvousConfig, rings: &[Vec<usize>]) -> CommResult<Vec<Option<RingLinks>>> {
     let bind_ip = own_address(config);
     let ring_listener = TcpListener::bind((bind_ip, 0)).map_err(|e| rv_err(format!("cannot open a ring port: {e}")))?;
     let ring_port = ring_listener.local_addr().map_err(|e| rv_err(e.to_string()))?.port();
-    let hello =
-        || Hello { rank: config.rank, world: config.world, ring_port, nonce: fresh_nonce(), proof: String::new() };
+    let hello = |ring| Hello {
+        rank: config.rank,
+        world: config.world,
+        ring_port,
+        ring,
+        nonce: fresh_nonce(),
+        proof: String::new(),
+    };
 
-    let peers = if config.rank == 0 { serve_table(config, ring_port)? } else { fetch_table(config, hello())? };
+    let peers = if config.rank == 0 { serve_table(config, ring_port)? } else { fetch_table(config, hello(0))? };
 
-    let right_rank = (config.rank + 1) % config.world;
-    let left_rank = (config.rank + config.world - 1) % config.world;
-    // Accepting the left neighbour runs beside connecting to the right one: with a secret each listener
+    // (ring, left neighbour, right neighbour) of every ring this rank is in
+    let mine: Vec<(usize, usize, usize)> = rings
+        .iter()
+        .enumerate()
+        .filter_map(|(ring, members)| {
+            let at = members.iter().position(|&r| r == config.rank)?;
+            let len = members.len();
+            (len > 1).then(|| (ring, members[(at + len - 1) % len], members[(at + 1) % len]))
+        })
+        .collect();
+    if let Some(stranger) = rings.iter().flatten().find(|&&r| r >= config.world) {
+        return Err(rv_err(format!("a ring names rank {stranger} of a world of {}", config.world)));
+    }
+    // Accepting the left neighbours runs beside connecting to the right ones: with a secret each listener
     // must answer with a challenge, so a rank that finished its right side before accepting its left would
     // wait in a circle with all the others.
     let deadline = Instant::now() + config.join_timeout;
-    let (left, right) = std::thread::scope(|scope| {
-        let left =
-            scope.spawn(|| accept_proven(&ring_listener, config, deadline, |greeting| greeting.rank == left_rank));
-        let right = connect_right(config, peers[right_rank], right_rank, hello());
-        let left = left
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the accepting thread panicked")))
-            .map(|(_, stream)| stream)
-            .map_err(|e| rv_err(format!("rank {left_rank} never joined this rank's ring port: {e}")));
-        (left, right)
+    let (lefts, rights) = std::thread::scope(|scope| {
+        let lefts = scope.spawn(|| accept_lefts(&ring_listener, config, deadline, &mine));
+        let rights: CommResult<Vec<TcpStream>> =
+            mine.iter().map(|&(ring, _, right)| connect_right(config, peers[right], right, hello(ring))).collect();
+        let lefts = lefts.join().unwrap_or_else(|_| Err(rv_err("the accepting thread panicked")));
+        (lefts, rights)
     });
-    let (left, right) = (left?, right?);
-    for stream in [&left, &right] {
-        tune(stream, config.io_timeout).map_err(|e| rv_err(format!("socket options: {e}")))?;
+    let (mut lefts, rights) = (lefts?, rights?);
+    let mut links: Vec<Option<RingLinks>> = rings.iter().map(|_| None).collect();
+    for (&(ring, _, _), right) in mine.iter().zip(rights) {
+        let left = lefts.remove(&ring).ok_or_else(|| rv_err("a left neighbour went missing"))?;
+        for stream in [&left, &right] {
+            tune(stream, config.io_timeout).map_err(|e| rv_err(format!("socket options: {e}")))?;
+        }
+        links[ring] = Some(RingLinks { left, right });
     }
-    Ok(RingLinks { left, right })
+    Ok(links)
+}
+
+/// Accepts the left neighbour of every ring in `mine`, in whatever order they come.
+fn accept_lefts(
+    listener: &TcpListener,
+    config: &RendezvousConfig,
+    deadline: Instant,
+    mine: &[(usize, usize, usize)],
+) -> CommResult<std::collections::HashMap<usize, TcpStream>> {
+    let mut lefts = std::collections::HashMap::new();
+    while lefts.len() < mine.len() {
+        let awaited: Vec<(usize, usize)> =
+            mine.iter().filter(|(ring, ..)| !lefts.contains_key(ring)).map(|&(ring, left, _)| (ring, left)).collect();
+        let (hello, stream) =
+            accept_proven(listener, config, deadline, |greeting| awaited.contains(&(greeting.ring, greeting.rank)))
+                .map_err(|e| {
+                    let missing: Vec<String> = awaited.iter().map(|(_, left)| format!("rank {left}")).collect();
+                    rv_err(format!("{} never joined this rank's ring port: {e}", missing.join(", ")))
+                })?;
+        lefts.insert(hello.ring, stream);
+    }
+    Ok(lefts)
 }
 
 /// The address this rank's ring port listens on: its own address on the network it shares with rank 0

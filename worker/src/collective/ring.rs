@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::ops::Range;
 use std::time::Duration;
 
-use super::rendezvous::{connect_ring, RendezvousConfig};
+use super::rendezvous::{connect_ring, RendezvousConfig, RingLinks};
 use super::{Collective, CommError, CommResult};
 
 /// Elements per segment: large enough to amortise system calls, small enough to overlap send and receive.
@@ -36,21 +36,22 @@ enum Combine {
 impl RingCollective {
     /// Joins the ring of `config.world` ranks (a world of one needs no sockets).
     pub fn connect(config: &RendezvousConfig) -> CommResult<RingCollective> {
-        let links = if config.world > 1 {
-            let links = connect_ring(config)?;
-            Some((links.left, links.right))
-        } else {
-            None
-        };
-        Ok(RingCollective {
-            rank: config.rank,
-            world: config.world,
-            links,
-            io_timeout: config.io_timeout,
+        let links = if config.world > 1 { Some(connect_ring(config)?) } else { None };
+        Ok(RingCollective::over(config.rank, config.world, links, config.io_timeout))
+    }
+
+    /// The ring of `world` ranks, this one at place `rank`, over links a rendezvous made (None: a world of
+    /// one). A pipelined job's ranks of one stage form such a ring among the job's others.
+    pub fn over(rank: usize, world: usize, links: Option<RingLinks>, io_timeout: Duration) -> RingCollective {
+        RingCollective {
+            rank,
+            world,
+            links: links.map(|l| (l.left, l.right)),
+            io_timeout,
             segment_elems: DEFAULT_SEGMENT_ELEMS,
             scratch: vec![0.0; DEFAULT_SEGMENT_ELEMS],
             bytes_sent: 0,
-        })
+        }
     }
 
     pub fn with_segment_elems(mut self, elems: usize) -> Self {

@@ -162,6 +162,32 @@ pub fn build(
     })
 }
 
+/// Builds stage `stage` of a built-in model cut into a pipeline after the layers `cuts` names (see
+/// [`ResNet::cut_points`]): the whole model is built from the seed into `vs`, then every other stage's
+/// layers and variables are dropped, so each stage starts from the weights the unsplit model would.
+pub fn build_stage(
+    spec: &ModelSpec,
+    vs: &nn::VarStore,
+    sample_shape: &[i64],
+    classes: i64,
+    bn_zero_init_last: bool,
+    cuts: &[String],
+    stage: usize,
+) -> Result<Box<dyn ModuleT>> {
+    let (Some(name), [c, ..]) = (spec.name, sample_shape) else {
+        bail!("only the built-in ResNets are cut into pipeline stages, on image inputs");
+    };
+    let p = vs.root();
+    let whole = match name {
+        ModelName::Resnet8 => ResNet::cifar(&p, *c, 1, classes, bn_zero_init_last),
+        ModelName::Resnet20 => ResNet::cifar(&p, *c, 3, classes, bn_zero_init_last),
+        ModelName::Resnet56 => ResNet::cifar(&p, *c, 9, classes, bn_zero_init_last),
+        ModelName::Resnet50 => ResNet::resnet50(&p, *c, classes, bn_zero_init_last),
+        other => bail!("{other:?} is not cut into pipeline stages: only the ResNets are"),
+    };
+    Ok(Box::new(whole.keep_stage(vs, cuts, stage)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
