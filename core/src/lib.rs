@@ -9,6 +9,7 @@ pub mod hex;
 pub mod ids;
 pub mod job;
 pub mod memory;
+pub mod pipeline;
 pub mod random;
 pub mod reading;
 pub mod schedule;

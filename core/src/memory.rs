@@ -91,18 +91,16 @@ pub fn human_bytes(bytes: u64) -> String {
 /// held per rank. None when the model cannot take these samples (the worker refuses it with the reason).
 pub fn estimate(model: &ModelSpec, shape: &SampleShape, batch: u64, data_bytes: u64) -> Option<MemoryEstimate> {
     let counts = count(model, shape)?;
+    Some(from_counts(counts, shape.dims.iter().product(), batch, data_bytes))
+}
+
+/// The memory of `counts` (float32 parameters with a gradient and a momentum each), keeping the activations
+/// and the `input` scalars of `samples` samples at once, beside `data_bytes` of data.
+fn from_counts(counts: Counts, input: u64, samples: u64, data_bytes: u64) -> MemoryEstimate {
     let parameters = counts.parameters.saturating_mul(FLOAT);
-    let input: u64 = shape.dims.iter().product();
-    let activations = counts.activations.saturating_add(input).saturating_mul(batch).saturating_mul(FLOAT);
+    let activations = counts.activations.saturating_add(input).saturating_mul(samples).saturating_mul(FLOAT);
     let total = parameters.saturating_mul(3).saturating_add(activations).saturating_add(data_bytes);
-    Some(MemoryEstimate {
-        parameters,
-        gradients: parameters,
-        momentum: parameters,
-        activations,
-        data: data_bytes,
-        total,
-    })
+    MemoryEstimate { parameters, gradients: parameters, momentum: parameters, activations, data: data_bytes, total }
 }
 
 /// The estimate for an uploaded model from what its check measured: its weights (`weights_bytes`), a
@@ -179,10 +177,9 @@ pub fn count(model: &ModelSpec, shape: &SampleShape) -> Option<Counts> {
                 + classes;
             Counts { parameters, activations }
         }
-        ModelName::Resnet8 => cifar_resnet(image()?, 1, classes),
-        ModelName::Resnet20 => cifar_resnet(image()?, 3, classes),
-        ModelName::Resnet56 => cifar_resnet(image()?, 9, classes),
-        ModelName::Resnet50 => resnet50(image()?, classes),
+        ModelName::Resnet8 | ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet50 => {
+            resnet_parts(model, shape)?.total()
+        }
     })
 }
 
@@ -210,54 +207,141 @@ fn down(side: u64, stride: u64) -> u64 {
     side.div_ceil(stride)
 }
 
+/// A built-in ResNet's counts part by part: the stem, each residual block (in
+/// [`crate::pipeline::blocks`]'s order) with the scalars per sample of its output (what a cut after it
+/// passes on), and the head (pooling and classifier).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ResNetParts {
+    stem: Counts,
+    blocks: Vec<(Counts, u64)>,
+    head: Counts,
+}
+
+impl ResNetParts {
+    fn total(&self) -> Counts {
+        let mut counts = self.stem;
+        for (block, _) in &self.blocks {
+            counts.add(*block);
+        }
+        counts.add(self.head);
+        counts
+    }
+}
+
+fn resnet_parts(model: &ModelSpec, shape: &SampleShape) -> Option<ResNetParts> {
+    let image = match shape.dims.as_slice() {
+        [c, h, w] => (*c, *h, *w),
+        _ => return None,
+    };
+    Some(match model.name? {
+        ModelName::Resnet8 => cifar_resnet(image, 1, shape.classes),
+        ModelName::Resnet20 => cifar_resnet(image, 3, shape.classes),
+        ModelName::Resnet56 => cifar_resnet(image, 9, shape.classes),
+        ModelName::Resnet50 => resnet50(image, shape.classes),
+        ModelName::Mlp | ModelName::Lenet5 => return None,
+    })
+}
+
 /// ResNet-(6n+2): conv3×3 16, then stages of n basic blocks at widths 16, 32 and 64 (strides 1, 2, 2),
 /// a projection shortcut where the shape changes, global pooling and the classifier.
-fn cifar_resnet((c, h, w): (u64, u64, u64), blocks: u64, classes: u64) -> Counts {
-    let mut counts = conv_bn(c, 16, 3, (h, w), true);
+fn cifar_resnet((c, h, w): (u64, u64, u64), blocks: u64, classes: u64) -> ResNetParts {
+    let stem = conv_bn(c, 16, 3, (h, w), true);
+    let mut parts = Vec::new();
     let (mut c_in, mut side) = (16, (h, w));
     for (width, stride) in [(16, 1), (32, 2), (64, 2)] {
         for b in 0..blocks {
             let s = if b == 0 { stride } else { 1 };
             let out = (down(side.0, s), down(side.1, s));
-            counts.add(conv_bn(c_in, width, 3, out, true));
-            counts.add(conv_bn(width, width, 3, out, false));
+            let mut block = conv_bn(c_in, width, 3, out, true);
+            block.add(conv_bn(width, width, 3, out, false));
             if s != 1 || c_in != width {
-                counts.add(conv_bn(c_in, width, 1, out, false));
+                block.add(conv_bn(c_in, width, 1, out, false));
             }
             // the sum and its ReLU
-            counts.activations = counts.activations.saturating_add(2 * width * out.0 * out.1);
+            block.activations = block.activations.saturating_add(2 * width * out.0 * out.1);
+            parts.push((block, width * out.0 * out.1));
             (c_in, side) = (width, out);
         }
     }
-    counts.add(Counts { parameters: linear(64, classes), activations: 64 + classes });
-    counts
+    ResNetParts { stem, blocks: parts, head: Counts { parameters: linear(64, classes), activations: 64 + classes } }
 }
 
 /// ResNet-50: conv7×7/2 64 and a 3×3/2 max-pool, then bottleneck stages of 3, 4, 6 and 3 blocks (the
 /// stride on the 3×3 convolution), global pooling and the classifier.
-fn resnet50((c, h, w): (u64, u64, u64), classes: u64) -> Counts {
-    let stem = (down(h, 2), down(w, 2));
-    let mut counts = conv_bn(c, 64, 7, stem, true);
-    let mut side = (down(stem.0, 2), down(stem.1, 2));
-    counts.activations = counts.activations.saturating_add(64 * side.0 * side.1);
+fn resnet50((c, h, w): (u64, u64, u64), classes: u64) -> ResNetParts {
+    let after_conv = (down(h, 2), down(w, 2));
+    let mut stem = conv_bn(c, 64, 7, after_conv, true);
+    let mut side = (down(after_conv.0, 2), down(after_conv.1, 2));
+    stem.activations = stem.activations.saturating_add(64 * side.0 * side.1);
+    let mut parts = Vec::new();
     let mut c_in = 64;
     for (blocks, width, stride) in [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)] {
         for b in 0..blocks {
             let s = if b == 0 { stride } else { 1 };
             let out = (down(side.0, s), down(side.1, s));
             let c_out = width * 4;
-            counts.add(conv_bn(c_in, width, 1, side, true));
-            counts.add(conv_bn(width, width, 3, out, true));
-            counts.add(conv_bn(width, c_out, 1, out, false));
+            let mut block = conv_bn(c_in, width, 1, side, true);
+            block.add(conv_bn(width, width, 3, out, true));
+            block.add(conv_bn(width, c_out, 1, out, false));
             if s != 1 || c_in != c_out {
-                counts.add(conv_bn(c_in, c_out, 1, out, false));
+                block.add(conv_bn(c_in, c_out, 1, out, false));
             }
-            counts.activations = counts.activations.saturating_add(2 * c_out * out.0 * out.1);
+            block.activations = block.activations.saturating_add(2 * c_out * out.0 * out.1);
+            parts.push((block, c_out * out.0 * out.1));
             (c_in, side) = (c_out, out);
         }
     }
-    counts.add(Counts { parameters: linear(c_in, classes), activations: c_in + classes });
-    counts
+    ResNetParts { stem, blocks: parts, head: Counts { parameters: linear(c_in, classes), activations: c_in + classes } }
+}
+
+/// One pipeline stage's memory (see [`stage_estimates`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StageEstimate {
+    /// The blocks it holds, first and last (`layer1.0`…`layer2.2`); the first stage also holds the stem,
+    /// the last the classifier.
+    pub blocks: (String, String),
+    /// Micro-batches whose activations it keeps at once.
+    pub in_flight: u64,
+    pub memory: MemoryEstimate,
+}
+
+/// The memory of each stage of a built-in ResNet cut after `cuts` (see [`crate::pipeline::stage_bounds`]),
+/// at micro-batches of `micro_batch` samples, `micro_batches` of them per step. Under the 1F1B schedule
+/// stage s of S keeps the activations of min(S − s, v) micro-batches at once, and its input (the images,
+/// or the activations it receives); each stage holds only its own parameters, their gradients and
+/// momentum. `data_bytes` is counted in every stage (each loads the data set as a rank does). The error
+/// names a cut the model has not.
+pub fn stage_estimates(
+    model: &ModelSpec,
+    shape: &SampleShape,
+    micro_batch: u64,
+    micro_batches: u64,
+    data_bytes: u64,
+    cuts: &[String],
+) -> Result<Vec<StageEstimate>, String> {
+    let name = model.name.ok_or("an uploaded model's stages are its sub-modules, not cuts")?;
+    let blocks = crate::pipeline::blocks(name)
+        .ok_or_else(|| format!("{name:?} is not cut into stages: only the ResNets are"))?;
+    let parts = resnet_parts(model, shape).ok_or("the ResNets take image samples (C×H×W)")?;
+    let bounds = crate::pipeline::stage_bounds(&blocks, cuts)?;
+    let stages = bounds.len() - 1;
+    let image: u64 = shape.dims.iter().product();
+    Ok((0..stages)
+        .map(|s| {
+            let (first, last) = (bounds[s], bounds[s + 1]);
+            let mut counts = if s == 0 { parts.stem } else { Counts::default() };
+            for (block, _) in &parts.blocks[first..last] {
+                counts.add(*block);
+            }
+            if s + 1 == stages {
+                counts.add(parts.head);
+            }
+            let input = if s == 0 { image } else { parts.blocks[first - 1].1 };
+            let in_flight = ((stages - s) as u64).min(micro_batches.max(1));
+            let memory = from_counts(counts, input, micro_batch.saturating_mul(in_flight), data_bytes);
+            StageEstimate { blocks: (blocks[first].name.clone(), blocks[last - 1].name.clone()), in_flight, memory }
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -310,5 +394,48 @@ mod tests {
         assert!((60 << 20..200 << 20).contains(&small.activations), "{}", small.activations);
         let flat = SampleShape { dims: vec![784], classes: 10 };
         assert!(count(&model, &flat).is_none());
+    }
+
+    fn cuts(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn stages_share_the_parameters_and_keep_activations_of_the_micro_batches_in_flight() {
+        let imagenet = SampleShape { dims: vec![3, 224, 224], classes: 1000 };
+        let model = ModelSpec::new(ModelName::Resnet50);
+        let whole = estimate(&model, &imagenet, 32, 0).unwrap();
+        let alone = stage_estimates(&model, &imagenet, 32, 1, 0, &[]).unwrap();
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[0].memory, whole, "one stage is the whole model");
+        for cut in [&["layer2"][..], &["layer1.1", "layer3"], &["layer1", "layer2", "layer3.4"]] {
+            let stages = stage_estimates(&model, &imagenet, 32, 8, 0, &cuts(cut)).unwrap();
+            assert_eq!(stages.len(), cut.len() + 1);
+            let parameters: u64 = stages.iter().map(|s| s.memory.parameters).sum();
+            assert_eq!(parameters, whole.parameters, "{cut:?}: every parameter in one stage");
+            let in_flight: Vec<u64> = stages.iter().map(|s| s.in_flight).collect();
+            let expected: Vec<u64> = (1..=stages.len() as u64).rev().collect();
+            assert_eq!(in_flight, expected, "{cut:?}: 1F1B keeps S − s micro-batches in stage s");
+        }
+        // one micro-batch per step: each stage keeps its own share of the activations, the boundary's once more
+        let halves = stage_estimates(&model, &imagenet, 32, 1, 0, &cuts(&["layer2"])).unwrap();
+        let split: u64 = halves.iter().map(|s| s.memory.activations).sum();
+        assert!(
+            split > whole.activations && split < whole.activations * 11 / 10,
+            "{split} against {}",
+            whole.activations
+        );
+        assert!(halves.iter().all(|s| s.memory.total < whole.total));
+        assert_eq!(halves[1].blocks, ("layer3.0".to_string(), "layer4.2".to_string()));
+    }
+
+    #[test]
+    fn a_stage_estimate_names_what_cannot_be_cut() {
+        let shape = image(3, 32, 32);
+        let err =
+            stage_estimates(&ModelSpec::new(ModelName::Resnet20), &shape, 8, 2, 0, &cuts(&["layer4"])).unwrap_err();
+        assert!(err.contains("\"layer4\""), "{err}");
+        let err = stage_estimates(&ModelSpec::new(ModelName::Lenet5), &shape, 8, 2, 0, &cuts(&["conv1"])).unwrap_err();
+        assert!(err.contains("only the ResNets"), "{err}");
     }
 }

@@ -236,6 +236,29 @@ mod tests {
         }
     }
 
+    /// Admission counts each pipeline stage's parameters from the spec alone: they must be the built stage's.
+    #[test]
+    fn each_stage_holds_the_parameters_its_memory_estimate_counts() {
+        use ringtrain_core::memory::{stage_estimates, SampleShape};
+        for (name, shape, cuts) in [
+            (ModelName::Resnet20, [3, 32, 32], vec!["layer2"]),
+            (ModelName::Resnet8, [1, 28, 28], vec!["layer1", "layer2"]),
+            (ModelName::Resnet50, [3, 64, 64], vec!["layer1.1", "layer3"]),
+        ] {
+            let spec = ModelSpec::new(name);
+            let cuts: Vec<String> = cuts.into_iter().map(String::from).collect();
+            let sample = SampleShape { dims: shape.iter().map(|&d| d as u64).collect(), classes: 10 };
+            let estimates = stage_estimates(&spec, &sample, 1, 1, 0, &cuts).unwrap();
+            assert_eq!(estimates.len(), cuts.len() + 1);
+            for (stage, estimate) in estimates.iter().enumerate() {
+                let vs = nn::VarStore::new(Device::Cpu);
+                build_stage(&spec, &vs, &shape, 10, true, &cuts, stage).unwrap();
+                let built: i64 = vs.trainable_variables().iter().map(Tensor::numel).map(|n| n as i64).sum();
+                assert_eq!(estimate.memory.parameters, built as u64 * 4, "{name:?} stage {stage} of {cuts:?}");
+            }
+        }
+    }
+
     #[test]
     fn image_models_reject_flat_inputs() {
         let vs = nn::VarStore::new(Device::Cpu);

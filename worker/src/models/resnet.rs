@@ -2,7 +2,8 @@
 //! ImageNet-style ResNet-50 (bottleneck blocks, stride on the 3×3 convolution as in Goyal et al.).
 //! Shortcuts that change shape are 1×1 projections with BN; the last BN of every block may start at gamma = 0.
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
+use ringtrain_core::pipeline;
 use tch::nn::{self, ModuleT, VarStore};
 use tch::Tensor;
 
@@ -201,17 +202,14 @@ impl ResNet {
         }
     }
 
-    /// Where a pipeline may cut this network: after any block, named `layerL.b`, or `layerL` for the end of
-    /// layer L (its last block). The last block is no cut: the classifier alone would be a stage.
+    /// Where a pipeline may cut this network (see [`ringtrain_core::pipeline::cut_points`]).
     pub fn cut_points(&self) -> Vec<String> {
-        let inner = &self.blocks[..self.blocks.len().saturating_sub(1)];
-        inner
-            .iter()
-            .flat_map(|b| {
-                let layer = b.name.split('.').next().unwrap_or_default().to_string();
-                std::iter::once(b.name.clone()).chain(b.ends_layer.then_some(layer))
-            })
-            .collect()
+        pipeline::cut_points(&self.outline())
+    }
+
+    /// The blocks' names, as the core knows the network's outline.
+    fn outline(&self) -> Vec<pipeline::Block> {
+        self.blocks.iter().map(|b| pipeline::Block { name: b.name.clone(), ends_layer: b.ends_layer }).collect()
     }
 
     /// Keeps stage `stage` of the pipeline that `cuts` make (each cut a [`ResNet::cut_points`] name, in the
@@ -219,7 +217,7 @@ impl ResNet {
     /// holds only its own weights and buffers. Built from the seed first and cut after, every stage's
     /// weights are bit for bit those of the whole network built from that seed.
     pub fn keep_stage(mut self, vs: &VarStore, cuts: &[String], stage: usize) -> Result<ResNet> {
-        let bounds = self.block_bounds(cuts)?;
+        let bounds = pipeline::stage_bounds(&self.outline(), cuts).map_err(anyhow::Error::msg)?;
         ensure!(stage < bounds.len() - 1, "stage {stage} of {} stages", bounds.len() - 1);
         let (first, last) = (bounds[stage], bounds[stage + 1]);
         self.blocks = self.blocks.drain(first..last).collect();
@@ -238,28 +236,6 @@ impl ResNet {
         }
         retain_variables(vs, |name| kept.iter().any(|prefix| name.starts_with(prefix.as_str())));
         Ok(self)
-    }
-
-    /// The block index each stage starts at, and the block count last: `[0, c1, c2, …, blocks]`.
-    fn block_bounds(&self, cuts: &[String]) -> Result<Vec<usize>> {
-        let mut bounds = vec![0];
-        for cut in cuts {
-            let after = self
-                .blocks
-                .iter()
-                .position(|b| &b.name == cut || (b.ends_layer && b.name.split('.').next() == Some(cut.as_str())))
-                .filter(|&i| i + 1 < self.blocks.len());
-            let Some(after) = after else {
-                bail!("this network cannot be cut after {cut:?}: the cuts are {}", self.cut_points().join(", "));
-            };
-            ensure!(
-                after + 1 > *bounds.last().unwrap_or(&0),
-                "the cuts must follow the network's order, each after the one before: {cut:?} is not"
-            );
-            bounds.push(after + 1);
-        }
-        bounds.push(self.blocks.len());
-        Ok(bounds)
     }
 }
 
