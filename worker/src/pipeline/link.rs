@@ -24,12 +24,22 @@ use crate::collective::{connect_ring, CommError, CommResult, RendezvousConfig, R
 const MAGIC: u32 = u32::from_le_bytes(*b"RTPL");
 /// A message holds at most this many tensors, each of at most this many dimensions and elements: anything
 /// more is a broken peer.
-const MAX_TENSORS: usize = 64;
+const MAX_TENSORS: usize = 1 << 16;
 const MAX_DIMS: usize = 8;
 const MAX_ELEMS: usize = 1 << 30;
 
-/// A message as it arrived: its tensors' shapes and values (f32, row-major).
-type Received = CommResult<Vec<(Vec<i64>, Vec<f32>)>>;
+/// A tensor's name is at most this long (a variable's path; empty for activations and gradients).
+const MAX_NAME: usize = 1024;
+
+/// A tensor as it arrived: its name, shape and values (f32, row-major).
+#[derive(Debug)]
+struct Arrived {
+    name: String,
+    shape: Vec<i64>,
+    values: Vec<f32>,
+}
+
+type Received = CommResult<Vec<Arrived>>;
 
 /// One direction-pair with a neighbouring stage.
 #[derive(Debug)]
@@ -55,8 +65,8 @@ impl Link {
         Ok(Link { peer, writer: stream, incoming, reader: Some(reader) })
     }
 
-    /// Sends `tensors` as one message: their count, then each one's shape and values.
-    fn send(&mut self, tensors: &[Tensor]) -> CommResult<u64> {
+    /// Sends `tensors` as one message: their count, then each one's name, shape and values.
+    fn send(&mut self, tensors: &[(&str, &Tensor)]) -> CommResult<u64> {
         let peer = self.peer;
         let timeout = self.writer.write_timeout().ok().flatten().unwrap_or_default();
         let closed = |e: std::io::Error| match e.kind() {
@@ -66,7 +76,12 @@ impl Link {
         let mut message = Vec::new();
         message.extend_from_slice(&MAGIC.to_le_bytes());
         message.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
-        for tensor in tensors {
+        for (name, tensor) in tensors {
+            if name.len() > MAX_NAME {
+                return Err(CommError::Unsupported(format!("a tensor name of {} bytes crosses no link", name.len())));
+            }
+            message.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            message.extend_from_slice(name.as_bytes());
             let values = tensor.detach().to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous();
             let shape = values.size();
             message.extend_from_slice(&(shape.len() as u32).to_le_bytes());
@@ -83,7 +98,7 @@ impl Link {
         Ok(message.len() as u64)
     }
 
-    fn receive(&mut self, timeout: Duration) -> CommResult<Vec<Tensor>> {
+    fn receive(&mut self, timeout: Duration) -> CommResult<Vec<(String, Tensor)>> {
         let tensors = match self.incoming.recv_timeout(timeout) {
             Ok(message) => message?,
             Err(RecvTimeoutError::Timeout) => return Err(CommError::PeerTimedOut { peer: self.peer, timeout }),
@@ -92,7 +107,7 @@ impl Link {
                 return Err(CommError::PeerClosed { peer: self.peer, detail });
             }
         };
-        Ok(tensors.into_iter().map(|(shape, values)| Tensor::from_slice(&values).view(shape.as_slice())).collect())
+        Ok(tensors.into_iter().map(|t| (t.name, Tensor::from_slice(&t.values).view(t.shape.as_slice()))).collect())
     }
 }
 
@@ -134,6 +149,13 @@ fn read_message(peer: usize, stream: &mut TcpStream) -> Received {
     }
     let mut tensors = Vec::with_capacity(count);
     for _ in 0..count {
+        let name_len = read_word(stream)?;
+        if name_len > MAX_NAME {
+            return Err(broken(format!("sent a tensor name of {name_len} bytes")));
+        }
+        let mut name = vec![0u8; name_len];
+        stream.read_exact(&mut name).map_err(|e| broken(e.to_string()))?;
+        let name = String::from_utf8(name).map_err(|_| broken("sent a tensor name that is not UTF-8".into()))?;
         let dims = read_word(stream)?;
         if dims > MAX_DIMS {
             return Err(broken(format!("sent a tensor of {dims} dimensions")));
@@ -150,7 +172,7 @@ fn read_message(peer: usize, stream: &mut TcpStream) -> Received {
         };
         let mut values = vec![0f32; elems];
         stream.read_exact(bytemuck::cast_slice_mut(&mut values)).map_err(|e| broken(e.to_string()))?;
-        tensors.push((shape, values));
+        tensors.push(Arrived { name, shape, values });
     }
     Ok(tensors)
 }
@@ -219,40 +241,68 @@ impl StageLinks {
     /// the next stage.
     pub fn send_forward(&mut self, activations: &[Tensor]) -> CommResult<()> {
         let link = self.next.as_mut().ok_or_else(|| unlinked(self.stage, "no next stage"))?;
-        Self::timed_send(link, activations, &mut self.traffic)
+        Self::timed_send(link, &unnamed(activations), &mut self.traffic)
     }
 
     /// Sends the gradients of this stage's inputs back to the previous stage, in their order.
     pub fn send_backward(&mut self, gradients: &[Tensor]) -> CommResult<()> {
         let link = self.previous.as_mut().ok_or_else(|| unlinked(self.stage, "no previous stage"))?;
-        Self::timed_send(link, gradients, &mut self.traffic)
+        Self::timed_send(link, &unnamed(gradients), &mut self.traffic)
+    }
+
+    /// Sends named tensors (a stage's weights and state, between steps) back to the previous stage.
+    pub fn send_named_backward(&mut self, tensors: &[(String, Tensor)]) -> CommResult<()> {
+        let link = self.previous.as_mut().ok_or_else(|| unlinked(self.stage, "no previous stage"))?;
+        let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        Self::timed_send(link, &named, &mut self.traffic)
+    }
+
+    /// Sends named tensors on to the next stage.
+    pub fn send_named_forward(&mut self, tensors: &[(String, Tensor)]) -> CommResult<()> {
+        let link = self.next.as_mut().ok_or_else(|| unlinked(self.stage, "no next stage"))?;
+        let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        Self::timed_send(link, &named, &mut self.traffic)
     }
 
     /// The previous stage's next activations: this stage's inputs.
     pub fn receive_forward(&mut self) -> CommResult<Vec<Tensor>> {
-        let link = self.previous.as_mut().ok_or_else(|| unlinked(self.stage, "no previous stage"))?;
-        Self::timed_receive(link, self.io_timeout, &mut self.traffic)
+        Ok(self.receive_named_forward()?.into_iter().map(|(_, t)| t).collect())
     }
 
     /// The next stage's gradients of this stage's next outputs.
     pub fn receive_backward(&mut self) -> CommResult<Vec<Tensor>> {
+        Ok(self.receive_named_backward()?.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// The previous stage's next message, with the tensors' names.
+    pub fn receive_named_forward(&mut self) -> CommResult<Vec<(String, Tensor)>> {
+        let link = self.previous.as_mut().ok_or_else(|| unlinked(self.stage, "no previous stage"))?;
+        Self::timed_receive(link, self.io_timeout, &mut self.traffic)
+    }
+
+    /// The next stage's next message, with the tensors' names.
+    pub fn receive_named_backward(&mut self) -> CommResult<Vec<(String, Tensor)>> {
         let link = self.next.as_mut().ok_or_else(|| unlinked(self.stage, "no next stage"))?;
         Self::timed_receive(link, self.io_timeout, &mut self.traffic)
     }
 
-    fn timed_send(link: &mut Link, tensors: &[Tensor], traffic: &mut Traffic) -> CommResult<()> {
+    fn timed_send(link: &mut Link, tensors: &[(&str, &Tensor)], traffic: &mut Traffic) -> CommResult<()> {
         let started = Instant::now();
         traffic.bytes_sent += link.send(tensors)?;
         traffic.sending += started.elapsed();
         Ok(())
     }
 
-    fn timed_receive(link: &mut Link, timeout: Duration, traffic: &mut Traffic) -> CommResult<Vec<Tensor>> {
+    fn timed_receive(link: &mut Link, timeout: Duration, traffic: &mut Traffic) -> CommResult<Vec<(String, Tensor)>> {
         let started = Instant::now();
         let tensor = link.receive(timeout);
         traffic.waiting += started.elapsed();
         tensor
     }
+}
+
+fn unnamed(tensors: &[Tensor]) -> Vec<(&str, &Tensor)> {
+    tensors.iter().map(|t| ("", t)).collect()
 }
 
 fn unlinked(stage: usize, what: &str) -> CommError {

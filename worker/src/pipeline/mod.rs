@@ -9,11 +9,12 @@
 //! the same stage of the other workers.
 //!
 //! [`link`]: the tensors between stages; [`schedule`]: the order of a step's forward and backward passes;
-//! [`stage`]: a stage that trains.
+//! [`stage`]: a stage that trains; [`state`]: a worker's state gathered from its stages and handed back.
 
 pub mod link;
 pub mod schedule;
 pub mod stage;
+pub mod state;
 
 use crate::collective::{connect_rings, CommResult, RendezvousConfig, RingCollective};
 pub use link::{StageLinks, Traffic};

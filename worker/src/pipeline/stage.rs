@@ -103,4 +103,12 @@ impl Stage {
     pub fn variables(&self) -> Vec<(String, Tensor)> {
         self.vs.variables().into_iter().collect()
     }
+
+    /// What a checkpoint keeps of this stage: its variables (`model/NAME`) and their momentum
+    /// (`optimizer/NAME`), copies.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let model = self.variables().into_iter().map(|(n, t)| (format!("model/{n}"), t.detach().copy()));
+        let optimizer = self.opt.state().into_iter().map(|(n, t)| (format!("optimizer/{n}"), t.detach().copy()));
+        model.chain(optimizer).collect()
+    }
 }

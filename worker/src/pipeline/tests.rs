@@ -230,3 +230,79 @@ fn a_stage_that_dies_is_named_by_its_neighbour_not_waited_for() {
     assert!(err.contains("pipeline stage 1") && err.contains("closed"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10), "named in {:?}", started.elapsed());
 }
+
+/// Trains `cuts.len() + 1` stages of one worker, then gathers their state in stage 0 and hands it back out;
+/// returns what stage 0 assembled, after checking that every stage got back exactly its own.
+fn gathered(x: &Tensor, y: &Tensor, cuts: &[&str]) -> Vec<(String, Tensor)> {
+    let cuts: Vec<String> = cuts.iter().map(|c| c.to_string()).collect();
+    let stages = cuts.len() + 1;
+    let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let threads: Vec<_> = (0..stages)
+        .map(|rank| {
+            let (x, y, cuts) = (x.shallow_clone(), y.shallow_clone(), cuts.clone());
+            std::thread::spawn(move || {
+                let rendezvous = RendezvousConfig {
+                    address,
+                    rank,
+                    world: stages,
+                    join_timeout: Duration::from_secs(20),
+                    io_timeout: Duration::from_secs(60),
+                    secret: None,
+                };
+                let links = StageLinks::connect(&rendezvous).unwrap();
+                let vs = VarStore::new(Device::Cpu);
+                let model = {
+                    let _seeded = SEEDED.lock().unwrap();
+                    tch::manual_seed(SEED);
+                    let spec = ModelSpec::new(ModelName::Resnet20);
+                    models::build_stage(&spec, &vs, &SHAPE, CLASSES, true, &cuts, rank).unwrap()
+                };
+                let mut stage = Stage::new(model, vs, config(), MICRO_BATCHES, links);
+                for step in 0..STEPS {
+                    stage.train_step(lr(step), &x, &y).unwrap();
+                }
+                let own = stage.state();
+                let whole = super::state::gather(&mut stage.links, copies(&own)).unwrap();
+                let names: Vec<String> = own.iter().map(|(n, _)| n.clone()).collect();
+                let back = super::state::scatter(&mut stage.links, whole.as_deref().map(copies), |n| {
+                    names.iter().any(|m| m == n)
+                })
+                .unwrap();
+                assert_eq!(sorted(&back).len(), own.len(), "stage {rank} got back as many tensors as it holds");
+                for ((name, mine), (back_name, returned)) in sorted(&own).iter().zip(sorted(&back)) {
+                    assert_eq!(name, &back_name);
+                    assert!(mine.equal(&returned), "stage {rank}'s {name} came back changed");
+                }
+                whole.unwrap_or_default()
+            })
+        })
+        .collect();
+    let mut results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    results.swap_remove(0)
+}
+
+fn copies(named: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    named.iter().map(|(n, t)| (n.clone(), t.copy())).collect()
+}
+
+fn sorted(named: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    let mut named = copies(named);
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+/// A checkpoint of a pipelined worker is the unsplit model's: its stages' weights, BatchNorm statistics and
+/// momentum, gathered in stage 0, are the unsplit model's by name and value after the same steps.
+#[test]
+fn a_workers_state_gathered_from_its_stages_is_the_unsplit_models_and_goes_back_where_it_came_from() {
+    tch::manual_seed(1);
+    let (x, y) = data();
+    let unsplit = sorted(&gathered(&x, &y, &[]));
+    let split = sorted(&gathered(&x, &y, &["layer1.1", "layer3.0"]));
+    assert!(unsplit.iter().any(|(n, _)| n.starts_with("optimizer/")) && unsplit.len() > 100);
+    assert_eq!(split.len(), unsplit.len());
+    for ((name, a), (other, b)) in split.iter().zip(&unsplit) {
+        assert_eq!(name, other);
+        assert!(a.to_kind(Kind::Float).equal(&b.to_kind(Kind::Float)), "{name} differs from the unsplit model's");
+    }
+}
