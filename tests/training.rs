@@ -203,6 +203,53 @@ fn overlapping_the_all_reduce_with_backward_changes_no_bit() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The files of a run's newest checkpoint, as bytes.
+fn checkpoint_files(out: &Path) -> Vec<(String, Vec<u8>)> {
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    ["model.safetensors", "optimizer.safetensors", "batch_norm.safetensors"]
+        .map(|file| (file.to_string(), std::fs::read(out.join("checkpoints").join(latest.trim()).join(file)).unwrap()))
+        .to_vec()
+}
+
+/// ResNet-20 cut after `layer2` (`--pipeline-cuts`): 2 workers of 2 stage processes, the stages passing
+/// activations and gradients over their links and each stage summing its gradients with the other
+/// worker's, train the losses of 2 unsplit rank processes to the bit, write the unsplit run's checkpoint
+/// byte for byte (assembled from the stages), and resume from the unsplit run's checkpoint to its end.
+#[test]
+fn a_model_cut_into_pipeline_stages_trains_and_checkpoints_as_the_unsplit_one() {
+    let dir = scratch("pipeline");
+    let mut spec = resnet_spec(4);
+    spec["epochs"] = 3.into();
+    spec["checkpoint_every_epochs"] = 1.into();
+    spec["log_every_iterations"] = 1.into();
+    let spec_path = write_spec(&dir, &spec);
+    let (unsplit_out, split_out) = (dir.join("unsplit"), dir.join("split"));
+    let unsplit = metrics(&train_local(&spec_path, 2, &[], &unsplit_out).stdout);
+    let split = metrics(&train_local(&spec_path, 4, &["--pipeline-cuts", "layer2"], &split_out).stdout);
+    assert_eq!(losses(&split).len(), 30, "one line per iteration, from worker 0's first stage only");
+    assert_eq!(losses(&split), losses(&unsplit), "every iteration's loss and lr");
+    assert_eq!(epoch_records(&split), epoch_records(&unsplit));
+    assert!(checkpoint_files(&split_out) == checkpoint_files(&unsplit_out), "the checkpoint is the unsplit one's");
+
+    // the stages resume from the unsplit run's second checkpoint, each taking its own variables
+    let resume = dir.join("resume");
+    std::fs::create_dir(&resume).unwrap();
+    let second = unsplit_out.join("checkpoints/epoch-0002");
+    std::fs::create_dir(resume.join("epoch-0002")).unwrap();
+    for file in std::fs::read_dir(&second).unwrap() {
+        let file = file.unwrap();
+        std::fs::copy(file.path(), resume.join("epoch-0002").join(file.file_name())).unwrap();
+    }
+    std::fs::write(resume.join("latest"), "epoch-0002").unwrap();
+    let resumed_out = dir.join("resumed");
+    let extra = ["--pipeline-cuts", "layer2", "--resume", resume.to_str().unwrap()];
+    let resumed = metrics(&train_local(&spec_path, 4, &extra, &resumed_out).stdout);
+    let expected: Vec<_> = losses(&unsplit).into_iter().filter(|l| l.0 >= 20).collect();
+    assert_eq!(losses(&resumed), expected, "the third epoch, resumed");
+    assert!(checkpoint_files(&resumed_out) == checkpoint_files(&unsplit_out), "the same final checkpoint");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 fn spawn_ranks(spec: &Path, world: usize, out: &Path, extra: &[&str], env: Option<(&str, &str)>) -> Vec<Child> {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     (0..world)

@@ -82,6 +82,11 @@ pub struct Args {
     /// Default: the dataset's one x.
     #[arg(long, requires = "model_file", value_delimiter = ',')]
     model_inputs: Option<Vec<String>>,
+    /// Cut the model (a built-in ResNet) into pipeline stages after these layers (e.g. layer2, or
+    /// layer1.2,layer3.0): the processes are workers × stages, ranks w·S..w·S+S−1 worker w's stages, each
+    /// stage's gradients summed with the same stage of the other workers (over the TCP ring).
+    #[arg(long, value_delimiter = ',')]
+    pipeline_cuts: Option<Vec<String>>,
     /// Exit as soon as the process that started this one is gone (agents set it, so a killed agent leaves no
     /// ranks behind).
     #[arg(long)]
@@ -240,7 +245,17 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         let socket = ringtrain_sandbox::take_passed(path).context("--rendezvous-listener")?;
         ringtrain_worker::collective::listen_on(std::net::TcpListener::from(socket));
     }
-    let mut comm = args.collective.connect(&config, device, segment)?;
+    let stages = args.pipeline_cuts.as_ref().map_or(1, |cuts| cuts.len() + 1);
+    if config.world % stages != 0 {
+        bail!("--world {} is not a whole number of workers of {stages} pipeline stages", config.world);
+    }
+    let (mut comm, links) = match stages {
+        1 => (args.collective.connect(&config, device, segment)?, None),
+        _ => {
+            let (ring, links) = ringtrain_worker::pipeline::connect(&config, stages)?;
+            (Box::new(ring) as Box<dyn ringtrain_worker::Collective>, Some(links))
+        }
+    };
     // One line for the job's logs: what this rank runs, where, and from where it resumes. (Written, not
     // eprintln!: a closed stderr must not panic the rank.)
     let resume = match (&args.resume, &args.init_from) {
@@ -259,7 +274,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         out_dir: args.out.clone(),
         resume_from: args.resume.clone(),
         init_from: args.init_from.clone(),
-        virtual_ranks: virtual_ranks(args, &spec, config.world),
+        virtual_ranks: virtual_ranks(args, &spec, config.world / stages),
         bucket_bytes: args.bucket_mb.max(1) << 20,
         overlap_backward: args.overlap,
         device,
@@ -271,15 +286,27 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         started: Some(began),
         // a sharded data set's images are decoded on as many threads as the rank computes with
         loader_threads: threads.max(1) as usize,
+        pipeline: args
+            .pipeline_cuts
+            .clone()
+            .map(|cuts| ringtrain_worker::trainer::PipelineStage { stage: rank % stages, cuts }),
         ..Default::default()
     };
     let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));
+    if let Some(links) = links {
+        trainer = trainer.with_stage_links(links);
+    }
     if let Some(buckets) = trainer.overlapped_buckets() {
         let _ =
             writeln!(std::io::stderr(), "rank {rank}: gradients summed in {buckets} buckets overlapped with backward");
     }
     let stdout = std::io::stdout();
+    // a worker's stages agree on every figure: its first stage reports them
+    let reports = rank % stages == 0;
     let mut sink = |metric: &Metric| {
+        if !reports {
+            return;
+        }
         let mut out = stdout.lock();
         let _ = serde_json::to_writer(&mut out, metric);
         let _ = out.write_all(b"\n");
@@ -434,8 +461,8 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
     };
     // The ranks are all here: CPU ranks sum gradients through one shared segment, not sockets. It stays
     // open across exec, so each rank finds it at the same number.
-    let segment = match (gpu, args.collective, k) {
-        (false, Backend::Auto | Backend::Shm, 2..) => Some(ringtrain_sandbox::shared_memory_file(true)?),
+    let segment = match (gpu, args.collective, k, &args.pipeline_cuts) {
+        (false, Backend::Auto | Backend::Shm, 2.., None) => Some(ringtrain_sandbox::shared_memory_file(true)?),
         _ => None,
     };
     let shared_memory = segment.as_ref().map(|fd| ringtrain_sandbox::passed_path(fd.as_raw_fd()));
@@ -468,6 +495,7 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
             dataset_file: args.dataset_file.clone(),
             model_file: args.model_file.clone(),
             model_inputs: args.model_inputs.clone(),
+            pipeline_cuts: args.pipeline_cuts.clone(),
             // killing this launcher leaves no rank behind
             exit_with_parent: true,
             max_file_mib: sandbox_dir.as_ref().map(|_| args.sandbox.max_file_mib),
@@ -523,6 +551,7 @@ mod tests {
             dataset_file: Some("/proc/self/fd/3".into()),
             model_file: Some("/proc/self/fd/4".into()),
             model_inputs: Some(vec!["numeric".into(), "tokens".into()]),
+            pipeline_cuts: Some(vec!["layer2".into(), "layer3.1".into()]),
             exit_with_parent: true,
             parent_pid: Some(77),
             stop_file: Some("stop".into()),
@@ -543,6 +572,7 @@ mod tests {
         assert!(args.overlap);
         assert_eq!(args.collective.name(), "ring");
         assert_eq!(args.dataset_file, Some("/proc/self/fd/3".into()));
+        assert_eq!(args.pipeline_cuts, Some(vec!["layer2".into(), "layer3.1".into()]));
         assert_eq!(args.shared_memory, Some("/proc/self/fd/5".into()));
         assert_eq!(args.rendezvous_listener, Some("/proc/self/fd/6".into()));
         assert_eq!(args.model_file, Some("/proc/self/fd/4".into()));

@@ -346,8 +346,43 @@ impl Replica<'_> {
         partial: Option<PartialEpoch>,
         history: &[EpochRecord],
     ) -> Result<()> {
+        let Some(out) = out_dir else {
+            self.snapshot(next_iteration, partial, history, false)?;
+            return Ok(());
+        };
+        let Some((state, tensors, all_bn)) = self.snapshot(next_iteration, partial, history, true)? else {
+            return Ok(());
+        };
+        let b = self.bn.len();
+        let bn = &*self.bn;
+        let script = self.script;
+        // the TorchScript file carries rank 0's statistics, as model.safetensors does; this rank's own are
+        // put back afterwards
+        let save_script = |dir: &Path| -> Result<()> {
+            let Some(module) = script else { return Ok(()) };
+            let own = bn.snapshot();
+            bn.restore(&all_bn[..b]);
+            let saved = module.save(&dir.join(SCRIPT_FILE));
+            bn.restore(&own);
+            saved
+        };
+        write_with(&out.join("checkpoints"), &state, &tensors, &save_script)?;
+        Ok(())
+    }
+
+    /// Gathers every rank's BatchNorm tables (a collective: every rank calls it) and, on rank 0 when
+    /// `keep`, returns what a checkpoint of this point holds, with the gathered tables.
+    pub(crate) fn snapshot(
+        &mut self,
+        next_iteration: u64,
+        partial: Option<PartialEpoch>,
+        history: &[EpochRecord],
+        keep: bool,
+    ) -> Result<Option<(CheckpointState, CheckpointTensors, Vec<f32>)>> {
         let all_bn = self.bn.gather(&mut *self.comm, self.total_ranks)?;
-        let Some(out) = out_dir.filter(|_| self.is_root()) else { return Ok(()) };
+        if !(keep && self.is_root()) {
+            return Ok(None);
+        }
         let b = self.bn.len();
         let mut model: Vec<(String, Tensor)> =
             self.opt.params().iter().map(|p| (p.name.clone(), p.tensor.detach().copy())).collect();
@@ -373,20 +408,7 @@ impl Replica<'_> {
             partial,
         };
         let tensors = CheckpointTensors { model, optimizer: self.opt.state(), batch_norm };
-        let bn = &*self.bn;
-        let script = self.script;
-        // the TorchScript file carries rank 0's statistics, as model.safetensors does; this rank's own are
-        // put back afterwards
-        let save_script = |dir: &Path| -> Result<()> {
-            let Some(module) = script else { return Ok(()) };
-            let own = bn.snapshot();
-            bn.restore(&all_bn[..b]);
-            let saved = module.save(&dir.join(SCRIPT_FILE));
-            bn.restore(&own);
-            saved
-        };
-        write_with(&out.join("checkpoints"), &state, &tensors, &save_script)?;
-        Ok(())
+        Ok(Some((state, tensors, all_bn)))
     }
 }
 

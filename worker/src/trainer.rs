@@ -6,7 +6,8 @@
 //! the same SGD update with the lr `core`'s schedule gives for t. Virtual ranks let one process act as v
 //! ranks (v micro-batches, BN per micro-batch, gradients accumulated), reproducing k workers exactly.
 //!
-//! This module is the step; the epoch loop around it is in [`epochs`]. The per-rank BatchNorm tables live in
+//! This module is the step; the epoch loop around it is in [`epochs`]; a trainer that is one stage of its
+//! worker's pipeline steps, evaluates and checkpoints as [`pipelined`] says. The per-rank BatchNorm tables live in
 //! [`crate::batch_norm`]; what a checkpoint holds and how the ranks agree on where to start, in
 //! [`crate::checkpoint`]; the faults tests inject, in [`crate::faults`].
 //!
@@ -35,10 +36,12 @@ use crate::gradients::{
 use crate::metrics::EpochRecord;
 use crate::models::{self, Network, OperatorCheck, Scripted};
 use crate::optim::{Sgd, SgdConfig};
+use crate::pipeline::StageLinks;
 use crate::precision;
 
 mod epochs;
 mod guard;
+mod pipelined;
 
 /// A failure of the job itself (its spec does not fit its dataset, its loss diverged): retrying it on other
 /// devices would fail the same way, unlike a lost peer or a killed process.
@@ -113,6 +116,17 @@ pub struct TrainOptions {
     pub data_on_device_max_bytes: u64,
     /// Threads that decode a sharded data set's images ahead of the steps (`shards:` data sets).
     pub loader_threads: usize,
+    /// This process is one stage of its worker's pipeline (a built-in ResNet cut at named layers); its
+    /// links to the worker's other stages come with [`Trainer::with_stage_links`], and `comm` is the ring
+    /// of this stage across the workers. None: the whole model.
+    pub pipeline: Option<PipelineStage>,
+}
+
+/// Which stage of the worker's pipeline a process is, and where the model is cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelineStage {
+    pub stage: usize,
+    pub cuts: Vec<String>,
 }
 
 /// The side images of a `shards:` data set are cropped to when the spec names none (ImageNet's ResNets').
@@ -140,6 +154,7 @@ impl Default for TrainOptions {
             fused_optimizer: true,
             loader_threads: 1,
             data_on_device_max_bytes: ON_DEVICE_MAX_BYTES,
+            pipeline: None,
         }
     }
 }
@@ -202,6 +217,8 @@ pub struct Trainer<'c> {
     start: StartPoint,
     /// Time spent so far outside the steps' phases, for the result's timeline.
     spent: Spent,
+    /// A pipeline stage's links to its worker's other stages (see [`TrainOptions::pipeline`]).
+    links: Option<StageLinks>,
 }
 
 /// Where a run's time went besides its steps' phases (see [`crate::metrics::Timeline`]).
@@ -281,17 +298,30 @@ impl<'c> Trainer<'c> {
                 let why = format!("model {id} is an upload: pass its file with --model-file (the agent does this)");
                 return Err(JobError(why).into());
             }
-            (None, _) => Network::BuiltIn(
-                models::build(&spec.model, &vs.root(), &data.sample_shape(), data.classes(), spec.bn_zero_init_last)
-                    .map_err(|e| JobError(format!("the model cannot be built for this data: {e:#}")))?,
-            ),
+            (None, _) => {
+                let (shape, classes, zero_last) = (data.sample_shape(), data.classes(), spec.bn_zero_init_last);
+                let built = match &options.pipeline {
+                    Some(PipelineStage { stage, cuts }) => {
+                        models::build_stage(&spec.model, &vs, &shape, classes, zero_last, cuts, *stage)
+                    }
+                    None => models::build(&spec.model, &vs.root(), &shape, classes, zero_last),
+                };
+                Network::BuiltIn(
+                    built.map_err(|e| JobError(format!("the model cannot be built for this data: {e:#}")))?,
+                )
+            }
         };
+        if options.pipeline.is_some() {
+            ensure!(spec.model.uploaded.is_none(), JobError("an uploaded model is not cut into stages yet".into()));
+            ensure!(!spec.is_elastic(), JobError("an elastic job is not cut into stages yet".into()));
+        }
         let mut opt = Sgd::with_rules(&vs, SgdConfig::from_effective(&effective), &|name, t| model.param_kind(name, t));
         if !options.fused_optimizer {
             opt = opt.with_tensor_ops();
         }
         let reducer = GradientReducer::new(opt.params(), options.bucket_bytes);
-        let overlap = options.overlap_backward && comm.world_size() > 1 && !spec.is_elastic();
+        let overlap =
+            options.overlap_backward && comm.world_size() > 1 && !spec.is_elastic() && options.pipeline.is_none();
         let overlapped = match overlap {
             true => Some(OverlappedReducer::new(opt.params(), options.overlap_bucket_bytes)?),
             false => None,
@@ -336,7 +366,15 @@ impl<'c> Trainer<'c> {
                 checkpoint: Duration::ZERO,
                 reporting: Duration::ZERO,
             },
+            links: None,
         })
+    }
+
+    /// A pipeline stage's links to its worker's other stages ([`crate::pipeline::connect`] makes them with
+    /// the ring `comm` is); required before training when [`TrainOptions::pipeline`] is set.
+    pub fn with_stage_links(mut self, links: StageLinks) -> Self {
+        self.links = Some(links);
+        self
     }
 
     /// Injects `faults` (tests only).
@@ -363,8 +401,9 @@ impl<'c> Trainer<'c> {
         self.options.virtual_ranks.max(1)
     }
 
+    /// The rank that writes checkpoints and `result.json`: rank 0, and in a pipeline worker 0's first stage.
     fn is_root(&self) -> bool {
-        self.comm.rank() == 0
+        self.comm.rank() == 0 && self.options.pipeline.as_ref().is_none_or(|p| p.stage == 0)
     }
 
     fn start_epoch(&self) -> u64 {
@@ -376,6 +415,9 @@ impl<'c> Trainer<'c> {
     /// and ride in the last gradient bucket, and the one read back to the host is the summed extras. With
     /// the overlapped reducer the last micro-batch's backward runs beside the all-reduce of its buckets.
     pub fn train_step(&mut self, iteration: u64, step_in_epoch: usize, permutation: &[i64]) -> Result<StepOutcome> {
+        if self.options.pipeline.is_some() {
+            return self.pipelined_step(iteration, step_in_epoch, permutation);
+        }
         self.faults.crash_if_due(iteration, self.comm.rank());
         self.opt.zero_grad();
         let device = self.options.device;
@@ -422,6 +464,18 @@ impl<'c> Trainer<'c> {
             self.times.allreduce_total += reduced.comm_time;
         }
         let all = StepTally::unpack(&reduced.extras);
+        let rank_loss = loss_sum.double_value(&[]) / self.virtual_ranks() as f64;
+        self.finish_step(iteration, &reduced, all, rank_loss)
+    }
+
+    /// The end of a step, its gradients and tallies summed over every rank: the update, and what it did.
+    fn finish_step(
+        &mut self,
+        iteration: u64,
+        reduced: &crate::gradients::Reduced,
+        all: StepTally,
+        rank_loss: f64,
+    ) -> Result<StepOutcome> {
         self.times.allreduce += reduced.comm_time;
         let loss = all.loss_sum / self.total_ranks as f64;
         if !loss.is_finite() {
@@ -436,7 +490,6 @@ impl<'c> Trainer<'c> {
         self.opt.step(lr, &reduced.grads);
         self.times.optimizer += self.clock() - started;
         self.times.steps += 1;
-        let rank_loss = loss_sum.double_value(&[]) / self.virtual_ranks() as f64;
         Ok(StepOutcome { lr, loss, rank_loss, wrong: all.wrong, allreduce: reduced.comm_time, stop: all.stop })
     }
 
@@ -493,11 +546,10 @@ impl<'c> Trainer<'c> {
     /// Top-1 error and mean loss on the whole test split, split across processes, with rank 0's BatchNorm
     /// statistics (as PyTorch DDP evaluates); each rank's own statistics are put back afterwards.
     pub fn evaluate(&mut self) -> Result<(f64, f64)> {
-        let own = self.bn.snapshot();
-        self.bn.load_rank0(&mut *self.comm)?;
-        let (p, world) = (self.comm.rank(), self.comm.world_size());
-        let len = self.data.test_len();
-        let range = p * len / world..(p + 1) * len / world;
+        if self.options.pipeline.is_some() {
+            return self.pipelined_evaluate();
+        }
+        let (own, range) = self.begin_evaluation()?;
         let mut mine = EvalTally::default();
         let evaluated = tch::no_grad(|| -> Result<()> {
             // summed where the model runs and read once at the end: a GPU is not waited for batch by batch
@@ -530,6 +582,16 @@ impl<'c> Trainer<'c> {
         Ok((self.error_from(f64::from(all.wrong), seen), f64::from(all.loss_sum) / seen))
     }
 
+    /// Rank 0's BatchNorm statistics put in for evaluation (this rank's own returned, to put back after),
+    /// and this process's share of the test split.
+    fn begin_evaluation(&mut self) -> Result<(Vec<f32>, std::ops::Range<usize>)> {
+        let own = self.bn.snapshot();
+        self.bn.load_rank0(&mut *self.comm)?;
+        let (p, world) = (self.comm.rank(), self.comm.world_size());
+        let len = self.data.test_len();
+        Ok((own, p * len / world..(p + 1) * len / world))
+    }
+
     /// The error reported for an error tally over `samples`: the error rate for class labels, the root mean
     /// squared error for values.
     fn error_from(&self, tally: f64, samples: f64) -> f64 {
@@ -554,7 +616,17 @@ impl<'c> Trainer<'c> {
     }
 
     fn save_checkpoint(&mut self, next_iteration: u64, partial: Option<PartialEpoch>) -> Result<()> {
-        let mut replica = Replica {
+        if self.options.pipeline.is_some() {
+            return self.save_pipelined_checkpoint(next_iteration, partial);
+        }
+        let (out, history) = (self.options.out_dir.clone(), self.history.clone());
+        self.replica().save(out.as_deref(), next_iteration, partial, &history)
+    }
+
+    /// What a checkpoint is made of and read into: the collective, the optimizer, the BatchNorm tables and
+    /// an uploaded model's module.
+    fn replica(&mut self) -> Replica<'_> {
+        Replica {
             comm: &mut *self.comm,
             opt: &mut self.opt,
             bn: &mut self.bn,
@@ -565,8 +637,7 @@ impl<'c> Trainer<'c> {
                 Network::Scripted(scripted) => Some(&scripted.module),
                 Network::BuiltIn(_) => None,
             },
-        };
-        replica.save(self.options.out_dir.as_deref(), next_iteration, partial, &self.history)
+        }
     }
 }
 

@@ -43,6 +43,8 @@ pub struct RankCommand {
     pub dataset_file: Option<PathBuf>,
     pub model_file: Option<PathBuf>,
     pub model_inputs: Option<Vec<String>>,
+    /// The model cut into pipeline stages after these layers: ranks w·S..w·S+S−1 are worker w's S stages.
+    pub pipeline_cuts: Option<Vec<String>>,
     /// Exit when the starting process is gone; its pid when known (a parent that died before the rank
     /// watched is noticed too).
     pub exit_with_parent: bool,
@@ -103,6 +105,9 @@ impl RankCommand {
         }
         if let Some(inputs) = &self.model_inputs {
             flag("--model-inputs", inputs.join(",").into());
+        }
+        if let Some(cuts) = &self.pipeline_cuts {
+            flag("--pipeline-cuts", cuts.join(",").into());
         }
         let switches = [
             ("--exit-with-parent", self.exit_with_parent),

@@ -44,3 +44,21 @@ pub fn scatter(
     }
     Ok(own)
 }
+
+/// Sums `mine` (a few numbers: a step's loss and error tallies, whether to stop) over the worker's stages
+/// and gives every stage the sum: up the chain adding, then the last stage's total back down. Where only
+/// one stage contributes a number (the last stage's loss), the others add zeros and it arrives exact.
+pub fn sum_along(links: &mut StageLinks, mine: &[f32]) -> CommResult<Vec<f32>> {
+    let mut sum = Tensor::from_slice(mine);
+    if !links.is_first() {
+        sum += links.receive_forward()?.remove(0);
+    }
+    if !links.is_last() {
+        links.send_forward(std::slice::from_ref(&sum))?;
+        sum = links.receive_backward()?.remove(0);
+    }
+    if !links.is_first() {
+        links.send_backward(std::slice::from_ref(&sum))?;
+    }
+    Ok(Vec::<f32>::try_from(&sum).unwrap_or_default())
+}
