@@ -44,34 +44,35 @@ type Received = CommResult<Vec<Arrived>>;
 /// One direction-pair with a neighbouring stage.
 #[derive(Debug)]
 struct Link {
-    /// The neighbour's stage, for errors.
+    /// The neighbour's rank in the job, for errors (whose details name its stage).
     peer: usize,
+    stage: usize,
     writer: TcpStream,
     incoming: Receiver<Received>,
     reader: Option<JoinHandle<()>>,
 }
 
 impl Link {
-    fn new(peer: usize, stream: TcpStream) -> CommResult<Link> {
+    fn new(peer: usize, stage: usize, stream: TcpStream) -> CommResult<Link> {
         let reading = stream.try_clone().map_err(|source| CommError::Io { peer, source })?;
         // the reader waits as long as the stages are busy (an evaluation, a checkpoint); a stalled peer is
         // found by the receiving side's timeout instead
         reading.set_read_timeout(None).map_err(|source| CommError::Io { peer, source })?;
         let (queue, incoming) = mpsc::channel();
         let reader = std::thread::Builder::new()
-            .name(format!("stage-link-{peer}"))
-            .spawn(move || read_messages(peer, reading, &queue))
+            .name(format!("stage-link-{stage}"))
+            .spawn(move || read_messages(peer, stage, reading, &queue))
             .map_err(|source| CommError::Io { peer, source })?;
-        Ok(Link { peer, writer: stream, incoming, reader: Some(reader) })
+        Ok(Link { peer, stage, writer: stream, incoming, reader: Some(reader) })
     }
 
     /// Sends `tensors` as one message: their count, then each one's name, shape and values.
     fn send(&mut self, tensors: &[(&str, &Tensor)]) -> CommResult<u64> {
-        let peer = self.peer;
+        let (peer, stage) = (self.peer, self.stage);
         let timeout = self.writer.write_timeout().ok().flatten().unwrap_or_default();
         let closed = |e: std::io::Error| match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => CommError::PeerTimedOut { peer, timeout },
-            _ => CommError::PeerClosed { peer, detail: format!("pipeline stage {peer}: {e}") },
+            _ => CommError::PeerClosed { peer, detail: format!("its link as pipeline stage {stage}: {e}") },
         };
         let mut message = Vec::new();
         message.extend_from_slice(&MAGIC.to_le_bytes());
@@ -103,7 +104,7 @@ impl Link {
             Ok(message) => message?,
             Err(RecvTimeoutError::Timeout) => return Err(CommError::PeerTimedOut { peer: self.peer, timeout }),
             Err(RecvTimeoutError::Disconnected) => {
-                let detail = format!("pipeline stage {}: its link ended", self.peer);
+                let detail = format!("its link as pipeline stage {} ended", self.stage);
                 return Err(CommError::PeerClosed { peer: self.peer, detail });
             }
         };
@@ -123,9 +124,9 @@ impl Drop for Link {
 
 /// The reader thread: one message after another into `queue`, until the connection ends or breaks (the
 /// error goes into the queue: the next receive reports it).
-fn read_messages(peer: usize, mut stream: TcpStream, queue: &mpsc::Sender<Received>) {
+fn read_messages(peer: usize, stage: usize, mut stream: TcpStream, queue: &mpsc::Sender<Received>) {
     loop {
-        let message = read_message(peer, &mut stream);
+        let message = read_message(peer, stage, &mut stream);
         let failed = message.is_err();
         if queue.send(message).is_err() || failed {
             return;
@@ -133,8 +134,11 @@ fn read_messages(peer: usize, mut stream: TcpStream, queue: &mpsc::Sender<Receiv
     }
 }
 
-fn read_message(peer: usize, stream: &mut TcpStream) -> Received {
-    let broken = |detail: String| CommError::PeerClosed { peer, detail: format!("pipeline stage {peer}: {detail}") };
+fn read_message(peer: usize, stage: usize, stream: &mut TcpStream) -> Received {
+    let broken = |detail: String| CommError::PeerClosed {
+        peer,
+        detail: format!("its link as pipeline stage {stage}: {detail}"),
+    };
     let mut word = [0u8; 4];
     let mut read_word = |stream: &mut TcpStream| -> CommResult<usize> {
         stream.read_exact(&mut word).map_err(|e| broken(e.to_string()))?;
@@ -203,19 +207,25 @@ impl StageLinks {
     /// Connects stage `config.rank` of `config.world` stages (one worker's) to its neighbours.
     pub fn connect(config: &RendezvousConfig) -> CommResult<StageLinks> {
         let links = if config.world > 1 { Some(connect_ring(config)?) } else { None };
-        StageLinks::over(config.rank, config.world, links, config.io_timeout)
+        StageLinks::over(config.rank, config.world, 0, links, config.io_timeout)
     }
 
     /// Stage `stage` of `stages` over the ring links a rendezvous made among one worker's stages (None: a
-    /// pipeline of one stage).
-    pub fn over(stage: usize, stages: usize, links: Option<RingLinks>, io_timeout: Duration) -> CommResult<StageLinks> {
+    /// pipeline of one stage); the worker's first stage is rank `first_rank` of the job.
+    pub fn over(
+        stage: usize,
+        stages: usize,
+        first_rank: usize,
+        links: Option<RingLinks>,
+        io_timeout: Duration,
+    ) -> CommResult<StageLinks> {
         let (mut previous, mut next) = (None, None);
         if let Some(links) = links {
             if stage > 0 {
-                previous = Some(Link::new(stage - 1, links.left)?);
+                previous = Some(Link::new(first_rank + stage - 1, stage - 1, links.left)?);
             }
             if stage + 1 < stages {
-                next = Some(Link::new(stage + 1, links.right)?);
+                next = Some(Link::new(first_rank + stage + 1, stage + 1, links.right)?);
             }
         }
         Ok(StageLinks { stage, stages, previous, next, io_timeout, traffic: Traffic::default() })

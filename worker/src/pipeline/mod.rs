@@ -35,7 +35,7 @@ pub fn connect(config: &RendezvousConfig, stages: usize) -> CommResult<(RingColl
     let chain = links[stages + worker].take();
     let ring = links[stage].take();
     let data_parallel = RingCollective::over(worker, workers, ring, config.io_timeout);
-    Ok((data_parallel, StageLinks::over(stage, stages, chain, config.io_timeout)?))
+    Ok((data_parallel, StageLinks::over(stage, stages, worker * stages, chain, config.io_timeout)?))
 }
 
 #[cfg(test)]

@@ -227,7 +227,7 @@ fn a_stage_that_dies_is_named_by_its_neighbour_not_waited_for() {
     dying.join().unwrap();
     let started = std::time::Instant::now();
     let err = links.receive_backward().unwrap_err().to_string();
-    assert!(err.contains("pipeline stage 1") && err.contains("closed"), "{err}");
+    assert!(err.contains("rank 1") && err.contains("pipeline stage 1") && err.contains("closed"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10), "named in {:?}", started.elapsed());
 }
 

@@ -72,13 +72,21 @@ impl Trainer<'_> {
             wrong += tally.double_value(&[]);
             Ok(vec![loss])
         })
-        .map_err(|e| anyhow::anyhow!("pipeline stage {}: {e:#}", links.stage()))?;
+        .with_context(|| format!("as pipeline stage {} of worker {}", links.stage(), self.comm.rank()))?;
         // forward and backward interleave in 1F1B: the stage's compute is counted as forward
         self.times.forward += done.compute;
         self.times.backward += started.elapsed().saturating_sub(done.compute);
         let stop = self.stop_requested(iteration);
         let extras = Tensor::from_slice(&[loss_sum as f32, wrong as f32, f32::from(u8::from(stop))]);
-        let reduced = self.reducer.reduce(self.opt.params(), &mut *self.comm, total_ranks as f64, &extras)?;
+        let reduced = self
+            .reducer
+            .reduce(self.opt.params(), &mut *self.comm, total_ranks as f64, &extras)
+            .with_context(|| {
+                format!(
+                    "summing pipeline stage {}'s gradients across the workers (a rank there is a worker)",
+                    links.stage()
+                )
+            })?;
         let all = StepTally::unpack(&state::sum_along(links, &reduced.extras)?);
         let rank_loss = all.loss_sum / total_ranks as f64;
         self.finish_step(iteration, &reduced, all, rank_loss)
