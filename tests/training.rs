@@ -214,7 +214,8 @@ fn checkpoint_files(out: &Path) -> Vec<(String, Vec<u8>)> {
 /// ResNet-20 cut after `layer2` (`--pipeline-cuts`): 2 workers of 2 stage processes, the stages passing
 /// activations and gradients over their links and each stage summing its gradients with the other
 /// worker's, train the losses of 2 unsplit rank processes to the bit, write the unsplit run's checkpoint
-/// byte for byte (assembled from the stages), and resume from the unsplit run's checkpoint to its end.
+/// byte for byte (assembled from the stages), and resume from the unsplit run's checkpoint to its end; one
+/// worker of three stages trains as one process playing every rank.
 #[test]
 fn a_model_cut_into_pipeline_stages_trains_and_checkpoints_as_the_unsplit_one() {
     let dir = scratch("pipeline");
@@ -247,6 +248,14 @@ fn a_model_cut_into_pipeline_stages_trains_and_checkpoints_as_the_unsplit_one() 
     let expected: Vec<_> = losses(&unsplit).into_iter().filter(|l| l.0 >= 20).collect();
     assert_eq!(losses(&resumed), expected, "the third epoch, resumed");
     assert!(checkpoint_files(&resumed_out) == checkpoint_files(&unsplit_out), "the same final checkpoint");
+
+    // one worker of three stages (a middle stage receives and sends both ways) playing all 4 ranks: one
+    // process playing them, to the bit
+    let (three_out, one_out) = (dir.join("three"), dir.join("one"));
+    let three = metrics(&train_local(&spec_path, 3, &["--pipeline-cuts", "layer1.1,layer3.0"], &three_out).stdout);
+    let one = metrics(&train_local(&spec_path, 1, &["--virtual-ranks", "4"], &one_out).stdout);
+    assert_eq!(losses(&three), losses(&one), "three stages against one process");
+    assert!(checkpoint_files(&three_out) == checkpoint_files(&one_out), "three stages' checkpoint is one process's");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
