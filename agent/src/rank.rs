@@ -242,8 +242,10 @@ async fn rank_process(
     }
     (rank.rank, rank.world, rank.rendezvous) = (a.rank as usize, a.world_size as usize, rendezvous);
     // the placement's processes play the job's k ranks: an elastic job's placements differ in how many
-    let (workers, world) = (prepared.spec.workers as usize, rank.world.max(1));
-    rank.virtual_ranks = (workers % world == 0).then_some(workers / world);
+    // (a pipelined job's processes are workers × stages; each reads its cuts from the spec)
+    let (workers, stages) = (prepared.spec.workers as usize, prepared.spec.stages() as usize);
+    let processes = (rank.world / stages).max(1);
+    rank.virtual_ranks = (workers % processes == 0).then_some(workers / processes);
     command.args(rank.args());
     if prepared.spec.device == DeviceKind::Gpu {
         // The rank sees only its own GPU, as CUDA device 0.

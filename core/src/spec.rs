@@ -49,6 +49,14 @@ pub struct JobSpec {
     /// range makes the job elastic (see [`Devices`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<Devices>,
+    /// Devices each worker's process spans (default 1). More than one cuts the model into that many
+    /// pipeline stages, one per device, where `placement` says; the job then holds devices ×
+    /// devices_per_worker devices.
+    #[serde(default = "defaults::one", skip_serializing_if = "defaults::is_one")]
+    pub devices_per_worker: u32,
+    /// Where a worker's model is cut into its `devices_per_worker` stages (see [`Placement`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
     /// n: samples per rank per iteration. BatchNorm statistics are computed over these n samples.
     #[serde(default = "defaults::per_worker_batch")]
     pub per_worker_batch: u32,
@@ -91,6 +99,15 @@ pub struct JobSpec {
     /// [`InitFrom`]. Absent: weights initialised from `seed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<InitFrom>,
+}
+
+/// How a worker's model is spread over its devices: for a built-in ResNet, the layers after which it is cut
+/// into pipeline stages, in the network's order: `layer2` (after the second layer) or a block, `layer2.1`.
+/// One cut fewer than `devices_per_worker`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    pub cuts: Vec<String>,
 }
 
 /// `devices`: a count, or a range that makes the job *elastic*: `{"min": 1, "max": 8}` (`max`
@@ -512,6 +529,10 @@ mod defaults {
     pub fn workers() -> u32 {
         1
     }
+    pub fn is_one(value: &u32) -> bool {
+        *value == 1
+    }
+
     pub fn one() -> u32 {
         1
     }
@@ -589,7 +610,23 @@ impl JobSpec {
         u64::from(self.workers) * u64::from(self.per_worker_batch)
     }
 
-    /// The devices the job holds: `devices`, or one per worker.
+    /// The pipeline stages of each worker: `devices_per_worker`.
+    pub fn stages(&self) -> u32 {
+        self.devices_per_worker.max(1)
+    }
+
+    /// Where each worker's model is cut, when it is (see [`Placement`]).
+    pub fn pipeline_cuts(&self) -> Option<&[String]> {
+        self.placement.as_ref().map(|p| p.cuts.as_slice()).filter(|_| self.stages() > 1)
+    }
+
+    /// The devices the job holds in all: each worker process's `devices_per_worker`.
+    pub fn total_devices(&self) -> u32 {
+        self.device_count().saturating_mul(self.stages())
+    }
+
+    /// The worker processes the job runs (`devices`, or one per worker); each spans `devices_per_worker`
+    /// devices.
     pub fn device_count(&self) -> u32 {
         self.allowed_device_counts().last().copied().unwrap_or(self.workers)
     }
@@ -606,6 +643,12 @@ impl JobSpec {
                 (range.min.max(1)..=max).filter(|count| self.workers % count == 0).collect()
             }
         }
+    }
+
+    /// The device counts the job may hold, ascending: [`JobSpec::allowed_device_counts`] with each worker
+    /// process's `devices_per_worker` devices (what the scheduler places).
+    pub fn allowed_total_device_counts(&self) -> Vec<u32> {
+        self.allowed_device_counts().into_iter().map(|count| count.saturating_mul(self.stages())).collect()
     }
 
     /// Whether the job may run on several device counts (`devices` is a range).

@@ -16,6 +16,8 @@ pub mod limits {
     pub const MAX_NAME_CHARS: usize = 200;
     pub const MAX_MLP_LAYERS: usize = 32;
     pub const MAX_MLP_WIDTH: u32 = 65_536;
+    /// A worker's pipeline stages: a server's GPUs.
+    pub const MAX_DEVICES_PER_WORKER: u32 = 16;
     /// A job's iterations (per epoch × epochs): 10^9 is ImageNet's 90 epochs at a global batch of 1 many
     /// times over; beyond it a spec is a mistake or an attack on the schedule's rendering.
     pub const MAX_TOTAL_ITERATIONS: u64 = 1_000_000_000;
@@ -162,6 +164,7 @@ impl JobSpec {
             }
             None => {}
         }
+        self.validate_placement(&mut p);
         p.int_range("per_worker_batch", self.per_worker_batch, 1, MAX_PER_WORKER_BATCH);
         p.int_range("epochs", self.epochs, 1, MAX_EPOCHS);
         if let Some(size) = self.effective_train_size(dataset_size) {
@@ -201,6 +204,40 @@ impl JobSpec {
         } else {
             Err(p.0)
         }
+    }
+
+    /// `devices_per_worker` and `placement`: one stage per device, cuts the model has, and what is not cut
+    /// into stages yet (uploaded models, elastic jobs).
+    fn validate_placement(&self, p: &mut Problems) {
+        p.int_range("devices_per_worker", self.devices_per_worker, 1, limits::MAX_DEVICES_PER_WORKER);
+        let stages = self.devices_per_worker;
+        let Some(placement) = &self.placement else {
+            p.check(stages <= 1, "placement", || {
+                format!("missing: devices_per_worker = {stages} needs placement.cuts, where the model is cut")
+            });
+            return;
+        };
+        let made = placement.cuts.len() as u64 + 1;
+        p.check(made == u64::from(stages), "placement.cuts", || {
+            let cuts = placement.cuts.len();
+            let (s, devices) = (if cuts == 1 { "" } else { "s" }, if stages == 1 { "device" } else { "devices" });
+            match made > u64::from(stages) {
+                true => format!("{cuts} cut{s} make {made} stages, more than the {stages} {devices} per worker (devices_per_worker)"),
+                false => format!("{cuts} cut{s} make {made} stages for {stages} devices per worker: a device would have no stage"),
+            }
+        });
+        match (self.model.name.and_then(crate::pipeline::blocks), self.model.uploaded) {
+            (_, Some(_)) => p.check(false, "placement", || "an uploaded model is not cut into stages yet".into()),
+            (None, None) => p.check(false, "placement", || {
+                format!("only the built-in ResNets are cut into stages (model is {})", self.model.label())
+            }),
+            (Some(blocks), None) => {
+                if let Err(why) = crate::pipeline::stage_bounds(&blocks, &placement.cuts) {
+                    p.check(false, "placement.cuts", || why.clone());
+                }
+            }
+        }
+        p.check(!self.is_elastic(), "placement", || "an elastic job is not cut into stages yet".into());
     }
 
     fn validate_lr(&self, p: &mut Problems) {

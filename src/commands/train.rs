@@ -245,7 +245,15 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         let socket = ringtrain_sandbox::take_passed(path).context("--rendezvous-listener")?;
         ringtrain_worker::collective::listen_on(std::net::TcpListener::from(socket));
     }
-    let stages = args.pipeline_cuts.as_ref().map_or(1, |cuts| cuts.len() + 1);
+    // the cuts: the spec's placement (a job of the service), or --pipeline-cuts (a local run)
+    let cuts = match (&args.pipeline_cuts, spec.pipeline_cuts()) {
+        (Some(given), Some(spec_cuts)) if given.as_slice() != spec_cuts => {
+            bail!("--pipeline-cuts {} differs from the spec's placement.cuts {}", given.join(","), spec_cuts.join(","))
+        }
+        (Some(given), _) => Some(given.clone()),
+        (None, spec_cuts) => spec_cuts.map(<[String]>::to_vec),
+    };
+    let stages = cuts.as_ref().map_or(1, |cuts| cuts.len() + 1);
     if config.world % stages != 0 {
         bail!("--world {} is not a whole number of workers of {stages} pipeline stages", config.world);
     }
@@ -286,10 +294,7 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         started: Some(began),
         // a sharded data set's images are decoded on as many threads as the rank computes with
         loader_threads: threads.max(1) as usize,
-        pipeline: args
-            .pipeline_cuts
-            .clone()
-            .map(|cuts| ringtrain_worker::trainer::PipelineStage { stage: rank % stages, cuts }),
+        pipeline: cuts.map(|cuts| ringtrain_worker::trainer::PipelineStage { stage: rank % stages, cuts }),
         ..Default::default()
     };
     let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));
@@ -461,8 +466,9 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
     };
     // The ranks are all here: CPU ranks sum gradients through one shared segment, not sockets. It stays
     // open across exec, so each rank finds it at the same number.
-    let segment = match (gpu, args.collective, k, &args.pipeline_cuts) {
-        (false, Backend::Auto | Backend::Shm, 2.., None) => Some(ringtrain_sandbox::shared_memory_file(true)?),
+    let pipelined = args.pipeline_cuts.is_some() || spec.pipeline_cuts().is_some();
+    let segment = match (gpu, args.collective, k, pipelined) {
+        (false, Backend::Auto | Backend::Shm, 2.., false) => Some(ringtrain_sandbox::shared_memory_file(true)?),
         _ => None,
     };
     let shared_memory = segment.as_ref().map(|fd| ringtrain_sandbox::passed_path(fd.as_raw_fd()));

@@ -145,7 +145,7 @@ pub async fn checked_job(
         dataset_size: dataset_size.map(|n| n as i64),
         priority: spec.priority,
         device: spec.device,
-        devices: spec.device_count() as i32,
+        devices: spec.total_devices() as i32,
         max_restarts: spec.max_restarts.min(i32::MAX as u32) as i32,
         study,
     })
@@ -244,14 +244,17 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
         Some(model) => match measured_step(state, user, model).await? {
             Some(memory) => (
                 memory::measured(memory.weights_bytes, memory.trainable_bytes, memory.step_bytes(batch), data_bytes),
-                ", from its steps the model's check measured",
+                ", from its steps the model's check measured".to_string(),
             ),
             None => return Ok(()),
         },
-        None => match memory::estimate(&spec.model, &shape, batch, data_bytes) {
-            Some(need) => (need, ""),
-            None => return Ok(()),
-        },
+        None => {
+            match (largest_stage(spec, &shape, data_bytes), memory::estimate(&spec.model, &shape, batch, data_bytes)) {
+                (Some(stage), _) => stage,
+                (None, Some(need)) => (need, String::new()),
+                (None, None) => return Ok(()),
+            }
+        }
     };
     let Some(largest) = state.largest_memory.of(state.store.as_ref(), spec.device).await? else { return Ok(()) };
     let largest = largest.max(0) as u64;
@@ -271,6 +274,19 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
         human_bytes(largest),
     );
     Err(ApiError::validation(vec![FieldError::new(need.largest_part(), reason)]))
+}
+
+/// A pipelined job's stage that needs the most memory (each stage is a device of its own), and where it is
+/// in the pipeline; None for a job that is not cut into stages.
+fn largest_stage(spec: &JobSpec, shape: &SampleShape, data_bytes: u64) -> Option<(memory::MemoryEstimate, String)> {
+    let cuts = spec.pipeline_cuts()?;
+    let (batch, micro_batches) = (u64::from(spec.per_worker_batch), u64::from(spec.virtual_ranks()));
+    let stages = memory::stage_estimates(&spec.model, shape, batch, micro_batches, data_bytes, cuts).ok()?;
+    let (index, stage) = stages.into_iter().enumerate().max_by_key(|(_, stage)| stage.memory.total)?;
+    let (first, last) = &stage.blocks;
+    let micro = if stage.in_flight == 1 { "" } else { "es" };
+    let at = format!(" in pipeline stage {index} ({first} to {last}, {} micro-batch{micro} at once)", stage.in_flight);
+    Some((stage.memory, at))
 }
 
 /// What the check of the team's uploaded model `id` measured of its training steps; None when it is not

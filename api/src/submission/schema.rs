@@ -142,9 +142,20 @@ const DATASET: &str = "^(fashion-mnist|synthetic(:[0-9]+)?|idx:.+|shards:.+|(urn
 const U32: i128 = u32::MAX as i128;
 const U64: i128 = u64::MAX as i128;
 
+/// `placement` of a job spec: what `ringtrain_core::spec::Placement` parses.
+fn placement() -> Value {
+    json!({"anyOf": [
+        {"type": "object", "additionalProperties": false, "required": ["cuts"], "properties": {
+            "cuts": {"type": "array", "maxItems": MAX_DEVICES_PER_WORKER - 1,
+                     "items": {"type": "string", "maxLength": 64},
+                     "description": "The layers each worker's model is cut after, in the network's order: layerL (a whole layer) or layerL.B (a block); one fewer than devices_per_worker."}}},
+        {"type": "null"}],
+      "description": "Where each worker's model is cut into its devices_per_worker pipeline stages."})
+}
+
 fn job_spec() -> Value {
     let lr_value = json!({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_LR});
-    json!({
+    let mut spec = json!({
         "type": "object",
         "additionalProperties": false,
         "required": ["model", "dataset"],
@@ -262,7 +273,12 @@ fn job_spec() -> Value {
                 }
             }
         }
-    })
+    });
+    // beside the rest: one json! of them all passes the macro's recursion limit
+    spec["properties"]["devices_per_worker"] = integer(1, i128::from(MAX_DEVICES_PER_WORKER), Some(1),
+        "Devices each worker's process spans: more than 1 cuts a built-in ResNet into that many pipeline stages where placement.cuts says; the job holds devices × devices_per_worker devices.");
+    spec["properties"]["placement"] = placement();
+    spec
 }
 
 #[cfg(test)]

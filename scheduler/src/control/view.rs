@@ -161,7 +161,7 @@ fn pool_team(team: &Team) -> crate::Team {
 
 /// A queued job as the policy sees it: the smallest device count it may run on, and its larger ones.
 fn queued_job(job: &Job) -> QueuedJob {
-    let mut counts = job.spec.allowed_device_counts();
+    let mut counts = job.spec.allowed_total_device_counts();
     let devices = if counts.is_empty() { job.devices.max(0) as u32 } else { counts.remove(0) };
     QueuedJob {
         id: job.id,
@@ -177,7 +177,7 @@ fn queued_job(job: &Job) -> QueuedJob {
 /// The counts a running elastic job may grow to from `held` devices, once its placement has run long enough.
 fn grow_to(job: &Job, held: u32, may_grow: bool) -> Vec<u32> {
     match may_grow && job.spec.is_elastic() {
-        true => job.spec.allowed_device_counts().into_iter().filter(|&count| count > held).collect(),
+        true => job.spec.allowed_total_device_counts().into_iter().filter(|&count| count > held).collect(),
         false => Vec::new(),
     }
 }

@@ -24,14 +24,14 @@ pub async fn answer(
     effective: Option<Effective>,
 ) -> ApiResult<DryRunView> {
     let insight = state.queue_insight().await?;
-    let mut counts = spec.allowed_device_counts();
+    let mut counts = spec.allowed_total_device_counts();
     let job = QueuedJob {
         id: JobId::new(),
         team: user.team_id,
         priority: spec.priority,
         kind: spec.device,
         // an elastic job needs its smallest count, and starts on the largest that fits
-        devices: if counts.is_empty() { spec.device_count() } else { counts.remove(0) },
+        devices: if counts.is_empty() { spec.total_devices() } else { counts.remove(0) },
         // submitted after every job already queued
         submit_seq: u64::MAX,
         larger: counts,
