@@ -75,6 +75,17 @@ async fn a_job_cut_into_pipeline_stages_trains_through_the_api_as_the_unsplit_on
     let listed = api.get("/v1/jobs").await;
     assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(0), "a refused spec stores nothing: {listed}");
 
+    // the dry run shows each stage's blocks and memory
+    let (status, dry) = api.request(reqwest::Method::POST, "/v1/jobs?dry_run=true", Some(split.clone())).await;
+    assert_eq!(status, 200, "{dry}");
+    let stages = dry["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2, "{dry}");
+    assert_eq!(stages[0]["blocks"], json!(["layer1.0", "layer2.2"]), "{dry}");
+    assert_eq!(stages[1]["blocks"], json!(["layer3.0", "layer3.2"]), "{dry}");
+    assert!(stages.iter().all(|s| s["memory"]["total"].as_u64().unwrap() > 0), "{dry}");
+    let (_, unsplit_dry) = api.request(reqwest::Method::POST, "/v1/jobs?dry_run=true", Some(resnet(2))).await;
+    assert!(unsplit_dry.get("stages").is_none(), "{unsplit_dry}");
+
     let unsplit_id = api.submit(&resnet(2)).await;
     let unsplit = api.wait_state(&unsplit_id, "succeeded", LONG).await;
     let split_id = api.submit(&split).await;

@@ -330,6 +330,26 @@ async fn a_job_that_can_never_fit_is_refused_with_its_estimate(app: TestApp) {
     assert_eq!(app.post("/v1/jobs", &team.member, &wide).await.status, 201);
     // an ordinary job fits
     app.submit(&team.member, &common::spec("small")).await;
+
+    // ResNet-56 at n = 700: about 1.38 GB on one device, refused; cut in two pipeline stages, each device
+    // holds one stage (0.57 and 0.87 GB), and it is taken
+    let mut deep = common::spec("deep");
+    deep["model"] = json!({"name": "resnet56"});
+    deep["per_worker_batch"] = json!(700);
+    deep["dataset"] = json!("synthetic:20000");
+    let refused = app.post("/v1/jobs", &team.member, &deep).await;
+    assert_eq!(refused.problem(422), vec!["per_worker_batch"]);
+    deep["devices_per_worker"] = json!(2);
+    deep["placement"] = json!({"cuts": ["layer1.5"]});
+    let split = app.post("/v1/jobs", &team.member, &deep).await;
+    assert_eq!(split.status, 201, "{}", split.text);
+    assert_eq!(split.body["devices"], 4, "2 workers of 2 stages hold 4 devices: {}", split.text);
+    // at a batch where even a stage cannot fit, the reason names the stage
+    deep["per_worker_batch"] = json!(1000);
+    let refused = app.post("/v1/jobs", &team.member, &deep).await;
+    assert_eq!(refused.problem(422), vec!["per_worker_batch"]);
+    let reason = refused.body["errors"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("in pipeline stage 1 (layer1.6 to layer3.8, 1 micro-batch at once)"), "{reason}");
 }
 
 /// The long poll's version is the database's: a poll that reaches another server on the same database (a

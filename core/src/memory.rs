@@ -9,7 +9,7 @@
 //! to within the allocator's slack. The estimate is meant to refuse only what can never fit, not to pack
 //! devices tightly.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::dataset::{DatasetRef, FASHION_MNIST_TEST_SIZE, FASHION_MNIST_TRAIN_SIZE};
 use crate::spec::{ModelName, ModelSpec};
@@ -23,7 +23,7 @@ pub struct SampleShape {
 }
 
 /// One rank's memory, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryEstimate {
     pub parameters: u64,
     pub gradients: u64,
@@ -295,7 +295,7 @@ fn resnet50((c, h, w): (u64, u64, u64), classes: u64) -> ResNetParts {
 }
 
 /// One pipeline stage's memory (see [`stage_estimates`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageEstimate {
     /// The blocks it holds, first and last (`layer1.0`…`layer2.2`); the first stage also holds the stem,
     /// the last the classifier.

@@ -225,20 +225,7 @@ pub fn effective(spec: &JobSpec, dataset_size: Option<u64>) -> ApiResult<Option<
 /// only to the worker (`idx:`), or an uploaded model's check did not measure its steps. An uploaded
 /// model's need is extrapolated from the two steps its check measured (`ModelMemory`).
 pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<()> {
-    let data = match &spec.dataset {
-        DatasetRef::Uploaded(id) => match state.store.get_dataset(*id).await? {
-            Some(dataset) if user.owns(dataset.team_id) => Some((
-                SampleShape {
-                    dims: dataset.sample_shape.iter().map(|&d| d.max(0) as u64).collect(),
-                    classes: dataset.num_classes.max(1) as u64,
-                },
-                dataset.size_bytes.max(0) as u64,
-            )),
-            _ => None,
-        },
-        other => memory::builtin_data(other),
-    };
-    let Some((shape, data_bytes)) = data else { return Ok(()) };
+    let Some((shape, data_bytes)) = sample_data(state, user, spec).await? else { return Ok(()) };
     let batch = u64::from(spec.per_worker_batch);
     let (need, source) = match spec.model.uploaded {
         Some(model) => match measured_step(state, user, model).await? {
@@ -274,6 +261,33 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
         human_bytes(largest),
     );
     Err(ApiError::validation(vec![FieldError::new(need.largest_part(), reason)]))
+}
+
+/// The shape of one sample and the bytes each rank holds of the spec's data set, where the server knows
+/// them (a built-in data set, or the team's upload); None otherwise.
+async fn sample_data(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<Option<(SampleShape, u64)>> {
+    Ok(match &spec.dataset {
+        DatasetRef::Uploaded(id) => match state.store.get_dataset(*id).await? {
+            Some(dataset) if user.owns(dataset.team_id) => Some((
+                SampleShape {
+                    dims: dataset.sample_shape.iter().map(|&d| d.max(0) as u64).collect(),
+                    classes: dataset.num_classes.max(1) as u64,
+                },
+                dataset.size_bytes.max(0) as u64,
+            )),
+            _ => None,
+        },
+        other => memory::builtin_data(other),
+    })
+}
+
+/// Each pipeline stage's memory for a job cut into stages (the dry run shows it); empty for one that is
+/// not, or whose data's shape the server does not know.
+pub async fn stage_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<Vec<memory::StageEstimate>> {
+    let Some(cuts) = spec.pipeline_cuts() else { return Ok(Vec::new()) };
+    let Some((shape, data_bytes)) = sample_data(state, user, spec).await? else { return Ok(Vec::new()) };
+    let (batch, micro_batches) = (u64::from(spec.per_worker_batch), u64::from(spec.virtual_ranks()));
+    Ok(memory::stage_estimates(&spec.model, &shape, batch, micro_batches, data_bytes, cuts).unwrap_or_default())
 }
 
 /// A pipelined job's stage that needs the most memory (each stage is a device of its own), and where it is

@@ -77,6 +77,14 @@ pub async fn submit(args: &SubmitArgs) -> Result<bool> {
             if let Some(estimate) = &answer.estimated_start {
                 println!("estimated start: {}", estimate.basis);
             }
+            for (index, stage) in answer.stages.iter().enumerate() {
+                let (first, last) = &stage.blocks;
+                println!(
+                    "pipeline stage {index} ({first} to {last}, {} micro-batch(es) at once): {} per device",
+                    stage.in_flight,
+                    ringtrain_core::memory::human_bytes(stage.memory.total)
+                );
+            }
         }
         return Ok(true);
     }

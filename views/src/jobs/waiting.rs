@@ -2,6 +2,7 @@
 //! pool can place it at all; and a dry run's answer, what the scheduler would do with a submission now.
 
 use chrono::{DateTime, Utc};
+use ringtrain_core::memory::StageEstimate;
 use ringtrain_core::{Effective, JobId, TeamId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -87,4 +88,9 @@ pub struct DryRunView {
     /// The effective hyperparameters, as the job's view would show them.
     #[schema(value_type = Option<Object>)]
     pub effective: Option<Effective>,
+    /// A job cut into pipeline stages: each stage's blocks, the micro-batches it keeps at once and its
+    /// memory (each stage is a device of its own). Empty for a job that is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub stages: Vec<StageEstimate>,
 }

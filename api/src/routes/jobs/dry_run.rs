@@ -49,6 +49,7 @@ pub async fn answer(
         estimated_start: None,
         delays: Vec::new(),
         effective,
+        stages: crate::submission::checks::stage_memory(state, user, spec).await?,
     };
     let held_back = match insight.read.over_budget.get(&user.team_id) {
         Some(reason) => Some(reason.clone()),
