@@ -163,7 +163,7 @@ pub fn build(
 }
 
 /// Builds stage `stage` of a built-in model cut into a pipeline after the layers `cuts` names (see
-/// [`ResNet::cut_points`]): the whole model is built from the seed into `vs`, then every other stage's
+/// [`ringtrain_core::pipeline::cut_points`]): the whole model is built from the seed into `vs`, then every other stage's
 /// layers and variables are dropped, so each stage starts from the weights the unsplit model would.
 pub fn build_stage(
     spec: &ModelSpec,

@@ -202,17 +202,12 @@ impl ResNet {
         }
     }
 
-    /// Where a pipeline may cut this network (see [`ringtrain_core::pipeline::cut_points`]).
-    pub fn cut_points(&self) -> Vec<String> {
-        pipeline::cut_points(&self.outline())
-    }
-
     /// The blocks' names, as the core knows the network's outline.
     fn outline(&self) -> Vec<pipeline::Block> {
         self.blocks.iter().map(|b| pipeline::Block { name: b.name.clone(), ends_layer: b.ends_layer }).collect()
     }
 
-    /// Keeps stage `stage` of the pipeline that `cuts` make (each cut a [`ResNet::cut_points`] name, in the
+    /// Keeps stage `stage` of the pipeline that `cuts` make (each cut a [`ringtrain_core::pipeline::cut_points`] name, in the
     /// network's order) and drops every other stage's layers, from this network and from `vs`, so a stage
     /// holds only its own weights and buffers. Built from the seed first and cut after, every stage's
     /// weights are bit for bit those of the whole network built from that seed.
