@@ -331,7 +331,34 @@ async fn a_hostile_model_is_refused_at_upload_and_reads_and_writes_nothing_on_th
         assert!(!answer.1.to_string().contains(&token[..16]), "{name}: the token came back: {}", answer.1);
         assert!(!planted.exists(), "{name} wrote on the server's host");
     }
+    // a composite model: the allow-list applies to each of its modules
+    let raise = std::fs::read(hostile::model(&models, "raise", &hostile::raise_file(&token_file, 16))).unwrap();
+    let composite = composite_with(&repo("examples/multi-input/composite.tar"), "encode_set.pt", &raise);
+    let answer = attacker.upload(&upload.replace("&inputs=numeric", ""), composite).await;
+    assert_refused(&answer, "body", "aten::from_file");
+    assert!(answer.1.to_string().contains("module encode_set"), "the module is named: {}", answer.1);
+    assert!(!answer.1.to_string().contains(&token[..16]), "the token came back: {}", answer.1);
     assert_eq!(attacker.get("/v1/models").await["models"], serde_json::json!([]), "no hostile model was stored");
+}
+
+/// A composite model's archive with one member's bytes replaced.
+fn composite_with(archive: &[u8], member: &str, bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut builder = tar::Builder::new(Vec::new());
+    for entry in tar::Archive::new(archive).entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let name = entry.path().unwrap().to_string_lossy().into_owned();
+        let mut content = Vec::new();
+        entry.read_to_end(&mut content).unwrap();
+        if name == member {
+            content = bytes.to_vec();
+        }
+        let mut header = tar::Header::new_ustar();
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, &name, content.as_slice()).unwrap();
+    }
+    builder.into_inner().unwrap()
 }
 
 /// The check measures what a training step of an uploaded model takes (here forward makes a 16 MiB
@@ -366,4 +393,131 @@ async fn an_uploaded_models_step_memory_is_measured_and_a_batch_that_cannot_fit_
     assert_refused(&refused, "per_worker_batch", "from its steps the model's check measured");
     let (status, planned) = api.request(reqwest::Method::POST, "/v1/jobs?dry_run=true", Some(spec(8))).await;
     assert_eq!(status, 200, "{planned}");
+}
+
+/// Every iteration's (iteration, loss, lr) as rank 0 reported it.
+fn iteration_losses(points: &[Value]) -> Vec<(i64, f64, f64)> {
+    let mut losses: Vec<_> = points
+        .iter()
+        .filter(|p| p["rank"] == 0)
+        .map(|p| {
+            let field = |name: &str| p["fields"][name].as_f64().unwrap();
+            (p["iteration"].as_i64().unwrap(), field("loss"), field("lr"))
+        })
+        .collect();
+    losses.sort_by_key(|l| l.0);
+    losses
+}
+
+/// The seed's model through the API: a composite model (the worked example's three encoders and head, four
+/// TorchScript modules in one archive) uploaded and checked module by module; a placement of its modules
+/// checked against them, stage by stage; the dry run showing each stage's modules and memory; and a job of
+/// 2 workers × 2 stages (two encoders on one device, the set encoder and the head on the other), 2
+/// micro-batches each, whose every iteration's loss agrees with the same job unsplit (one device per
+/// worker) within 1e-5 relative.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_composite_model_placed_on_two_devices_per_worker_trains_the_unsplit_job() {
+    let cluster = Cluster::up("composite", 4).await;
+    let api = &cluster.api;
+    let (status, dataset) =
+        api.upload("/v1/datasets?name=multi-input", repo("examples/multi-input/data.safetensors")).await;
+    assert_eq!(status, 201, "{dataset}");
+    let dataset_id = dataset["id"].as_str().unwrap().to_string();
+    let composite = repo("examples/multi-input/composite.tar");
+    let upload = format!("/v1/models?name=composite&dataset={dataset_id}");
+    assert_refused(
+        &api.upload(&format!("{upload}&inputs={INPUTS}"), composite.clone()).await,
+        "inputs",
+        "composite.json",
+    );
+    let (status, stored) = api.upload(&upload, composite).await;
+    assert_eq!(status, 201, "{stored}");
+    let model_id = stored["id"].as_str().unwrap().to_string();
+    assert_eq!(stored["inputs"], serde_json::json!(INPUTS.split(',').collect::<Vec<_>>()), "from its manifest");
+    let modules = stored["report"]["modules"].as_array().unwrap();
+    let names: Vec<&str> = modules.iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["encode_numeric", "encode_sequence", "encode_set", "head"], "{stored}");
+    assert!(modules
+        .iter()
+        .all(|m| m["parameters"].as_u64().unwrap() > 0 && m["memory"]["weights_bytes"].as_u64().unwrap() > 0));
+    let (_, single) = api.upload(&format!("{upload}&inputs={INPUTS}"), repo("examples/multi-input/model.pt")).await;
+
+    let unsplit = serde_json::json!({
+        "name": "composite",
+        "model": {"uploaded": model_id},
+        "dataset": dataset_id,
+        "workers": 4,
+        "devices": 2,
+        "per_worker_batch": 16,
+        "train_samples": 512,
+        "epochs": 1,
+        "lr": {"base": 0.05, "reference_batch": 32, "warmup": {"kind": "gradual", "epochs": 0.5}, "decay": {"kind": "none"}},
+        "optimizer": {"momentum": 0.9, "weight_decay": 0.0001},
+        "seed": 3,
+        "log_every_iterations": 1
+    });
+    let mut split = unsplit.clone();
+    split["devices_per_worker"] = 2.into();
+    split["placement"] = serde_json::json!({"stages": [["encode_numeric", "encode_sequence"], ["encode_set", "head"]]});
+    // what is wrong with a placement is named at its stage, and nothing is stored
+    let single_file = serde_json::json!({"model": {"uploaded": single["id"]}});
+    for (change, field, words) in [
+        (
+            serde_json::json!({"placement": {"stages": [["head"], ["encode_numeric", "encode_sequence", "encode_set"]]}}),
+            "placement.stages[0]",
+            "computes after it",
+        ),
+        (
+            serde_json::json!({"placement": {"stages": [["encode_numeric"], ["encode_sequence", "encode_set", "heads"]]}}),
+            "placement.stages[1]",
+            "no module heads",
+        ),
+        (
+            serde_json::json!({"placement": {"stages": [["encode_numeric"], ["encode_sequence", "head"]]}}),
+            "placement.stages",
+            "encode_set is in no stage",
+        ),
+        (
+            serde_json::json!({"placement": {"stages": [["encode_numeric", "encode_sequence", "encode_set", "head"]]}}),
+            "placement.stages",
+            "1 stage for 2 devices per worker",
+        ),
+        (serde_json::json!({"placement": {"cuts": ["layer2"]}}), "placement.cuts", "an uploaded model is not cut"),
+        (single_file, "placement.stages", "one TorchScript file"),
+    ] {
+        let mut bad = split.clone();
+        for (key, value) in change.as_object().unwrap() {
+            bad[key] = value.clone();
+        }
+        assert_refused(&api.request(reqwest::Method::POST, "/v1/jobs", Some(bad)).await, field, words);
+    }
+    assert_eq!(api.get("/v1/jobs").await["jobs"], serde_json::json!([]), "a refused spec stores nothing");
+
+    // the dry run: each stage's modules and its memory, from what the check measured of each module
+    let (status, dry) = api.request(reqwest::Method::POST, "/v1/jobs?dry_run=true", Some(split.clone())).await;
+    assert_eq!(status, 200, "{dry}");
+    let stages = dry["stages"].as_array().unwrap();
+    assert_eq!(stages[0]["blocks"], serde_json::json!(["encode_numeric", "encode_sequence"]), "{dry}");
+    assert_eq!(stages[1]["blocks"], serde_json::json!(["encode_set", "head"]), "{dry}");
+    assert_eq!((stages[0]["in_flight"].as_u64(), stages[1]["in_flight"].as_u64()), (Some(2), Some(1)), "{dry}");
+    assert!(stages.iter().all(|s| s["memory"]["total"].as_u64().unwrap() > 0), "{dry}");
+
+    let unsplit_id = api.submit(&unsplit).await;
+    api.wait_state(&unsplit_id, "succeeded", LONG).await;
+    let split_id = api.submit(&split).await;
+    let job = api.wait_state(&split_id, "succeeded", LONG).await;
+    let events = api.get(&format!("/v1/jobs/{split_id}/events")).await;
+    assert!(events.to_string().contains("4 device(s)"), "2 workers × 2 stages: {events}");
+    let split_losses = iteration_losses(&api.metrics(&split_id, "iteration").await);
+    let unsplit_losses = iteration_losses(&api.metrics(&unsplit_id, "iteration").await);
+    assert_eq!(
+        split_losses.len() as u64,
+        job["effective"]["total_iterations"].as_u64().unwrap(),
+        "every iteration once"
+    );
+    assert_eq!(split_losses.len(), unsplit_losses.len());
+    for (s, u) in split_losses.iter().zip(&unsplit_losses) {
+        assert_eq!((s.0, s.2), (u.0, u.2), "the same iteration and lr");
+        assert!((s.1 - u.1).abs() <= 1e-5 * u.1.abs(), "iteration {}: loss {} split, {} unsplit", s.0, s.1, u.1);
+    }
 }

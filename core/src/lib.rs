@@ -3,6 +3,7 @@
 //! server, the scheduler and the trainer all agree on the same numbers.
 
 pub mod cluster;
+pub mod composite;
 pub mod dataset;
 pub mod error;
 pub mod hex;

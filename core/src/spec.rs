@@ -101,13 +101,17 @@ pub struct JobSpec {
     pub init_from: Option<InitFrom>,
 }
 
-/// How a worker's model is spread over its devices: for a built-in ResNet, the layers after which it is cut
-/// into pipeline stages, in the network's order: `layer2` (after the second layer) or a block, `layer2.1`.
-/// One cut fewer than `devices_per_worker`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// How a worker's model is spread over its devices, one pipeline stage per device: a built-in ResNet is
+/// cut after the layers `cuts` names, in the network's order (`layer2`, after the second layer, or a block,
+/// `layer2.1`: one cut fewer than `devices_per_worker`); a composite uploaded model's modules are placed by
+/// `stages`, the modules of each stage (one list per device; see [`crate::composite`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Placement {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cuts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<Vec<String>>,
 }
 
 /// `devices`: a count, or a range that makes the job *elastic*: `{"min": 1, "max": 8}` (`max`
@@ -617,7 +621,12 @@ impl JobSpec {
 
     /// Where each worker's model is cut, when it is (see [`Placement`]).
     pub fn pipeline_cuts(&self) -> Option<&[String]> {
-        self.placement.as_ref().map(|p| p.cuts.as_slice()).filter(|_| self.stages() > 1)
+        self.placement.as_ref().map(|p| p.cuts.as_slice()).filter(|cuts| self.stages() > 1 && !cuts.is_empty())
+    }
+
+    /// Which modules of a composite uploaded model each stage runs, when they are placed (see [`Placement`]).
+    pub fn pipeline_modules(&self) -> Option<&[Vec<String>]> {
+        self.placement.as_ref().map(|p| p.stages.as_slice()).filter(|stages| self.stages() > 1 && !stages.is_empty())
     }
 
     /// The devices the job holds in all: each worker process's `devices_per_worker`.

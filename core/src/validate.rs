@@ -213,31 +213,69 @@ impl JobSpec {
         let stages = self.devices_per_worker;
         let Some(placement) = &self.placement else {
             p.check(stages <= 1, "placement", || {
-                format!("missing: devices_per_worker = {stages} needs placement.cuts, where the model is cut")
+                format!(
+                    "missing: devices_per_worker = {stages} needs placement.cuts (a built-in ResNet) or placement.stages (a composite uploaded model)"
+                )
             });
             return;
         };
-        let made = placement.cuts.len() as u64 + 1;
-        p.check(made == u64::from(stages), "placement.cuts", || {
-            let cuts = placement.cuts.len();
-            let (s, devices) = (if cuts == 1 { "" } else { "s" }, if stages == 1 { "device" } else { "devices" });
-            match made > u64::from(stages) {
-                true => format!("{cuts} cut{s} make {made} stages, more than the {stages} {devices} per worker (devices_per_worker)"),
-                false => format!("{cuts} cut{s} make {made} stages for {stages} devices per worker: a device would have no stage"),
-            }
-        });
-        match (self.model.name.and_then(crate::pipeline::blocks), self.model.uploaded) {
-            (_, Some(_)) => p.check(false, "placement", || "an uploaded model is not cut into stages yet".into()),
-            (None, None) => p.check(false, "placement", || {
-                format!("only the built-in ResNets are cut into stages (model is {})", self.model.label())
+        let devices = if stages == 1 { "device" } else { "devices" };
+        match (placement.cuts.is_empty(), placement.stages.is_empty(), self.model.uploaded) {
+            (false, false, _) => p.check(false, "placement", || {
+                "cuts or stages, not both: cuts cut a built-in model, stages place an uploaded one's modules".into()
             }),
-            (Some(blocks), None) => {
-                if let Err(why) = crate::pipeline::stage_bounds(&blocks, &placement.cuts) {
-                    p.check(false, "placement.cuts", || why.clone());
+            (true, true, _) => p.check(stages <= 1, "placement", || {
+                "missing: placement.cuts (a built-in ResNet) or placement.stages (a composite uploaded model)".into()
+            }),
+            (false, true, _) => self.validate_cuts(&placement.cuts, stages, devices, p),
+            (true, false, None) => p.check(false, "placement.stages", || {
+                format!(
+                    "stages place a composite uploaded model's modules; {} is cut with placement.cuts",
+                    self.model.label()
+                )
+            }),
+            (true, false, Some(_)) => {
+                let made = placement.stages.len() as u64;
+                p.check(made == u64::from(stages), "placement.stages", || {
+                    let s = if made == 1 { "" } else { "s" };
+                    format!(
+                        "{made} stage{s} for {stages} {devices} per worker (devices_per_worker): one stage per device"
+                    )
+                });
+                for (s, modules) in placement.stages.iter().enumerate() {
+                    p.check(!modules.is_empty(), &format!("placement.stages[{s}]"), || {
+                        "a stage without modules: a device would have no work".into()
+                    });
                 }
             }
         }
         p.check(!self.is_elastic(), "placement", || "an elastic job is not cut into stages yet".into());
+    }
+
+    /// `placement.cuts`: as many stages as devices, at cuts the built-in model has.
+    fn validate_cuts(&self, cuts: &[String], stages: u32, devices: &str, p: &mut Problems) {
+        let made = cuts.len() as u64 + 1;
+        p.check(made == u64::from(stages), "placement.cuts", || {
+            let count = cuts.len();
+            let s = if count == 1 { "" } else { "s" };
+            match made > u64::from(stages) {
+                true => format!("{count} cut{s} make {made} stages, more than the {stages} {devices} per worker (devices_per_worker)"),
+                false => format!("{count} cut{s} make {made} stages for {stages} {devices} per worker: a device would have no stage"),
+            }
+        });
+        match (self.model.name.and_then(crate::pipeline::blocks), self.model.uploaded) {
+            (_, Some(_)) => p.check(false, "placement.cuts", || {
+                "an uploaded model is not cut: place its modules with placement.stages (a composite model)".into()
+            }),
+            (None, None) => p.check(false, "placement", || {
+                format!("only the built-in ResNets are cut into stages (model is {})", self.model.label())
+            }),
+            (Some(blocks), None) => {
+                if let Err(why) = crate::pipeline::stage_bounds(&blocks, cuts) {
+                    p.check(false, "placement.cuts", || why.clone());
+                }
+            }
+        }
     }
 
     fn validate_lr(&self, p: &mut Problems) {

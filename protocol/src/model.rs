@@ -29,6 +29,28 @@ pub struct ModelReport {
     /// measured, or where the kernel would not say (admission then cannot tell and does not refuse).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<ModelMemory>,
+    /// A composite model's modules (an archive of TorchScript modules joined by its `composite.json`), in
+    /// the order they run; empty for a model of one file. A job places them on its worker's devices with
+    /// `placement.stages`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<ModuleReport>,
+}
+
+/// One module of a composite model, as its check found it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModuleReport {
+    pub name: String,
+    /// What its `forward` takes, in order: the data set's inputs (`x.NAME`) or earlier modules' outputs.
+    pub inputs: Vec<String>,
+    /// Trainable parameter elements.
+    pub parameters: u64,
+    pub batch_norm: bool,
+    /// The output's shape for a batch of two samples.
+    pub output_shape: Vec<i64>,
+    /// What the module's own training step took in memory (its forward and backward alone, its inputs
+    /// given), measured as the whole model's; admission adds up a stage's modules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ModelMemory>,
 }
 
 /// A model's memory, as its check measured it: what it holds, and what one training step takes at two

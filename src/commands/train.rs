@@ -253,7 +253,16 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         (Some(given), _) => Some(given.clone()),
         (None, spec_cuts) => spec_cuts.map(<[String]>::to_vec),
     };
-    let stages = cuts.as_ref().map_or(1, |cuts| cuts.len() + 1);
+    // a composite uploaded model's modules per stage: the spec's placement.stages
+    let modules = spec.pipeline_modules().map(<[Vec<String>]>::to_vec);
+    if cuts.is_some() && modules.is_some() {
+        bail!("--pipeline-cuts cut a built-in model; the spec places a composite model's modules (placement.stages)");
+    }
+    let stages = match (&cuts, &modules) {
+        (Some(cuts), _) => cuts.len() + 1,
+        (None, Some(modules)) => modules.len(),
+        (None, None) => 1,
+    };
     if config.world % stages != 0 {
         bail!("--world {} is not a whole number of workers of {stages} pipeline stages", config.world);
     }
@@ -294,7 +303,11 @@ fn run_rank(args: &Args, rank: usize) -> Result<()> {
         started: Some(began),
         // a sharded data set's images are decoded on as many threads as the rank computes with
         loader_threads: threads.max(1) as usize,
-        pipeline: cuts.map(|cuts| ringtrain_worker::trainer::PipelineStage { stage: rank % stages, cuts }),
+        pipeline: (stages > 1).then(|| ringtrain_worker::trainer::PipelineStage {
+            stage: rank % stages,
+            cuts: cuts.unwrap_or_default(),
+            modules: modules.unwrap_or_default(),
+        }),
         ..Default::default()
     };
     let mut trainer = Trainer::new(&spec, comm.as_mut(), options)?.with_faults(faults_from_env(rank));
@@ -466,7 +479,7 @@ fn run_local(args: &Args, k: usize) -> Result<()> {
     };
     // The ranks are all here: CPU ranks sum gradients through one shared segment, not sockets. It stays
     // open across exec, so each rank finds it at the same number.
-    let pipelined = args.pipeline_cuts.is_some() || spec.pipeline_cuts().is_some();
+    let pipelined = args.pipeline_cuts.is_some() || spec.stages() > 1;
     let segment = match (gpu, args.collective, k, pipelined) {
         (false, Backend::Auto | Backend::Shm, 2.., false) => Some(ringtrain_sandbox::shared_memory_file(true)?),
         _ => None,

@@ -58,6 +58,18 @@ void* ringtrain_script_load(const char* path, int device, char** error) {
   return loaded;
 }
 
+// Loads a TorchScript module from `length` bytes in memory (a member of a composite model's archive); the
+// bytes are copied, so the caller may free them after the call.
+void* ringtrain_script_load_bytes(const char* bytes, size_t length, int device, char** error) {
+  torch::jit::Module* loaded = nullptr;
+  guarded(error, [&] {
+    const auto where = device < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, device);
+    std::istringstream stream(std::string(bytes, length));
+    loaded = new torch::jit::Module(torch::jit::load(stream, where));
+  });
+  return loaded;
+}
+
 void ringtrain_script_free(void* module) { delete static_cast<torch::jit::Module*>(module); }
 
 // Every parameter and buffer, with its dotted name (as PyTorch's state_dict names it) and the qualified type

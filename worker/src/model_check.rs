@@ -6,6 +6,8 @@
 //! takes in memory at two batch sizes ([`MEASURED_BATCHES`]), which admission extrapolates to a job's
 //! per-worker batch.
 
+mod composite;
+
 use std::path::Path;
 
 use ringtrain_protocol::model::{MeasuredStep, ModelMemory, ModelRefusal, ModelReport};
@@ -21,7 +23,7 @@ use crate::trainer::{loss_and_tally, training_loss};
 /// server, far enough apart that what grows with the batch stands out of the allocator's noise.
 pub const MEASURED_BATCHES: (u64, u64) = (2, 16);
 
-fn refuse(field: &str, reason: impl Into<String>) -> ModelRefusal {
+pub(super) fn refuse(field: &str, reason: impl Into<String>) -> ModelRefusal {
     ModelRefusal { field: field.to_string(), reason: reason.into() }
 }
 
@@ -29,7 +31,7 @@ fn refuse(field: &str, reason: impl Into<String>) -> ModelRefusal {
 /// text does not get it all back, nor fill the server's log).
 const MAX_REASON_CHARS: usize = 600;
 
-fn bounded(reason: &str) -> String {
+pub(super) fn bounded(reason: &str) -> String {
     match reason.char_indices().nth(MAX_REASON_CHARS) {
         Some((cut, _)) => format!("{}… (cut)", &reason[..cut]),
         None => reason.to_string(),
@@ -39,7 +41,7 @@ fn bounded(reason: &str) -> String {
 /// A forward pass that failed: the model's fault when it returned something else than a tensor or asked
 /// for more memory than the check allows, else the inputs' (their number, names, dtypes or shapes), as
 /// TorchScript says.
-fn forward_refusal(e: anyhow::Error) -> ModelRefusal {
+pub(super) fn forward_refusal(e: anyhow::Error) -> ModelRefusal {
     let reason = bounded(&format!("{e:#}"));
     let models_fault = reason.contains("not one tensor") || reason.contains("allocate memory");
     refuse(if models_fault { "body" } else { "inputs" }, reason)
@@ -61,6 +63,9 @@ pub fn check_with(
     operators: OperatorCheck,
     meter: Option<PeakMeter>,
 ) -> Result<ModelReport, ModelRefusal> {
+    if crate::models::composite::is_archive(model) {
+        return crate::model_check::composite::check(model, dataset, operators, meter);
+    }
     let named = (!inputs.is_empty()).then_some(inputs);
     let mut data = Dataset::load_safetensors(dataset, named, None, None)
         .map_err(|e| refuse("inputs", format!("the data set does not hold the inputs named: {e:#}")))?;
@@ -107,11 +112,12 @@ pub fn check_with(
             Labels::Values { .. } => "values".to_string(),
         },
         memory,
+        modules: Vec::new(),
     })
 }
 
 /// Bytes of a set of tensors.
-fn bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> u64 {
+pub(super) fn bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> u64 {
     tensors.map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64).sum()
 }
 

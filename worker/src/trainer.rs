@@ -34,7 +34,7 @@ use crate::gradients::{
     DEFAULT_OVERLAP_BUCKET_BYTES,
 };
 use crate::metrics::EpochRecord;
-use crate::models::{self, Network, OperatorCheck, Scripted};
+use crate::models::{self, Composite, Network, OperatorCheck, Scripted};
 use crate::optim::{Sgd, SgdConfig};
 use crate::pipeline::StageLinks;
 use crate::precision;
@@ -122,11 +122,42 @@ pub struct TrainOptions {
     pub pipeline: Option<PipelineStage>,
 }
 
-/// Which stage of the worker's pipeline a process is, and where the model is cut.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which stage of the worker's pipeline a process is, and where the model is split: a built-in ResNet's
+/// `cuts`, or the `modules` each stage of a composite uploaded model runs (the spec's `placement`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PipelineStage {
     pub stage: usize,
     pub cuts: Vec<String>,
+    pub modules: Vec<Vec<String>>,
+}
+
+/// An uploaded model: one TorchScript file, or a composite model's archive (this stage's modules when the
+/// job splits it).
+fn load_uploaded(file: &std::path::Path, vs: &VarStore, options: &TrainOptions) -> Result<Network> {
+    if !models::composite::is_archive(file) {
+        ensure!(
+            options.pipeline.is_none(),
+            "a model of one TorchScript file is not split into stages: upload a composite model (an archive of modules)"
+        );
+        return Ok(Network::Scripted(Scripted::load_with(file, &vs.root(), options.operator_check)?));
+    }
+    let stage = match &options.pipeline {
+        Some(PipelineStage { stage, modules, .. }) if !modules.is_empty() => Some((modules.as_slice(), *stage)),
+        Some(_) => bail!("a composite model is split by placement.stages, not cut"),
+        None => None,
+    };
+    let composite = Composite::load(file, &vs.root(), options.operator_check, stage)?;
+    // the data set's inputs arrive in the order the rank was given them; the modules find them in the
+    // manifest's order
+    let takes = composite.manifest().data_inputs();
+    let given = options.model_inputs.clone().unwrap_or_default();
+    ensure!(
+        given == takes,
+        "its modules take the data set's {} in this order (its composite.json), but the rank was given {}",
+        takes.join(", "),
+        if given.is_empty() { "its one x".to_string() } else { given.join(", ") }
+    );
+    Ok(Network::Composite(composite))
 }
 
 /// The side images of a `shards:` data set are cropped to when the spec names none (ImageNet's ResNets').
@@ -290,10 +321,8 @@ impl<'c> Trainer<'c> {
         tch::manual_seed(spec.seed as i64);
         let vs = VarStore::new(options.device);
         let model = match (spec.model.uploaded, &options.model_file) {
-            (Some(_), Some(file)) => Network::Scripted(
-                Scripted::load_with(file, &vs.root(), options.operator_check)
-                    .map_err(|e| JobError(format!("the uploaded model cannot be used: {e:#}")))?,
-            ),
+            (Some(_), Some(file)) => load_uploaded(file, &vs, &options)
+                .map_err(|e| JobError(format!("the uploaded model cannot be used: {e:#}")))?,
             (Some(id), None) => {
                 let why = format!("model {id} is an upload: pass its file with --model-file (the agent does this)");
                 return Err(JobError(why).into());
@@ -301,7 +330,7 @@ impl<'c> Trainer<'c> {
             (None, _) => {
                 let (shape, classes, zero_last) = (data.sample_shape(), data.classes(), spec.bn_zero_init_last);
                 let built = match &options.pipeline {
-                    Some(PipelineStage { stage, cuts }) => {
+                    Some(PipelineStage { stage, cuts, .. }) => {
                         models::build_stage(&spec.model, &vs, &shape, classes, zero_last, cuts, *stage)
                     }
                     None => models::build(&spec.model, &vs.root(), &shape, classes, zero_last),
@@ -312,7 +341,6 @@ impl<'c> Trainer<'c> {
             }
         };
         if options.pipeline.is_some() {
-            ensure!(spec.model.uploaded.is_none(), JobError("an uploaded model is not cut into stages yet".into()));
             ensure!(!spec.is_elastic(), JobError("an elastic job is not cut into stages yet".into()));
         }
         let mut opt = Sgd::with_rules(&vs, SgdConfig::from_effective(&effective), &|name, t| model.param_kind(name, t));
@@ -635,7 +663,8 @@ impl<'c> Trainer<'c> {
             effective: &self.effective,
             script: match &self.model {
                 Network::Scripted(scripted) => Some(&scripted.module),
-                Network::BuiltIn(_) => None,
+                // a composite model's modules are downloaded as its weights (model.safetensors), by name
+                Network::BuiltIn(_) | Network::Composite(_) => None,
             },
         }
     }

@@ -39,7 +39,7 @@ pub struct ModelUploadParams {
     /// An uploaded data set of the team: the check runs the model on two of its samples.
     pub dataset: DatasetId,
     /// forward's inputs in order, comma-separated: the data set's tensors x.NAME. Default: the data set's
-    /// one input (its `x`, or its only `x.NAME`).
+    /// one input (its `x`, or its only `x.NAME`). Not for a composite model, whose manifest names them.
     #[param(max_length = 2000)]
     pub inputs: Option<String>,
 }
@@ -48,10 +48,13 @@ pub struct ModelUploadParams {
 pub const PLAIN_INPUT: &str = "x";
 
 /// Upload a TorchScript model (saved with `torch.jit.script(model).save(path)` in PyTorch 2.x): the body is
-/// the file. It is checked against the data set named before it is stored.
+/// the file. Or a composite model: a tar archive of TorchScript modules (`NAME.pt`) and `composite.json`,
+/// which lists the modules in the order they run and what each takes (the data set's inputs or earlier
+/// modules' outputs); a job may place its modules on a worker's devices (`placement.stages`). It is
+/// checked against the data set named before it is stored.
 #[utoipa::path(post, path = "/v1/models", tag = "models", params(ModelUploadParams),
     request_body(content = Vec<u8>, content_type = "application/octet-stream",
-        description = "A TorchScript file"),
+        description = "A TorchScript file, or a composite model's tar archive"),
     responses((status = 201, body = Model), (status = 403),
         (status = 413, description = "Larger than the model upload limit, or past the team's storage quota"),
         (status = 415),
@@ -84,13 +87,23 @@ pub async fn upload_model(
             ),
         ));
     }
-    let inputs = declared_inputs(&dataset, params.inputs.as_deref())?;
     let checker = match &state.config.model_checker {
         Ok(checker) => checker.clone(),
         Err(why) => return Err(ApiError::new(ProblemType::NoModelChecker, why.clone())),
     };
     let limit = state.config.max_model_bytes;
     let received = uploads::receive(&state, user.team_id, &headers, body, limit, MODELS).await?;
+    // a composite model (a tar archive of modules) names its inputs in its own manifest
+    let inputs = match (is_archive(&received.partial_path).await, params.inputs.as_deref()) {
+        (true, Some(_)) => {
+            return Err(field_error(
+                "inputs",
+                "a composite model (an archive of modules) names each module's inputs in its composite.json: leave inputs out",
+            ))
+        }
+        (true, None) => Vec::new(),
+        (false, declared) => declared_inputs(&dataset, declared)?,
+    };
     let report = run_check(&state, user.team_id, &checker, &received.partial_path, &dataset, &inputs).await?;
     let (id, written) = (received.id, received.written.clone());
     let location = received.keep(&state).await?;
@@ -105,6 +118,15 @@ pub async fn upload_model(
         report: serde_json::to_value(&report).map_err(ApiError::internal)?,
     });
     uploads::record(&state, MODELS, &location, stored).await
+}
+
+/// Whether an upload is a tar archive (a composite model: POSIX tar's magic at offset 257) rather than a
+/// TorchScript file (a zip archive).
+async fn is_archive(path: &Path) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 262];
+    let Ok(mut file) = tokio::fs::File::open(path).await else { return false };
+    file.read_exact(&mut head).await.is_ok() && &head[257..262] == b"ustar"
 }
 
 const MODELS: UploadKind =

@@ -1,9 +1,10 @@
 //! Turning a submitted spec into a validated [`JobSpec`], its effective hyperparameters and the job to store,
 //! shared by job submission, studies and the schedule preview.
 
+use ringtrain_core::composite::{Manifest, ModuleEntry};
 use ringtrain_core::memory::{self, human_bytes, SampleShape};
 use ringtrain_core::{read_spec, DatasetRef, Effective, FieldError, JobId, JobSpec, ModelId, SpecReading};
-use ringtrain_protocol::model::{ModelMemory, ModelReport};
+use ringtrain_protocol::model::{ModelMemory, ModelReport, ModuleReport};
 use ringtrain_store::{NewJob, StudyPoint};
 use serde_json::Value;
 
@@ -171,6 +172,9 @@ pub async fn check_model_and_data(state: &AppState, user: &User, spec: &JobSpec)
     };
     let model = state.store.get_model(id).await?.filter(|m| user.owns(m.team_id));
     let Some(model) = model else { return Err(fail("model.uploaded", format!("no uploaded model {id}"))) };
+    if let Some(stages) = spec.pipeline_modules() {
+        check_module_placement(&model, stages)?;
+    }
     let Some(dataset) = dataset else { return Ok(()) }; // the dataset's own check has answered
     let held: Vec<&str> = dataset.inputs.iter().map(|i| i.name.as_str()).collect();
     let plain = model.inputs == [crate::routes::models::PLAIN_INPUT];
@@ -202,6 +206,36 @@ pub async fn check_model_and_data(state: &AppState, user: &User, spec: &JobSpec)
     }
 }
 
+/// A composite model's modules, as its check listed them (empty for a model of one file).
+fn modules_of(report: &Value) -> Vec<ModuleReport> {
+    serde_json::from_value::<ModelReport>(report.clone()).map(|r| r.modules).unwrap_or_default()
+}
+
+/// `placement.stages` must place the uploaded model's modules so that they can run: every module once,
+/// none before a module whose output it takes, the output in the last stage (422 at the stage at fault).
+fn check_module_placement(model: &ringtrain_store::Model, stages: &[Vec<String>]) -> ApiResult<()> {
+    let fail = |field: String, reason: String| ApiError::validation(vec![FieldError::new(field, reason)]);
+    let modules = modules_of(&model.report);
+    if modules.is_empty() {
+        return Err(fail(
+            "placement.stages".into(),
+            format!(
+                "model {} is one TorchScript file: only a composite model (an archive of modules) is split into stages",
+                model.id
+            ),
+        ));
+    }
+    manifest_of(&modules).plan(stages).map(|_| ()).map_err(|(at, why)| match at {
+        Some(s) => fail(format!("placement.stages[{s}]"), why),
+        None => fail("placement.stages".into(), why),
+    })
+}
+
+fn manifest_of(modules: &[ModuleReport]) -> Manifest {
+    let entries = modules.iter().map(|m| ModuleEntry { name: m.name.clone(), inputs: m.inputs.clone() });
+    Manifest { modules: entries.collect() }
+}
+
 /// A `guard.reference_job` must be a job of the caller's team (422 otherwise: the guard could never run).
 pub async fn check_reference(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<()> {
     let Some(id) = spec.guard.reference_job else { return Ok(()) };
@@ -228,13 +262,22 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
     let Some((shape, data_bytes)) = sample_data(state, user, spec).await? else { return Ok(()) };
     let batch = u64::from(spec.per_worker_batch);
     let (need, source) = match spec.model.uploaded {
-        Some(model) => match measured_step(state, user, model).await? {
-            Some(memory) => (
-                memory::measured(memory.weights_bytes, memory.trainable_bytes, memory.step_bytes(batch), data_bytes),
-                ", from its steps the model's check measured".to_string(),
-            ),
-            None => return Ok(()),
-        },
+        Some(model) => {
+            let Some(report) = model_report(state, user, model).await? else { return Ok(()) };
+            match (largest_module_stage(spec, &report, data_bytes), &report.memory) {
+                (Some(stage), _) => stage,
+                (None, Some(memory)) if spec.pipeline_modules().is_none() => (
+                    memory::measured(
+                        memory.weights_bytes,
+                        memory.trainable_bytes,
+                        memory.step_bytes(batch),
+                        data_bytes,
+                    ),
+                    ", from its steps the model's check measured".to_string(),
+                ),
+                (None, _) => return Ok(()),
+            }
+        }
         None => {
             match (largest_stage(spec, &shape, data_bytes), memory::estimate(&spec.model, &shape, batch, data_bytes)) {
                 (Some(stage), _) => stage,
@@ -281,11 +324,15 @@ async fn sample_data(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult
     })
 }
 
-/// Each pipeline stage's memory for a job cut into stages (the dry run shows it); empty for one that is
-/// not, or whose data's shape the server does not know.
+/// Each pipeline stage's memory for a job split into stages (the dry run shows it); empty for one that is
+/// not, or whose data's shape (or uploaded model's measured steps) the server does not know.
 pub async fn stage_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<Vec<memory::StageEstimate>> {
-    let Some(cuts) = spec.pipeline_cuts() else { return Ok(Vec::new()) };
     let Some((shape, data_bytes)) = sample_data(state, user, spec).await? else { return Ok(Vec::new()) };
+    if let Some(model) = spec.model.uploaded {
+        let Some(report) = model_report(state, user, model).await? else { return Ok(Vec::new()) };
+        return Ok(module_stage_estimates(spec, &report, data_bytes).unwrap_or_default());
+    }
+    let Some(cuts) = spec.pipeline_cuts() else { return Ok(Vec::new()) };
     let (batch, micro_batches) = (u64::from(spec.per_worker_batch), u64::from(spec.virtual_ranks()));
     Ok(memory::stage_estimates(&spec.model, &shape, batch, micro_batches, data_bytes, cuts).unwrap_or_default())
 }
@@ -303,9 +350,56 @@ fn largest_stage(spec: &JobSpec, shape: &SampleShape, data_bytes: u64) -> Option
     Some((stage.memory, at))
 }
 
-/// What the check of the team's uploaded model `id` measured of its training steps; None when it is not
-/// the team's (refused elsewhere) or was checked before the check measured.
-async fn measured_step(state: &AppState, user: &User, id: ModelId) -> ApiResult<Option<ModelMemory>> {
+/// Each stage's memory for a composite model placed by `placement.stages`, from what its check measured of
+/// each module alone: a stage holds its modules' weights, their gradients and momentum, and (under 1F1B,
+/// stage s of S) the steps of min(S − s, v) micro-batches at once. None for a job that does not place
+/// modules, or a placement or model the check did not measure (refused, or not measured, elsewhere).
+fn module_stage_estimates(spec: &JobSpec, report: &ModelReport, data_bytes: u64) -> Option<Vec<memory::StageEstimate>> {
+    let stages = spec.pipeline_modules()?;
+    let plans = manifest_of(&report.modules).plan(stages).ok()?;
+    let (batch, micro_batches) = (u64::from(spec.per_worker_batch), u64::from(spec.virtual_ranks()));
+    let count = plans.len() as u64;
+    let mut estimates = Vec::with_capacity(plans.len());
+    for (s, plan) in plans.iter().enumerate() {
+        let in_flight = (count - s as u64).min(micro_batches).max(1);
+        let (mut weights, mut trainable, mut steps) = (0u64, 0u64, 0u64);
+        for &i in &plan.modules {
+            let measured: &ModelMemory = report.modules[i].memory.as_ref()?;
+            weights = weights.saturating_add(measured.weights_bytes);
+            trainable = trainable.saturating_add(measured.trainable_bytes);
+            steps = steps.saturating_add(measured.step_bytes(batch));
+        }
+        let names = |at: usize| report.modules[plan.modules[at]].name.clone();
+        estimates.push(memory::StageEstimate {
+            blocks: (names(0), names(plan.modules.len() - 1)),
+            in_flight,
+            memory: memory::measured(weights, trainable, steps.saturating_mul(in_flight), data_bytes),
+        });
+    }
+    Some(estimates)
+}
+
+/// The composite model's stage that needs the most memory, and where it is (see [`largest_stage`]).
+fn largest_module_stage(
+    spec: &JobSpec,
+    report: &ModelReport,
+    data_bytes: u64,
+) -> Option<(memory::MemoryEstimate, String)> {
+    let stages = module_stage_estimates(spec, report, data_bytes)?;
+    let (index, stage) = stages.into_iter().enumerate().max_by_key(|(_, stage)| stage.memory.total)?;
+    let (first, last) = &stage.blocks;
+    let modules = if first == last { format!("module {first}") } else { format!("modules {first} to {last}") };
+    let micro = if stage.in_flight == 1 { "" } else { "es" };
+    let at = format!(
+        ", from the steps the model's check measured, in pipeline stage {index} ({modules}, {} micro-batch{micro} at once)",
+        stage.in_flight
+    );
+    Some((stage.memory, at))
+}
+
+/// What the check of the team's uploaded model `id` found; None when it is not the team's (refused
+/// elsewhere) or its report cannot be read.
+async fn model_report(state: &AppState, user: &User, id: ModelId) -> ApiResult<Option<ModelReport>> {
     let Some(model) = state.store.get_model(id).await?.filter(|m| user.owns(m.team_id)) else { return Ok(None) };
-    Ok(serde_json::from_value::<ModelReport>(model.report).ok().and_then(|report| report.memory))
+    Ok(serde_json::from_value::<ModelReport>(model.report).ok())
 }

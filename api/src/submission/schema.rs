@@ -145,12 +145,16 @@ const U64: i128 = u64::MAX as i128;
 /// `placement` of a job spec: what `ringtrain_core::spec::Placement` parses.
 fn placement() -> Value {
     json!({"anyOf": [
-        {"type": "object", "additionalProperties": false, "required": ["cuts"], "properties": {
+        {"type": "object", "additionalProperties": false, "properties": {
             "cuts": {"type": "array", "maxItems": MAX_DEVICES_PER_WORKER - 1,
                      "items": {"type": "string", "maxLength": 64},
-                     "description": "The layers each worker's model is cut after, in the network's order: layerL (a whole layer) or layerL.B (a block); one fewer than devices_per_worker."}}},
+                     "description": "A built-in ResNet: the layers each worker's model is cut after, in the network's order: layerL (a whole layer) or layerL.B (a block); one fewer than devices_per_worker."},
+            "stages": {"type": "array", "maxItems": MAX_DEVICES_PER_WORKER,
+                       "items": {"type": "array", "maxItems": ringtrain_core::composite::MAX_MODULES,
+                                 "items": {"type": "string", "maxLength": 64}},
+                       "description": "A composite uploaded model: the modules each stage (device) of a worker runs, one list per device; each module in one stage, none before a module whose output it takes."}}},
         {"type": "null"}],
-      "description": "Where each worker's model is cut into its devices_per_worker pipeline stages."})
+      "description": "Where each worker's model is split into its devices_per_worker pipeline stages."})
 }
 
 fn job_spec() -> Value {
@@ -276,7 +280,7 @@ fn job_spec() -> Value {
     });
     // beside the rest: one json! of them all passes the macro's recursion limit
     spec["properties"]["devices_per_worker"] = integer(1, i128::from(MAX_DEVICES_PER_WORKER), Some(1),
-        "Devices each worker's process spans: more than 1 cuts a built-in ResNet into that many pipeline stages where placement.cuts says; the job holds devices × devices_per_worker devices.");
+        "Devices each worker's process spans: more than 1 splits the model into that many pipeline stages where placement says (cuts for a built-in ResNet, stages for a composite uploaded model); the job holds devices × devices_per_worker devices.");
     spec["properties"]["placement"] = placement();
     spec
 }

@@ -1,26 +1,29 @@
 //! The built-in models, shaped like tch-rs's examples: a struct with `new(&nn::Path, ...)` and `ModuleT`.
 
+pub mod composite;
 pub mod init;
 pub mod layers;
 pub mod operators;
 mod resnet;
 pub mod scripted;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use ringtrain_core::spec::{InitScheme, ModelName, ModelSpec};
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
 use crate::optim::{kind_by_name, ParamKind};
+pub use composite::Composite;
 pub use resnet::ResNet;
 pub use scripted::{OperatorCheck, Scripted};
 
-/// The network a rank trains: a built-in model (one input) or an uploaded TorchScript module (its named
-/// inputs, in its order).
+/// The network a rank trains: a built-in model (one input), an uploaded TorchScript module (its named
+/// inputs, in its order), or the modules of a composite uploaded model (all, or one pipeline stage's).
 #[derive(Debug)]
 pub enum Network {
     BuiltIn(Box<dyn ModuleT>),
     Scripted(Scripted),
+    Composite(Composite),
 }
 
 impl Network {
@@ -32,6 +35,29 @@ impl Network {
                 scripted.module.set_training(train)?;
                 scripted.module.forward(inputs)
             }
+            Network::Composite(composite) => {
+                let mut out = composite.forward_stage(inputs, &[], train)?;
+                ensure!(out.len() == 1, "a composite model split into stages runs stage by stage");
+                Ok(out.remove(0))
+            }
+        }
+    }
+
+    /// One pipeline stage's forward pass: from the data set's inputs (`data`, which a ResNet's first stage
+    /// reads) and what the previous stage sent (`received`: a ResNet's activation, a composite model's
+    /// module outputs), what the next stage gets, or the model's output in the last stage.
+    pub fn forward_stage(&mut self, data: &[Tensor], received: &[Tensor], train: bool) -> Result<Vec<Tensor>> {
+        match self {
+            Network::BuiltIn(model) => {
+                let input = match received {
+                    [activation] => activation,
+                    [] => &data[0],
+                    more => bail!("a ResNet stage takes one activation, not {}", more.len()),
+                };
+                Ok(vec![model.forward_t(input, train)])
+            }
+            Network::Scripted(_) => bail!("a model of one TorchScript file is not split into stages"),
+            Network::Composite(composite) => composite.forward_stage(data, received, train),
         }
     }
 
@@ -42,8 +68,9 @@ impl Network {
         match self {
             Network::BuiltIn(_) => kind_by_name(name, tensor),
             Network::Scripted(scripted) if scripted.batch_norm_params.contains(name) => ParamKind::BatchNorm,
-            Network::Scripted(_) if tensor.dim() <= 1 => ParamKind::Bias,
-            Network::Scripted(_) => ParamKind::Weight,
+            Network::Composite(composite) if composite.is_batch_norm_param(name) => ParamKind::BatchNorm,
+            Network::Scripted(_) | Network::Composite(_) if tensor.dim() <= 1 => ParamKind::Bias,
+            Network::Scripted(_) | Network::Composite(_) => ParamKind::Weight,
         }
     }
 }

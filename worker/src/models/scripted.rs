@@ -28,6 +28,12 @@ type TensorCallback =
 
 extern "C" {
     fn ringtrain_script_load(path: *const c_char, device: c_int, error: *mut *mut c_char) -> *mut c_void;
+    fn ringtrain_script_load_bytes(
+        bytes: *const c_char,
+        length: usize,
+        device: c_int,
+        error: *mut *mut c_char,
+    ) -> *mut c_void;
     fn ringtrain_script_free(module: *mut c_void);
     fn ringtrain_script_free_error(error: *mut c_char);
     fn ringtrain_script_tensors(
@@ -135,10 +141,7 @@ impl ScriptModule {
     /// Loads a TorchScript file onto `device`.
     pub fn load(path: &Path, device: Device) -> Result<ScriptModule> {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes()).context("the model path holds a NUL")?;
-        let index = match device {
-            Device::Cuda(i) => i as c_int,
-            _ => -1,
-        };
+        let index = device_index(device);
         let mut error = std::ptr::null_mut();
         // SAFETY: `c_path` is NUL-terminated and outlives the call (the C side copies it into a std::string);
         // `error` is a null local the C side may set to a message; `index` is a plain int (the C side makes a
@@ -147,6 +150,20 @@ impl ScriptModule {
         let raw = unsafe { ringtrain_script_load(c_path.as_ptr(), index, &mut error) };
         // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
         unsafe { check(if raw.is_null() { -1 } else { 0 }, error, "not a loadable TorchScript file") }?;
+        Ok(ScriptModule { raw, training: None })
+    }
+
+    /// Loads a TorchScript module held in memory (a member of a composite model's archive) onto `device`.
+    pub fn load_bytes(bytes: &[u8], device: Device) -> Result<ScriptModule> {
+        let mut error = std::ptr::null_mut();
+        // SAFETY: `bytes` is a live slice of `bytes.len()` bytes for the call (the C side copies them into a
+        // std::string before parsing and keeps no pointer); the device index and `error` are as in `load`. It
+        // returns a new module or null, checked next.
+        let raw = unsafe {
+            ringtrain_script_load_bytes(bytes.as_ptr() as *const c_char, bytes.len(), device_index(device), &mut error)
+        };
+        // SAFETY: `error` is the out-parameter of the call just made, untouched since (`check`'s contract).
+        unsafe { check(if raw.is_null() { -1 } else { 0 }, error, "not a loadable TorchScript module") }?;
         Ok(ScriptModule { raw, training: None })
     }
 
@@ -242,6 +259,14 @@ impl ScriptModule {
     }
 }
 
+/// The C side's device number: a CUDA device's index, or -1 for the CPU.
+fn device_index(device: Device) -> c_int {
+    match device {
+        Device::Cuda(i) => i as c_int,
+        _ => -1,
+    }
+}
+
 /// Whether the operator allow-list applies when a model is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OperatorCheck {
@@ -277,7 +302,11 @@ impl Scripted {
     /// As [`Scripted::load`], with the operator allow-list skipped when `check` says so (the sandbox's own
     /// tests: they show that a hostile model is confined even where the list would not have refused it).
     pub fn load_with(path: &Path, root: &nn::Path, check: OperatorCheck) -> Result<Scripted> {
-        let module = ScriptModule::load(path, root.device())?;
+        Self::registered(ScriptModule::load(path, root.device())?, root, check)
+    }
+
+    /// Checks a loaded module's operators (unless `check` skips it) and registers its tensors under `root`.
+    pub fn registered(module: ScriptModule, root: &nn::Path, check: OperatorCheck) -> Result<Scripted> {
         if check == OperatorCheck::Enforced {
             if let Some(refused) = super::operators::check(&module)? {
                 return Err(RefusedModel(refused.to_string()).into());

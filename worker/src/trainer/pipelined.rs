@@ -1,11 +1,12 @@
-//! A trainer that is one stage of its worker's pipeline ([`crate::pipeline`]): the step runs the
+//! A trainer that is one stage of its worker's pipeline (a built-in ResNet's blocks, or a composite
+//! uploaded model's modules) ([`crate::pipeline`]): the step runs the
 //! micro-batches (its virtual ranks) through the stages in the 1F1B schedule, sums this stage's gradients
 //! with the same stage of the other workers, and agrees with the worker's other stages on the step's loss,
 //! error and stop; evaluation passes the test batches through the stages; a checkpoint is the unsplit
 //! model's, assembled in worker 0's first stage. Resuming needs nothing of its own: each stage reads the
 //! checkpoint and takes its own variables by name.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tch::Tensor;
 
 use super::{data_error, loss_and_tally, EvalTally, JobError, StepOutcome, StepTally, Trainer};
@@ -55,18 +56,14 @@ impl Trainer<'_> {
         let done = one_forward_one_backward(links, v, |j, inputs| {
             let indices = batch_indices(permutation, total_ranks, first_rank + j, step_in_epoch, n);
             let (x, y) = data.train_batch(indices, device).map_err(data_error)?;
-            let input = match inputs {
-                [activation] => activation.shallow_clone(),
-                [] => x[0].shallow_clone(),
-                more => bail!("a ResNet stage takes one activation, not {}", more.len()),
-            };
             bn.swap_in(j);
-            let out = precision::forward_in(precision, device, || model.forward(&[input], true));
+            let out = precision::forward_in(precision, device, || model.forward_stage(&x, inputs, true));
             bn.swap_out(j);
-            let out = out.map_err(|e| JobError(format!("{e:#}")))?;
+            let mut out = out.map_err(|e| JobError(format!("{e:#}")))?;
             if !last {
-                return Ok(vec![out]);
+                return Ok(out);
             }
+            let out = out.remove(0);
             let (loss, tally) = loss_and_tally(loss_kind, classes, &out, &y)?;
             loss_sum += loss.double_value(&[]);
             wrong += tally.double_value(&[]);
@@ -111,20 +108,20 @@ impl Trainer<'_> {
             while start < range.end {
                 let size = self.options.eval_batch.min(range.end - start);
                 let (x, y) = self.data.test_batch(start, size, device).map_err(data_error)?;
-                let input = match links.is_first() {
-                    true => x[0].shallow_clone(),
-                    false => links.receive_forward()?.remove(0),
+                let received = match links.is_first() {
+                    true => Vec::new(),
+                    false => links.receive_forward()?,
                 };
                 let model = &mut self.model;
-                let out = precision::forward_in(precision, device, || model.forward(&[input], false))
+                let mut out = precision::forward_in(precision, device, || model.forward_stage(&x, &received, false))
                     .map_err(|e| JobError(format!("{e:#}")))?;
                 if links.is_last() {
-                    let (loss, tally) = loss_and_tally(loss_kind, classes, &out, &y)?;
+                    let (loss, tally) = loss_and_tally(loss_kind, classes, &out.remove(0), &y)?;
                     mine.wrong += tally.double_value(&[]) as f32;
                     mine.loss_sum += loss.double_value(&[]) as f32 * size as f32;
                     mine.seen += size as f32;
                 } else {
-                    links.send_forward(&[out])?;
+                    links.send_forward(&out)?;
                 }
                 start += size;
             }
