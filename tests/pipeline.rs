@@ -100,4 +100,20 @@ async fn a_job_cut_into_pipeline_stages_trains_through_the_api_as_the_unsplit_on
     assert_eq!(split_losses.len() as u64, total, "every iteration once");
     assert_eq!(split_losses, unsplit_losses, "the pipelined run is the unsplit one");
     assert_eq!(pipelined["result"]["final_test_error"], unsplit["result"]["final_test_error"]);
+    // where each stage's steps went: computing, waiting (the bubble of 2 stages at 2 micro-batches is a
+    // third of a step, plus their imbalance), sending
+    let timeline = &pipelined["result"]["timeline"];
+    let stages = timeline["stages"].as_array().unwrap_or_else(|| panic!("the stages' timeline: {timeline}"));
+    assert_eq!(stages.len(), 2, "{timeline}");
+    assert!((timeline["bubble_share"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9, "{timeline}");
+    for stage in stages {
+        let share = |name: &str| stage[name].as_f64().unwrap();
+        let sum = share("busy_share") + share("waiting_share") + share("sending_share");
+        assert!((sum - 1.0).abs() < 1e-3 && share("busy_share") > 0.1, "{stage}");
+        assert!(
+            stage["bytes_sent_per_step"].as_f64().unwrap() > 0.0,
+            "activations one way, gradients the other: {stage}"
+        );
+    }
+    assert!(unsplit["result"]["timeline"].get("stages").is_none(), "no stages in an unsplit run");
 }

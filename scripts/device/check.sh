@@ -6,7 +6,7 @@
 #
 # It needs .device/ringtrain (and .device/ringtrain-bench for the `shards` step), built on a CPU machine by
 # scripts/device/build-gpu-binary.sh. Every step is
-# bounded, logs under $OUT (9 small files: env, nccl, faults, equivalence, sandbox, resnet50, shards and up
+# bounded, logs under $OUT (10 small files: env, nccl, faults, equivalence, pipeline, sandbox, resnet50, shards and up
 # logs, and table.md), and the script ends by printing the table of all steps (also $OUT/table.md). A failed step never
 # stops the others. Steps, cheapest and most telling first:
 #   env          GPU, python torch/NCCL/cuDNN versions, every library of the binary resolves
@@ -15,6 +15,8 @@
 #   nccl-dup     two ranks on the one GPU without NCCL_HOSTID: both fail fast with "Duplicate GPU"
 #   nccl-hostid  two ranks on the one GPU as two NCCL "hosts" (--share-gpu-for-tests): 1 and 64 MB exact
 #   equivalence  LeNet-5 k=2, one epoch: NCCL and the ring against --virtual-ranks 2, loss within 1e-4 rel.
+#   pipeline     ResNet-20 cut after layer2 and the composite multi-input example on 2 stages, 2 workers × 2
+#                stage processes on the one GPU, against 2 unsplit processes: loss within 1e-4 rel. (issue 48)
 #   sandbox      the same NCCL run with both ranks confined as agents confine them (--sandbox-dir): NCCL
 #                initialises and trains under the sandbox's Unix-socket rules (issue 53)
 #   crash        rank 1 aborts at iteration 20: rank 0 exits non-zero within the comm timeout, saying why
@@ -282,6 +284,49 @@ step_equivalence() {
   judge equivalence "$WORK/eq-nccl.out" "$WORK/eq-virtual.out" "$WORK/eq-ring.out"
   FIG="rc$rcs; $FIG"
   [[ "$rcs" == " nccl=0 virtual=0 ring=0" ]] || STATUS=FAIL
+}
+
+# Pipeline stages on the GPU (issue 48): ResNet-20 cut after layer2, 2 workers × 2 stage processes on the
+# one GPU (activations and gradients between stages through host memory; each stage's gradients summed over
+# the TCP ring), against 2 unsplit processes; and the composite multi-input example (four TorchScript
+# modules, loaded from the archive onto the GPU) placed on 2 stages against the same unsplit. Per-iteration
+# loss within the equivalence step's tolerance.
+step_pipeline() {
+  local rcs="" rc name upload="00000000-0000-4000-8000-000000000048"
+  cat >"$WORK/pipeline-resnet.json" <<SPEC
+{"name": "device-check-pipeline", "model": {"name": "resnet20"}, "dataset": "synthetic:1024", "workers": 4,
+ "per_worker_batch": 32, "epochs": 1, "seed": 1, "log_every_iterations": 1, "checkpoint_every_epochs": 0,
+ "lr": {"base": 0.1, "reference_batch": 128, "warmup": {"kind": "gradual", "epochs": 0.5}, "decay": {"kind": "none"}},
+ "device": "gpu"}
+SPEC
+  cat >"$WORK/pipeline-composite.json" <<SPEC
+{"name": "device-check-composite", "model": {"uploaded": "$upload"}, "dataset": "$upload", "workers": 4,
+ "per_worker_batch": 32, "train_samples": 1024, "epochs": 1, "seed": 1, "log_every_iterations": 1,
+ "checkpoint_every_epochs": 0, "device": "gpu",
+ "lr": {"base": 0.05, "reference_batch": 128, "warmup": {"kind": "gradual", "epochs": 0.5}, "decay": {"kind": "none"}}}
+SPEC
+  local placement='"devices_per_worker": 2, "placement": {"stages": [["encode_numeric", "encode_sequence"], ["encode_set", "head"]]},'
+  sed "s/\"workers\": 4,/\"workers\": 4, $placement/" "$WORK/pipeline-composite.json" >"$WORK/pipeline-composite-split.json"
+  local files="--model-file examples/multi-input/composite.tar --dataset-file examples/multi-input/data.safetensors"
+  files="$files --model-inputs numeric,tokens,tokens_mask,set,set_mask"
+  local -A runs=(
+    [resnet-unsplit]="--spec $WORK/pipeline-resnet.json --local 2"
+    [resnet-split]="--spec $WORK/pipeline-resnet.json --local 4 --pipeline-cuts layer2"
+    [composite-unsplit]="--spec $WORK/pipeline-composite.json --local 2 $files"
+    [composite-split]="--spec $WORK/pipeline-composite-split.json --local 4 $files"
+  )
+  for name in resnet-unsplit resnet-split composite-unsplit composite-split; do
+    # shellcheck disable=SC2086 # the flags split on purpose
+    timeout "$(bound 60)" "$B" train ${runs[$name]} --share-gpu-for-tests --collective ring \
+      >"$WORK/pipe-$name.out" 2>"$WORK/pipe-$name.err"
+    rc=$?
+    rcs="$rcs $name=$rc"
+    append pipeline "train ${runs[$name]} (rc $rc): stderr" "$WORK/pipe-$name.err"
+  done
+  judge pipeline "$WORK/pipe-resnet-split.out" "$WORK/pipe-resnet-unsplit.out" \
+    "$WORK/pipe-composite-split.out" "$WORK/pipe-composite-unsplit.out"
+  FIG="rc$rcs; $FIG"
+  [[ "$rcs" == " resnet-unsplit=0 resnet-split=0 composite-unsplit=0 composite-split=0" ]] || STATUS=FAIL
 }
 
 # Both ranks confined as an agent confines them (--sandbox-dir; issue 53): Unix sockets only of the datagram
@@ -599,6 +644,7 @@ else
   run_step nccl-dup 20 step_nccl_dup
   run_step nccl-hostid 25 step_nccl_hostid
   run_step equivalence 45 step_equivalence
+  run_step pipeline 60 step_pipeline
   run_step sandbox 30 step_sandbox
   run_step crash 30 step_crash
   run_step sigstop 35 step_sigstop

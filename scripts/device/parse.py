@@ -180,6 +180,23 @@ def cmd_equivalence(nccl, virtual, ring):
     verdict(ok, "; ".join(parts))
 
 
+def cmd_pipeline(resnet_split, resnet_unsplit, composite_split, composite_unsplit):
+    """Per-iteration loss of the pipelined runs against their unsplit runs."""
+    ok, parts = True, []
+    runs = (("resnet20", resnet_split, resnet_unsplit), ("composite", composite_split, composite_unsplit))
+    for name, split, unsplit in runs:
+        got, ref = losses(split), losses(unsplit)
+        if not got or not ref:
+            ok = False
+            parts.append(f"{name}: no iteration lines ({len(got)} split, {len(ref)} unsplit)")
+            continue
+        worst, at, n = max_relative(got, ref)
+        if n != len(ref) or n != len(got) or not worst <= TOLERANCE:
+            ok = False
+        parts.append(f"{name} 2 stages vs unsplit: max rel diff {worst:.2e} (iteration {at}, {n} iterations)")
+    verdict(ok, "; ".join(parts))
+
+
 def bench_train_row(path, world):
     rows = [r for r in json_lines(path) if r.get("bench") == "train" and int(r.get("world", -1)) == int(world)]
     return rows[-1] if rows else None
@@ -284,6 +301,7 @@ def main():
         "doctor": cmd_doctor,
         "allreduce": cmd_allreduce,
         "equivalence": cmd_equivalence,
+        "pipeline": cmd_pipeline,
         "bench-train": cmd_bench_train,
         "eager": cmd_eager,
         "share": cmd_share,

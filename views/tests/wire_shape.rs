@@ -174,7 +174,7 @@ fn a_finished_job_and_its_result() {
     let result = job.result.as_ref().unwrap();
     assert_eq!(result.final_test_error, Some(0.1309));
     assert_eq!(result.history.as_ref().map(Vec::len), Some(1));
-    assert_eq!(result.timeline.unwrap().start_up_s, 0.6);
+    assert_eq!(result.timeline.as_ref().unwrap().start_up_s, 0.6);
     assert!(result.rest.contains_key("epochs") && result.rest.contains_key("virtual_ranks"), "the rest is kept");
     assert_eq!(job.study.as_ref().map(|s| s.point), Some(1));
     assert_eq!(job.placements.as_ref().unwrap()[0].ended, "succeeded");

@@ -250,6 +250,8 @@ pub struct Trainer<'c> {
     spent: Spent,
     /// A pipeline stage's links to its worker's other stages (see [`TrainOptions::pipeline`]).
     links: Option<StageLinks>,
+    /// A pipeline stage's training steps so far: its compute and traffic summed, and their count.
+    stage_time: (crate::pipeline::StageStep, u64),
 }
 
 /// Where a run's time went besides its steps' phases (see [`crate::metrics::Timeline`]).
@@ -395,6 +397,7 @@ impl<'c> Trainer<'c> {
                 reporting: Duration::ZERO,
             },
             links: None,
+            stage_time: Default::default(),
         })
     }
 

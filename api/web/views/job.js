@@ -16,6 +16,18 @@ function timelineText(t) {
   );
 }
 
+/** A pipelined run's stages in words: "stage 0 busy 64%, waiting 33%, sending 3%, 1.2 MB a step; …;
+ * the schedule's bubble 33%". */
+function stagesText(t) {
+  const pct = (x) => `${Math.round((x ?? 0) * 100)}%`;
+  const stages = t.stages.map(
+    (s) =>
+      `stage ${s.stage} busy ${pct(s.busy_share)}, waiting ${pct(s.waiting_share)}, sending ${pct(s.sending_share)}, ` +
+      `${((s.bytes_sent_per_step ?? 0) / 1e6).toFixed(1)} MB a step`,
+  );
+  return `${stages.join("; ")}; the schedule's bubble ${pct(t.bubble_share)} (the first worker's stages)`;
+}
+
 /** The job shown. */
 let jobId = null;
 /** Its spec as last fetched, for "Submit again". */
@@ -112,6 +124,7 @@ function renderFacts(job) {
     if (r.samples_per_s) facts.push(["Throughput", `${Math.round(r.samples_per_s)} samples/s`]);
     if (r.communication_fraction !== undefined) facts.push(["All-reduce share", percent(r.communication_fraction, 1)]);
     if (r.timeline) facts.push(["Where the time went", timelineText(r.timeline)]);
+    if (r.timeline?.stages?.length) facts.push(["Pipeline stages", stagesText(r.timeline)]);
   }
   const used = job.resources;
   if (used) {

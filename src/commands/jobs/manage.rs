@@ -229,7 +229,20 @@ fn timeline(timeline: &Timeline) -> String {
     ];
     let total = parts.iter().map(|(_, s)| s).sum::<f64>().max(f64::MIN_POSITIVE);
     let shares: Vec<String> = parts.iter().map(|(name, s)| format!("{name} {:.1}%", s / total * 100.0)).collect();
-    format!("{}; start-up {:.1} s", shares.join(", "), timeline.start_up_s)
+    let mut text = format!("{}; start-up {:.1} s", shares.join(", "), timeline.start_up_s);
+    for stage in &timeline.stages {
+        text += &format!(
+            "; stage {} busy {:.0}%, waiting {:.0}%, sending {:.0}%",
+            stage.stage,
+            stage.busy_share * 100.0,
+            stage.waiting_share * 100.0,
+            stage.sending_share * 100.0
+        );
+    }
+    if timeline.bubble_share > 0.0 {
+        text += &format!(" (the schedule's bubble {:.0}%)", timeline.bubble_share * 100.0);
+    }
+    text
 }
 
 /// The device count of each placement, over time: `4 (31 s, preempted) → 2 (55 s) → 4 (running)`; None
@@ -442,6 +455,18 @@ pub(crate) mod tests {
         );
         let result = job_view(json!({"result": {"final_test_error": 0.1}})).result.unwrap();
         assert!(result.timeline.is_none(), "a result from before the timeline has none");
+        let pipelined = serde_json::from_value(json!({"train_steps_s": 10.0, "bubble_share": 0.3333,
+            "stages": [{"stage": 0, "busy_share": 0.62, "waiting_share": 0.35, "sending_share": 0.03},
+                       {"stage": 1, "busy_share": 0.58, "waiting_share": 0.41, "sending_share": 0.01}]}))
+        .unwrap();
+        assert!(
+            super::timeline(&pipelined).ends_with(
+                "; stage 0 busy 62%, waiting 35%, sending 3%; stage 1 busy 58%, waiting 41%, sending 1% \
+                 (the schedule's bubble 33%)"
+            ),
+            "{}",
+            super::timeline(&pipelined)
+        );
     }
 
     #[test]

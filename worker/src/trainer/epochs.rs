@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use ringtrain_core::timeline::bubble_share;
 
 use super::{guard, JobError, StepOutcome, Stopped, Trainer};
 use crate::checkpoint::{self, PartialEpoch};
@@ -27,7 +28,12 @@ impl Trainer<'_> {
             trained_steps += self.effective.iterations_per_epoch - progress.first_step;
             self.end_epoch(epoch, &progress, started, sink)?;
         }
-        let result = self.result(run_started, start_up, training_time, trained_steps);
+        let mut result = self.result(run_started, start_up, training_time, trained_steps);
+        if self.options.pipeline.is_some() {
+            let stages = self.stage_times()?;
+            result.timeline.bubble_share = bubble_share(stages.len(), self.virtual_ranks());
+            result.timeline.stages = stages;
+        }
         if let Some(out) = self.options.out_dir.as_ref().filter(|_| self.is_root()) {
             checkpoint::write_atomically(&out.join("result.json"), &serde_json::to_vec_pretty(&result)?)?;
         }
@@ -188,6 +194,7 @@ impl Trainer<'_> {
             checkpoint_s: spent.checkpoint.as_secs_f64(),
             reporting_s: spent.reporting.as_secs_f64(),
             other_s: (wall - accounted.as_secs_f64()).max(0.0),
+            ..Default::default()
         };
         RunResult {
             spec: self.spec.clone(),

@@ -7,6 +7,7 @@
 //! checkpoint and takes its own variables by name.
 
 use anyhow::{Context, Result};
+use ringtrain_core::timeline::StageTime;
 use tch::Tensor;
 
 use super::{data_error, loss_and_tally, EvalTally, JobError, StepOutcome, StepTally, Trainer};
@@ -56,8 +57,11 @@ impl Trainer<'_> {
         let done = one_forward_one_backward(links, v, |j, inputs| {
             let indices = batch_indices(permutation, total_ranks, first_rank + j, step_in_epoch, n);
             let (x, y) = data.train_batch(indices, device).map_err(data_error)?;
+            // links carry host memory: a GPU stage's inputs go to its device (the copy is differentiable, so
+            // their gradients come back to the received tensors, which are sent back)
+            let inputs: Vec<Tensor> = inputs.iter().map(|t| t.to_device(device)).collect();
             bn.swap_in(j);
-            let out = precision::forward_in(precision, device, || model.forward_stage(&x, inputs, true));
+            let out = precision::forward_in(precision, device, || model.forward_stage(&x, &inputs, true));
             bn.swap_out(j);
             let mut out = out.map_err(|e| JobError(format!("{e:#}")))?;
             if !last {
@@ -71,6 +75,12 @@ impl Trainer<'_> {
         })
         .with_context(|| format!("as pipeline stage {} of worker {}", links.stage(), self.comm.rank()))?;
         // forward and backward interleave in 1F1B: the stage's compute is counted as forward
+        let (total, steps) = &mut self.stage_time;
+        total.compute += done.compute;
+        total.traffic.sending += done.traffic.sending;
+        total.traffic.waiting += done.traffic.waiting;
+        total.traffic.bytes_sent += done.traffic.bytes_sent;
+        *steps += 1;
         self.times.forward += done.compute;
         self.times.backward += started.elapsed().saturating_sub(done.compute);
         let stop = self.stop_requested(iteration);
@@ -110,7 +120,7 @@ impl Trainer<'_> {
                 let (x, y) = self.data.test_batch(start, size, device).map_err(data_error)?;
                 let received = match links.is_first() {
                     true => Vec::new(),
-                    false => links.receive_forward()?,
+                    false => links.receive_forward()?.iter().map(|t| t.to_device(device)).collect(),
                 };
                 let model = &mut self.model;
                 let mut out = precision::forward_in(precision, device, || model.forward_stage(&x, &received, false))
@@ -134,6 +144,32 @@ impl Trainer<'_> {
         self.bn.restore(&own);
         let seen = f64::from(all.seen).max(1.0);
         Ok((self.error_from(f64::from(all.wrong), seen), f64::from(all.loss_sum) / seen))
+    }
+
+    /// Where each stage of this worker spent its training steps (every stage of the worker calls it: the
+    /// figures are summed along the stages), for the result's timeline.
+    pub(super) fn stage_times(&mut self) -> Result<Vec<StageTime>> {
+        let mut links = self.take_links()?;
+        let (stage, stages) = (links.stage(), links.stages());
+        let (total, steps) = self.stage_time;
+        let mut mine = vec![0f32; stages * 4];
+        mine[stage * 4..stage * 4 + 4].copy_from_slice(&[
+            total.compute.as_secs_f32(),
+            total.traffic.waiting.as_secs_f32(),
+            total.traffic.sending.as_secs_f32(),
+            total.traffic.bytes_sent as f32,
+        ]);
+        let summed = state::sum_along(&mut links, &mine);
+        self.links = Some(links);
+        let all = summed?;
+        Ok(all
+            .chunks_exact(4)
+            .enumerate()
+            .map(|(s, f)| {
+                let [compute, waiting, sending, bytes] = [f[0], f[1], f[2], f[3]].map(f64::from);
+                StageTime::from_totals(s as u32, compute, waiting, sending, bytes, steps)
+            })
+            .collect())
     }
 
     /// A checkpoint of every stage in one: each stage's ring gathers its BatchNorm tables, worker 0's
