@@ -72,6 +72,7 @@ pub struct ModelUploadArgs {
     #[arg(long)]
     dataset: Uuid,
     /// forward's inputs in order, comma-separated: the data set's tensors x.NAME. Default: its one input.
+    /// Not for a composite model (a tar archive of modules), whose composite.json names each module's.
     #[arg(long)]
     inputs: Option<String>,
 }
