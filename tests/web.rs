@@ -133,6 +133,24 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
         .run("return [...document.querySelectorAll('#preview-charts .chart')].map(c => c.dataset.series);", json!([]))
         .await;
     assert_eq!(drawn, json!(["1", "1", "1", "1"]), "one lr curve per worker count");
+    // a model split into pipeline stages: each stage's blocks and memory under the verdict
+    let mut split = spec.clone();
+    split["model"] = json!({"name": "resnet20"});
+    split["dataset"] = json!("synthetic:320");
+    split["workers"] = json!(4);
+    split["devices"] = json!(2);
+    split.as_object_mut().unwrap().remove("train_samples");
+    split.as_object_mut().unwrap().remove("test_samples");
+    split["devices_per_worker"] = json!(2);
+    split["placement"] = json!({"cuts": ["layer2"]});
+    edit(&browser, &split).await;
+    browser.click("#check").await;
+    let stages = browser.wait_text("#spec-stages", "stage 1: layer3.0 to layer3.2", SHORT).await;
+    assert!(stages.contains("stage 0: layer1.0 to layer2.2, 2 micro-batches at once, about "), "{stages}");
+    edit(&browser, &spec).await;
+    browser.click("#check").await;
+    browser.wait_text("#verdict", "start: starts now on 2 cpu devices", SHORT).await;
+    assert_eq!(browser.text("#spec-stages").await, "", "an unsplit model has no stages");
     browser.screenshot(&shots.join("submit.png")).await;
     browser.click("#send").await;
 

@@ -73,6 +73,7 @@ function showErrors(error) {
   const charts = $("preview-charts");
   charts.replaceChildren();
   add(charts, "p", "No preview while the spec has problems.");
+  $("spec-stages").replaceChildren();
   const list = $("spec-errors");
   list.replaceChildren();
   for (const field of error.fields || []) add(list, "li", `${field.path}: ${field.reason}`).dataset.path = field.path;
@@ -88,10 +89,25 @@ async function check() {
     $("spec-errors").replaceChildren();
     $("verdict").classList.remove("error");
     $("verdict").textContent = `${answer.verdict}: ${answer.message}`;
+    renderStages(answer.stages || []);
     renderPreview(preview);
   } catch (error) {
     if (mine === checkSeq) showErrors(error);
   }
+}
+
+/** A split model's stages, as the dry run estimates them: "stage 1: layer3.0 to layer3.2, 1 micro-batch at
+ * once, about 120 MiB". */
+function renderStages(stages) {
+  const list = $("spec-stages");
+  list.replaceChildren();
+  const mib = (bytes) => `${Math.max(1, Math.round(bytes / 2 ** 20))} MiB`;
+  stages.forEach((stage, s) => {
+    const [first, last] = stage.blocks;
+    const held = first === last ? first : `${first} to ${last}`;
+    const micro = `${stage.in_flight} micro-batch${stage.in_flight === 1 ? "" : "es"} at once`;
+    add(list, "li", `stage ${s}: ${held}, ${micro}, about ${mib(stage.memory.total)}`);
+  });
 }
 
 /** The spec's schedule for each of PREVIEW_WORKERS, or {error} when it cannot be previewed. */
