@@ -520,4 +520,17 @@ async fn a_composite_model_placed_on_two_devices_per_worker_trains_the_unsplit_j
         assert_eq!((s.0, s.2), (u.0, u.2), "the same iteration and lr");
         assert!((s.1 - u.1).abs() <= 1e-5 * u.1.abs(), "iteration {}: loss {} split, {} unsplit", s.0, s.1, u.1);
     }
+
+    // the trained composite model comes back as its weights, named by module; there is no TorchScript file
+    let checkpoints = api.get(&format!("/v1/jobs/{split_id}/checkpoints")).await;
+    let last = checkpoints["checkpoints"].as_array().unwrap().iter().find(|c| c["is_final"] == true).unwrap().clone();
+    let weights = format!("/v1/jobs/{split_id}/checkpoints/{}/weights", last["id"].as_str().unwrap());
+    let (status, problem) = api.request(reqwest::Method::GET, &format!("{weights}/model.pt"), None).await;
+    assert!(status == 404 && problem.to_string().contains("model.safetensors"), "{status} {problem}");
+    let (status, bytes) = api.download(&format!("{weights}/model.safetensors")).await;
+    assert_eq!(status, 200);
+    let path = cluster.dir.join("composite.safetensors");
+    std::fs::write(&path, bytes).unwrap();
+    let names: Vec<String> = Tensor::read_safetensors(&path).unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(names.iter().any(|n| n == "encode_set.phi.0.weight"), "{names:?}");
 }

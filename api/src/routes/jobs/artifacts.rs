@@ -116,7 +116,7 @@ pub async fn download_weights(
     let area = checkpoint_area(checkpoint.job_id);
     let Some((offset, length)) = find_member(&state, &area, &checkpoint.path, file.name()).await? else {
         return Err(ApiError::not_found(format!(
-            "checkpoint {} has no {} (TorchScript is saved for uploaded models only)",
+            "checkpoint {} has no {} (TorchScript is saved for uploaded models of one file only; a composite model's weights are model.safetensors)",
             checkpoint.id,
             file.name()
         )));
