@@ -100,7 +100,7 @@ fn summary(model: &Model) -> String {
         return format!("uploaded model {} ({}): forward({})", model.id, model.name, inputs(model));
     };
     format!(
-        "uploaded model {} ({}): {} parameters in {} tensors, forward({}) -> {:?}{}{}",
+        "uploaded model {} ({}): {} parameters in {} tensors, forward({}) -> {:?}{}{}{}",
         model.id,
         model.name,
         report.parameters,
@@ -109,7 +109,19 @@ fn summary(model: &Model) -> String {
         report.output_shape,
         if report.batch_norm { ", BatchNorm (statistics per rank)" } else { "" },
         report.memory.as_ref().map_or_else(String::new, step_memory),
+        modules(&report.modules),
     )
+}
+
+/// A composite model's modules, as `; modules encode_numeric(numeric) -> [2, 32], …, head(encode_numeric,
+/// …) -> [2, 3]`; nothing for a model of one file.
+fn modules(modules: &[ringtrain_protocol::model::ModuleReport]) -> String {
+    if modules.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> =
+        modules.iter().map(|m| format!("{}({}) -> {:?}", m.name, m.inputs.join(", "), m.output_shape)).collect();
+    format!("; modules {} (placed on a worker's devices with placement.stages)", each.join(", "))
 }
 
 /// What the check measured of a training step, as `; a training step takes 12 MiB + 1.5 MiB per sample`.
@@ -191,5 +203,28 @@ fn check(args: &CheckArgs) -> ExitCode {
     match line {
         Ok(line) if writeln!(out, "{line}").is_ok() => status,
         _ => ExitCode::FAILURE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ringtrain_protocol::model::ModuleReport;
+
+    #[test]
+    fn a_composite_models_modules_are_listed_with_what_each_takes_and_makes() {
+        let module = |name: &str, inputs: &[&str], shape: &[i64]| ModuleReport {
+            name: name.to_string(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            parameters: 10,
+            batch_norm: false,
+            output_shape: shape.to_vec(),
+            memory: None,
+        };
+        let listed = super::modules(&[module("encode", &["a", "b"], &[2, 8]), module("head", &["encode"], &[2, 3])]);
+        assert_eq!(
+            listed,
+            "; modules encode(a, b) -> [2, 8], head(encode) -> [2, 3] (placed on a worker's devices with placement.stages)"
+        );
+        assert_eq!(super::modules(&[]), "", "a model of one file lists none");
     }
 }
