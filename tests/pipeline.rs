@@ -116,4 +116,21 @@ async fn a_job_cut_into_pipeline_stages_trains_through_the_api_as_the_unsplit_on
         );
     }
     assert!(unsplit["result"]["timeline"].get("stages").is_none(), "no stages in an unsplit run");
+
+    // a worker's stages share a node: 3 stages on nodes of 2 slots can never be placed, and the job says why
+    let mut three = resnet(1);
+    three["devices_per_worker"] = 3.into();
+    three["placement"] = json!({"cuts": ["layer1", "layer2"]});
+    let three_id = api.submit(&three).await;
+    let waiting = api
+        .wait_for(&format!("/v1/jobs/{three_id}"), Duration::from_secs(30), "its reason", |job| {
+            job["pending_reason"]["code"] == "worker_larger_than_nodes"
+        })
+        .await;
+    let message = waiting["pending_reason"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("1 worker of 3 devices on one node") && message.contains("the largest node has 2"),
+        "{waiting}"
+    );
+    api.post(&format!("/v1/jobs/{three_id}/cancel"), json!({})).await;
 }

@@ -86,6 +86,8 @@ fn lacks_devices(reason: &WaitReason) -> bool {
             | WaitReason::HeadOfLine { .. }
             | WaitReason::TooLarge { .. }
             | WaitReason::NoDevicesOfKind { .. }
+            | WaitReason::WorkerLargerThanNodes { .. }
+            | WaitReason::WaitingForNodeRoom { .. }
     )
 }
 

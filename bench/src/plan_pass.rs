@@ -158,6 +158,7 @@ pub fn generate(config: &BenchConfig) -> ClusterView {
             devices: rng.job_size(),
             submit_seq: seq as u64,
             larger: Vec::new(),
+            node_group: 1,
         })
         .collect();
     ClusterView { teams, nodes, queued, running }

@@ -23,6 +23,7 @@ fn elastic(j: u128, t: u128, counts: &[u32], submit_seq: u64) -> QueuedJob {
         devices: counts[0],
         submit_seq,
         larger: counts[1..].to_vec(),
+        node_group: 1,
     }
 }
 

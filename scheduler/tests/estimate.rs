@@ -58,6 +58,7 @@ impl World {
                     devices: running.devices.len() as u32,
                     submit_seq: 0,
                     larger: Vec::new(),
+                    node_group: 1,
                 });
                 running.id = JobId(uuid::Uuid::from_u128(running.id.0.as_u128() + 1_000_000));
                 running.preempting = true;

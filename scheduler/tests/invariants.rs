@@ -73,6 +73,7 @@ fn build(
             devices: k,
             submit_seq: j as u64,
             larger: Vec::new(),
+            node_group: 1,
         });
     }
     view
@@ -128,7 +129,7 @@ proptest! {
         let view = build(&nodes, &teams, &owners, &running, &queued);
         let (t, gpu, k, priority) = submitted;
         let kind = if gpu { DeviceKind::Gpu } else { DeviceKind::Cpu };
-        let new_job = |submit_seq| QueuedJob { id: job(999), team: team(t % teams.len() as u128), priority, kind, devices: k, submit_seq, larger: Vec::new() };
+        let new_job = |submit_seq| QueuedJob { id: job(999), team: team(t % teams.len() as u128), priority, kind, devices: k, submit_seq, larger: Vec::new(), node_group: 1 };
         let dry = ringtrain_scheduler::dry_run(&view, new_job(u64::MAX)).expect("planned");
 
         let mut submitted_view = view.clone();
@@ -229,6 +230,7 @@ proptest! {
                     devices: 1,
                     submit_seq: j as u64,
     larger: Vec::new(),
+    node_group: 1,
                 });
             }
         }

@@ -169,6 +169,8 @@ fn every_reason_has_a_code_and_a_sentence() {
         WaitReason::Reclaiming { kind: GPU, needed: 2, victims: vec![], stopping_devices: 2 },
         WaitReason::ReclaimAfterMinRunTime { kind: GPU, needed: 2, protected_jobs: vec![id] },
         WaitReason::TooLarge { kind: GPU, needed: 5, pool_size: 4 },
+        WaitReason::WorkerLargerThanNodes { kind: GPU, needed: 4, per_worker: 2, largest_node: 1, workers_fit: 0 },
+        WaitReason::WaitingForNodeRoom { kind: GPU, needed: 4, per_worker: 2, free_now: 4, workers_fit: 1 },
         WaitReason::NoDevicesOfKind { kind: GPU, needed: 1 },
         WaitReason::PreviousPlacementStopping,
         WaitReason::BeyondQueueWindow { window: 1000 },
@@ -187,4 +189,61 @@ fn every_reason_has_a_code_and_a_sentence() {
         assert_eq!(json["code"], reason.code(), "the serialized code is the code");
         assert!(reason.to_string().len() > 20, "{reason:?} has a sentence");
     }
+}
+
+/// A job whose workers span 2 devices each (pipeline stages) is placed with each worker's devices on one
+/// node; when the free devices do not make whole workers it waits saying so, and when no node could ever
+/// hold a worker it is unplaceable saying so.
+#[test]
+fn a_workers_pipeline_stages_share_a_node_or_the_job_says_why_it_waits() {
+    let grouped = |cluster: Cluster, j: u128, k: u32| {
+        let mut cluster = cluster.queue(j, 1, k);
+        cluster.view.queued.last_mut().unwrap().node_group = 2;
+        cluster
+    };
+    // two nodes of 3 GPUs: 2 workers of 2 stages, one worker per node, the ranks of a worker side by side
+    let plan = grouped(Cluster::new().team(1, 0, 0, 1).node(1, 3, 0).node(2, 3, 0), 20, 4).plan();
+    assert_eq!(started(&plan), vec![job(20)]);
+    let devices = &plan.starts[0].devices;
+    assert_eq!(devices.len(), 4);
+    for worker in devices.chunks(2) {
+        assert_eq!(worker[0].node, worker[1].node, "a worker's stages on one node: {devices:?}");
+    }
+
+    // 4 GPUs free, one on each node: no worker fits now. The first in line keeps two nodes' free devices for
+    // its 2 workers (whole nodes, awaiting job 10 there); the next says the free devices make no worker
+    let busy = Cluster::new().team(1, 0, 0, 1).node(1, 2, 0).node(2, 2, 0).node(3, 2, 0).node(4, 2, 0);
+    let busy = busy.run(10, 1, &[(1, 0), (2, 0), (3, 0), (4, 0)]);
+    let plan = grouped(grouped(busy, 20, 4), 21, 2).plan();
+    assert!(started(&plan).is_empty(), "{plan:#?}");
+    assert_eq!(
+        waiting(&plan, 20).reason,
+        WaitReason::HeadOfLine { kind: GPU, needed: 4, held: 2, awaiting_jobs: vec![job(10)] }
+    );
+    let held = &plan.reservations[0];
+    let mut nodes: Vec<_> = held.held.iter().chain(&held.awaiting).map(|d| d.node).collect();
+    nodes.sort();
+    assert_eq!(nodes, vec![node(1), node(1), node(2), node(2)], "whole workers on nodes: {held:?}");
+    let reason = waiting(&plan, 21).reason;
+    assert_eq!(
+        reason,
+        WaitReason::WaitingForNodeRoom { kind: GPU, needed: 2, per_worker: 2, free_now: 2, workers_fit: 0 }
+    );
+    assert_eq!(
+        reason.to_string(),
+        "needs 2 gpu devices, as 1 worker of 2 devices on one node (each worker's pipeline stages); 2 are free, \
+         but they make no such worker"
+    );
+
+    // nodes of one GPU each never hold a worker of 2: unplaceable, said at once
+    let plan = grouped(Cluster::new().team(1, 0, 0, 1).node(1, 1, 0).node(2, 1, 0).node(3, 1, 0), 20, 2).plan();
+    assert_waiting(
+        &plan,
+        &[(
+            20,
+            None,
+            WaitReason::WorkerLargerThanNodes { kind: GPU, needed: 2, per_worker: 2, largest_node: 1, workers_fit: 0 },
+        )],
+    );
+    assert_eq!(plan.too_large, vec![job(20)]);
 }

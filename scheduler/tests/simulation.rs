@@ -54,6 +54,7 @@ impl Sim {
             devices: k,
             submit_seq: j as u64,
             larger: Vec::new(),
+            node_group: 1,
         };
         self.specs.insert(spec.id, spec.clone());
         self.work_left.insert(spec.id, work);

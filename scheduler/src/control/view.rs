@@ -171,6 +171,7 @@ fn queued_job(job: &Job) -> QueuedJob {
         devices,
         submit_seq: job.seq.max(0) as u64,
         larger: counts,
+        node_group: job.spec.stages(),
     }
 }
 

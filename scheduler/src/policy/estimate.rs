@@ -72,7 +72,11 @@ pub fn estimate_start(view: &ClusterView, job: JobId, timeline: &Timeline) -> Es
             Some(Verdict::Start { .. }) if now == 0.0 => return Estimate::Now,
             Some(Verdict::Start { .. }) => return Estimate::At { seconds: now, after },
             Some(Verdict::Wait {
-                reason: WaitReason::TooLarge { .. } | WaitReason::NoDevicesOfKind { .. }, ..
+                reason:
+                    WaitReason::TooLarge { .. }
+                    | WaitReason::NoDevicesOfKind { .. }
+                    | WaitReason::WorkerLargerThanNodes { .. },
+                ..
             }) => return Estimate::Unknown { depends_on: Vec::new() },
             Some(_) => {}
         }
@@ -114,6 +118,8 @@ pub fn estimate_start(view: &ClusterView, job: JobId, timeline: &Timeline) -> Es
                 devices: running.devices.len() as u32,
                 submit_seq: 0,
                 larger: Vec::new(),
+                // (a running job's own grouping is not known here: the estimate places it anywhere)
+                node_group: 1,
             };
             // the stand-in keeps the devices until it has stopped, under another id
             running.id = JobId(uuid::Uuid::from_u128(running.id.0.as_u128() ^ u128::MAX));

@@ -19,6 +19,13 @@ pub(crate) struct KindIndex {
 }
 
 impl KindIndex {
+    /// Each node's devices of this kind, free or busy.
+    pub(crate) fn node_capacities(&self) -> Vec<u32> {
+        (0..self.busy.len() as u32)
+            .map(|node| self.busy[node as usize].len() as u32 + self.pool.free_on(node))
+            .collect()
+    }
+
     /// Whether running job `job` holds device `index` of `node` in this pool.
     pub(crate) fn is_held_by(&self, node: u32, index: u32, job: usize) -> bool {
         let busy = &self.busy[node as usize];

@@ -86,6 +86,46 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// The whole groups of `group` devices the free devices make, node by node.
+    pub(crate) fn free_groups(&self, group: u32) -> u64 {
+        let group = u64::from(group.max(1));
+        self.free.iter().map(|devices| devices.len() as u64 / group).sum()
+    }
+
+    /// Takes `k` free devices in groups of `group` that each lie on one node (a worker's pipeline stages),
+    /// on as few nodes as possible as [`Pool::take`] does, or nothing when the free devices do not make
+    /// k / group such groups. Each node gives a whole number of groups, so the devices sorted by node hold
+    /// each group in `group` consecutive places. A group of 1 is [`Pool::take`].
+    pub(crate) fn take_grouped(&mut self, k: u32, group: u32) -> Option<Vec<Slot>> {
+        if group <= 1 {
+            return self.take(k);
+        }
+        let groups = k / group;
+        if k % group != 0 || groups == 0 || self.free_groups(group) < u64::from(groups) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(k as usize);
+        let mut remaining = groups;
+        while remaining > 0 {
+            // the smallest node that holds the rest, else the largest node's whole groups
+            if let Some(&(_, node)) = self.by_free.range((remaining * group, 0)..).next() {
+                self.take_on_node(node, remaining * group, &mut out);
+                remaining = 0;
+            } else {
+                let &(count, _) = self.by_free.iter().next_back().expect("free groups remain");
+                let &(_, node) = self.by_free.range((count, 0)..).next().expect("exists");
+                let taken = (count / group).min(remaining);
+                debug_assert!(taken > 0, "the largest node holds a group while free groups remain");
+                self.take_on_node(node, taken * group, &mut out);
+                remaining -= taken;
+            }
+        }
+        out.sort_unstable();
+        Some(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,5 +179,28 @@ mod tests {
         assert_eq!(p.take(2), Some(vec![(0, 0), (0, 1)]));
         assert_eq!(p.take(2), Some(vec![(0, 2), (0, 3)]));
         assert_eq!(p.take(1), None);
+    }
+
+    #[test]
+    fn grouped_devices_lie_on_one_node_each_or_none_are_taken() {
+        // 4 devices free on 4 nodes make no group of 2: nothing is taken
+        let mut p = pool(&[1, 1, 1, 1]);
+        assert_eq!(p.take_grouped(4, 2), None);
+        assert_eq!(p.total(), 4, "a failed placement takes nothing");
+        // 3 + 3 free make 2 groups of 2; the third device of each node stays free
+        let mut p = pool(&[3, 3]);
+        let slots = p.take_grouped(4, 2).unwrap();
+        assert_eq!(slots, vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
+        assert_eq!(p.take_grouped(2, 2), None, "1 + 1 left make no group");
+        // the smallest node that holds every group is taken whole; groups never straddle nodes
+        let mut p = pool(&[5, 4, 2]);
+        assert_eq!(nodes_of(&p.take_grouped(4, 2).unwrap()), vec![1]);
+        let mut p = pool(&[5, 4, 3]);
+        let slots = p.take_grouped(6, 3).unwrap();
+        assert_eq!(nodes_of(&slots), vec![0, 2], "a group from the largest, the rest from the best fit");
+        for group in slots.chunks(3) {
+            assert!(group.iter().all(|s| s.0 == group[0].0), "{slots:?}");
+        }
+        assert_eq!(pool(&[4]).take_grouped(3, 2), None, "a count that is no whole number of groups");
     }
 }

@@ -132,6 +132,24 @@ impl<'v, 'i> KindPass<'v, 'i> {
         }
         let queued_of_kind: usize = sizes.iter().sum();
         for job in view.queued.iter().filter(|j| j.kind == kind && j.devices > 0) {
+            let group = job.node_group.max(1);
+            if group > 1 && u64::from(job.devices) <= capacity {
+                let per_node = index.kinds[kind_index(kind)].node_capacities();
+                let workers_fit: u64 = per_node.iter().map(|&c| u64::from(c / group)).sum();
+                if workers_fit < u64::from(job.devices / group) {
+                    plan.too_large.push(job.id);
+                    let largest_node = per_node.iter().copied().max().unwrap_or(0);
+                    let reason = WaitReason::WorkerLargerThanNodes {
+                        kind,
+                        needed: job.devices,
+                        per_worker: group,
+                        largest_node,
+                        workers_fit,
+                    };
+                    unplaceable.push(Waiting { job: job.id, position: None, reason });
+                    continue;
+                }
+            }
             if u64::from(job.devices) > capacity {
                 plan.too_large.push(job.id);
                 let (needed, pool_size) = (job.devices, capacity);
@@ -229,7 +247,9 @@ impl<'v, 'i> KindPass<'v, 'i> {
 
             // an elastic job starts within what is left of the guarantee here; it may grow beyond it later
             let placed = self.try_start(team, position, room);
-            if !placed && job.devices < self.reclaim_fails_from {
+            // a job whose workers each need one node does not reclaim: preempting borrowers frees devices
+            // wherever they ran, which need not make whole groups on nodes (it waits for free nodes)
+            if !placed && job.job.node_group <= 1 && job.devices < self.reclaim_fails_from {
                 if self.try_reclaim(team, job.job) {
                     self.queues[team].done[position] = true;
                 } else {
@@ -334,7 +354,7 @@ impl<'v, 'i> KindPass<'v, 'i> {
     /// devices are left to reserve.
     fn reserve_head_of_line(&mut self, job: &Entry) -> Option<WaitReason> {
         let kind = &mut self.index.kinds[kind_index(self.kind)];
-        let (held, awaiting) = reserve_head_of_line(job.devices, kind, &self.claimed)?;
+        let (held, awaiting) = reserve_head_of_line(job.devices, job.job.node_group, kind, &self.claimed)?;
         let mut awaiting_jobs: Vec<JobId> = awaiting
             .iter()
             .filter_map(|&(node, index)| {
@@ -361,7 +381,13 @@ impl<'v, 'i> KindPass<'v, 'i> {
     /// Why `job` could not start when the walk reached it (the pool as it is at that moment).
     fn wait_reason(&self, team: usize, job: &Entry) -> WaitReason {
         let (kind, needed) = (self.kind, job.devices);
-        let free_now = self.index.kinds[self.kind_slot()].pool.total();
+        let pool = &self.index.kinds[self.kind_slot()].pool;
+        let free_now = pool.total();
+        let per_worker = job.job.node_group;
+        if per_worker > 1 && free_now >= u64::from(needed) {
+            let workers_fit = pool.free_groups(per_worker);
+            return WaitReason::WaitingForNodeRoom { kind, needed, per_worker, free_now, workers_fit };
+        }
         let fits_with = |held: &Held| free_now + u64::from(held.devices) >= u64::from(needed);
         if let Some(held) = self.head_of_line.as_ref().filter(|h| fits_with(h)) {
             return WaitReason::HeadOfLineReserved { kind, needed, free_now, for_job: held.job };
@@ -392,7 +418,7 @@ impl<'v, 'i> KindPass<'v, 'i> {
         let larger: &[u32] = if job.elastic { &job.job.larger } else { &[] };
         let size =
             larger.iter().rev().copied().find(|&count| count <= cap && u64::from(count) <= free).unwrap_or(job.devices);
-        let Some(slots) = self.index.kinds[k].pool.take(size) else { return false };
+        let Some(slots) = self.index.kinds[k].pool.take_grouped(size, job.job.node_group) else { return false };
         let account = &mut self.book.accounts[team];
         let guarantee = account.guarantee(self.kind);
         let usage = account.usage[k];

@@ -57,6 +57,10 @@ pub struct QueuedJob {
     pub devices: u32,
     /// An elastic job's larger counts, ascending (empty for a fixed job): it starts on the largest that fits.
     pub larger: Vec<u32>,
+    /// Devices that must lie on one node together: each worker's pipeline stages (its spec's
+    /// `devices_per_worker`), which pass activations to each other every micro-batch. 1: any device
+    /// anywhere. `devices` is a multiple of it.
+    pub node_group: u32,
     /// Submission order (`jobs.seq`): earlier first among equal priorities. A preempted job keeps its seq,
     /// so it goes back to the front of its priority class.
     pub submit_seq: u64,

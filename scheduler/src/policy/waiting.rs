@@ -44,6 +44,12 @@ pub enum WaitReason {
     ReclaimAfterMinRunTime { kind: DeviceKind, needed: u32, protected_jobs: Vec<JobId> },
     /// More devices than the pool has of its kind.
     TooLarge { kind: DeviceKind, needed: u32, pool_size: u64 },
+    /// Each of its workers needs `per_worker` devices on one node (its pipeline stages), and the pool's nodes,
+    /// free or not, hold fewer such workers than it has.
+    WorkerLargerThanNodes { kind: DeviceKind, needed: u32, per_worker: u32, largest_node: u32, workers_fit: u64 },
+    /// Enough devices are free, but each of its workers needs `per_worker` of them on one node, and the free
+    /// devices make only `workers_fit` such workers.
+    WaitingForNodeRoom { kind: DeviceKind, needed: u32, per_worker: u32, free_now: u64, workers_fit: u64 },
     /// No node that is up has a device of its kind.
     NoDevicesOfKind { kind: DeviceKind, needed: u32 },
     /// Set by the loop, not the policy: its previous placement is still stopping (writing the checkpoint it
@@ -108,6 +114,8 @@ impl WaitReason {
             WaitReason::Reclaiming { .. } => "reclaiming",
             WaitReason::ReclaimAfterMinRunTime { .. } => "reclaim_after_min_run_time",
             WaitReason::TooLarge { .. } => "too_large",
+            WaitReason::WorkerLargerThanNodes { .. } => "worker_larger_than_nodes",
+            WaitReason::WaitingForNodeRoom { .. } => "waiting_for_node_room",
             WaitReason::NoDevicesOfKind { .. } => "no_devices_of_kind",
             WaitReason::PreviousPlacementStopping => "previous_placement_stopping",
             WaitReason::BeyondQueueWindow { .. } => "beyond_queue_window",
@@ -117,7 +125,7 @@ impl WaitReason {
     }
 
     /// Every code, for documentation and tests.
-    pub const CODES: [&'static str; 13] = [
+    pub const CODES: [&'static str; 15] = [
         "waiting_for_devices",
         "head_of_line",
         "head_of_line_reserved",
@@ -126,6 +134,8 @@ impl WaitReason {
         "reclaiming",
         "reclaim_after_min_run_time",
         "too_large",
+        "worker_larger_than_nodes",
+        "waiting_for_node_room",
         "no_devices_of_kind",
         "previous_placement_stopping",
         "beyond_queue_window",
@@ -138,6 +148,20 @@ impl WaitReason {
 fn devices(n: impl Into<u64>, kind: DeviceKind) -> String {
     let n = n.into();
     format!("{n} {} device{}", kind.as_str(), if n == 1 { "" } else { "s" })
+}
+
+/// "1 worker" / "3 workers".
+fn workers(n: u64) -> String {
+    format!("{n} worker{}", if n == 1 { "" } else { "s" })
+}
+
+/// "no such worker" / "1 such worker" / "2 such workers".
+fn such_workers(n: u64) -> String {
+    match n {
+        0 => "no such worker".to_string(),
+        1 => "1 such worker".to_string(),
+        n => format!("{n} such workers"),
+    }
 }
 
 /// "job a, job b and 3 more".
@@ -219,6 +243,22 @@ impl fmt::Display for WaitReason {
             WaitReason::TooLarge { kind, needed, pool_size } => {
                 write!(f, "needs {}; the pool has {}", devices(*needed, *kind), pool_size)
             }
+            WaitReason::WorkerLargerThanNodes { kind, needed, per_worker, largest_node, workers_fit } => write!(
+                f,
+                "needs {}, as {} of {per_worker} devices on one node (each worker's pipeline stages); the largest \
+                 node has {largest_node}, and the pool's nodes hold {}",
+                devices(*needed, *kind),
+                workers(u64::from(needed / per_worker.max(&1))),
+                such_workers(*workers_fit)
+            ),
+            WaitReason::WaitingForNodeRoom { kind, needed, per_worker, free_now, workers_fit } => write!(
+                f,
+                "needs {}, as {} of {per_worker} devices on one node (each worker's pipeline stages); {free_now} \
+                 are free, but they make {}",
+                devices(*needed, *kind),
+                workers(u64::from(needed / per_worker.max(&1))),
+                such_workers(*workers_fit)
+            ),
             WaitReason::NoDevicesOfKind { kind, needed } => {
                 write!(f, "needs {}; no node that is up offers any", devices(*needed, *kind))
             }

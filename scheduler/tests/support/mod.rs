@@ -63,6 +63,7 @@ impl Cluster {
             devices: k,
             submit_seq: j as u64,
             larger: Vec::new(),
+            node_group: 1,
         });
         self
     }

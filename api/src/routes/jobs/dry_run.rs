@@ -35,6 +35,7 @@ pub async fn answer(
         // submitted after every job already queued
         submit_seq: u64::MAX,
         larger: counts,
+        node_group: spec.stages(),
     };
     let mut view = DryRunView {
         dry_run: true,
