@@ -501,6 +501,12 @@ async fn a_composite_model_placed_on_two_devices_per_worker_trains_the_unsplit_j
     assert_eq!(stages[1]["blocks"], serde_json::json!(["encode_set", "head"]), "{dry}");
     assert_eq!((stages[0]["in_flight"].as_u64(), stages[1]["in_flight"].as_u64()), (Some(2), Some(1)), "{dry}");
     assert!(stages.iter().all(|s| s["memory"]["total"].as_u64().unwrap() > 0), "{dry}");
+    // a stage of modules not next to each other in the manifest names each
+    let mut apart = split.clone();
+    apart["placement"] = serde_json::json!({"stages": [["encode_numeric", "encode_set"], ["encode_sequence", "head"]]});
+    let (status, dry) = api.request(reqwest::Method::POST, "/v1/jobs?dry_run=true", Some(apart)).await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry["stages"][0]["blocks"][0], "encode_numeric, encode_set", "{dry}");
 
     let unsplit_id = api.submit(&unsplit).await;
     api.wait_state(&unsplit_id, "succeeded", LONG).await;

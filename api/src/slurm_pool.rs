@@ -77,6 +77,16 @@ pub struct SlurmPool {
     issued: Mutex<HashMap<u64, (Vec<TokenId>, PathBuf)>>,
 }
 
+/// Nodes of `devices_per_node` that hold `devices` in whole groups of `node_group`; u32::MAX when a node
+/// cannot hold one group.
+fn nodes_for(devices: u32, node_group: u32, devices_per_node: u32) -> u32 {
+    let group = node_group.max(1);
+    match devices_per_node / group {
+        0 => u32::MAX,
+        groups_per_node => (devices / group).div_ceil(groups_per_node),
+    }
+}
+
 /// Why a queued job may be given Slurm nodes: the policy says the pool lacks devices for it (not that its
 /// team is at its guarantee, or that it waits behind the first job in line).
 fn lacks_devices(reason: &WaitReason) -> bool {
@@ -152,9 +162,11 @@ impl SlurmPool {
         })
     }
 
-    /// The Slurm job a ringtrain job of `devices` devices asks for: nodes of `devices_per_node`.
-    fn nodes_for(&self, devices: u32) -> u32 {
-        devices.div_ceil(self.config.devices_per_node.max(1))
+    /// The Slurm job a ringtrain job of `devices` devices asks for: nodes of `devices_per_node`, each
+    /// holding whole workers of `node_group` devices (a worker's pipeline stages share a node); u32::MAX
+    /// when a Slurm node cannot hold one worker.
+    fn nodes_for(&self, devices: u32, node_group: u32) -> u32 {
+        nodes_for(devices, node_group, self.config.devices_per_node)
     }
 }
 
@@ -223,7 +235,7 @@ async fn pass(state: &AppState, pool: &SlurmPool) -> anyhow::Result<()> {
     forget_ended(state, pool, &active).await;
 
     let insight = state.queue_insight().await.map_err(|e| anyhow::anyhow!("the queue's plan: {e:?}"))?;
-    let mut waiting: Vec<(Option<u32>, JobId, u32)> = Vec::new();
+    let mut waiting: Vec<(Option<u32>, JobId, u32, u32)> = Vec::new();
     let most = pool.config.max_nodes.saturating_mul(pool.config.devices_per_node);
     for queued in insight.read.view.queued.iter().filter(|q| q.kind == pool.config.kind) {
         let Some(Verdict::Wait { position, reason } | Verdict::Reclaim { position, reason, .. }) =
@@ -231,11 +243,19 @@ async fn pass(state: &AppState, pool: &SlurmPool) -> anyhow::Result<()> {
         else {
             continue;
         };
-        if matches!(reason, WaitReason::TooLarge { .. } | WaitReason::NoDevicesOfKind { .. }) && queued.devices > most {
+        let unplaceable = matches!(
+            reason,
+            WaitReason::TooLarge { .. } | WaitReason::NoDevicesOfKind { .. } | WaitReason::WorkerLargerThanNodes { .. }
+        );
+        if unplaceable && pool.nodes_for(queued.devices, queued.node_group) > pool.config.max_nodes {
             // neither the agents nor one Slurm job will ever hold it: said now, not after a wait
+            let per_worker = match queued.node_group {
+                0 | 1 => String::new(),
+                group => format!(", {group} on one node for each worker"),
+            };
             let why = format!(
-                "cannot be placed: needs {} {} devices; the agents have fewer and the Slurm pool's largest job \
-                 is {most} ({} nodes of {})",
+                "cannot be placed: needs {} {} devices{per_worker}; the agents cannot hold it and the Slurm \
+                 pool's largest job is {most} ({} nodes of {})",
                 queued.devices,
                 queued.kind.as_str(),
                 pool.config.max_nodes,
@@ -243,21 +263,21 @@ async fn pass(state: &AppState, pool: &SlurmPool) -> anyhow::Result<()> {
             );
             fail_queued(state, queued.id, &why).await?;
         } else if lacks_devices(&reason) {
-            waiting.push((position, queued.id, queued.devices));
+            waiting.push((position, queued.id, queued.devices, queued.node_group));
         }
     }
     // first in line first (a job the pool cannot place at all has no position: after those that have)
-    waiting.sort_by_key(|(position, id, _)| (position.is_none(), *position, id.0));
+    waiting.sort_by_key(|(position, id, _, _)| (position.is_none(), *position, id.0));
     let has_slurm_job: Vec<JobId> = active.iter().filter_map(|s| ringtrain_job(s)).collect();
     let mut pending_now = pending.len();
-    for (_, id, devices) in waiting {
+    for (_, id, devices, node_group) in waiting {
         if has_slurm_job.contains(&id) {
             continue;
         }
         if pending_now >= pool.config.max_pending {
             break;
         }
-        let nodes = pool.nodes_for(devices);
+        let nodes = pool.nodes_for(devices, node_group);
         if nodes > pool.config.max_nodes {
             continue; // larger than one Slurm job: it waits for the agents' devices to free up
         }
@@ -406,6 +426,15 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn a_slurm_job_holds_whole_workers_on_each_node() {
+        assert_eq!(super::nodes_for(6, 1, 4), 2, "plain devices fill nodes");
+        // 3 workers of 2 stages on nodes of 3: one worker a node, not two nodes of 3 devices
+        assert_eq!(super::nodes_for(6, 2, 3), 3);
+        assert_eq!(super::nodes_for(8, 2, 4), 2);
+        assert_eq!(super::nodes_for(3, 3, 2), u32::MAX, "a node smaller than a worker holds none");
     }
 
     #[test]

@@ -104,6 +104,11 @@ impl Manifest {
                     return Err(format!("{MANIFEST}: module {name}'s input {input:?} is not a name"));
                 }
                 match self.index(input) {
+                    None if input == "x" => {
+                        return Err(format!(
+                            "{MANIFEST}: module {name} takes x, a plain data set's one input; a composite model takes named inputs (x.NAME): give them other names"
+                        ))
+                    }
                     Some(j) if j == i => return Err(format!("{MANIFEST}: module {name} takes its own output")),
                     Some(j) if j > i => {
                         return Err(format!(
@@ -290,17 +295,21 @@ mod tests {
     fn a_manifest_out_of_order_or_with_a_dead_end_is_refused() {
         for (text, expected) in [
             (
-                r#"{"modules": [{"name": "head", "inputs": ["enc"]}, {"name": "enc", "inputs": ["x"]}]}"#,
+                r#"{"modules": [{"name": "head", "inputs": ["enc"]}, {"name": "enc", "inputs": ["v"]}]}"#,
                 "listed after it",
             ),
             (
-                r#"{"modules": [{"name": "a", "inputs": ["x"]}, {"name": "b", "inputs": ["x"]}]}"#,
+                r#"{"modules": [{"name": "a", "inputs": ["v"]}, {"name": "b", "inputs": ["v"]}]}"#,
                 "no module takes a's output",
             ),
-            (r#"{"modules": [{"name": "a", "inputs": ["x"]}]}"#, "2 to 64"),
-            (r#"{"modules": [{"name": "a/b", "inputs": ["x"]}, {"name": "b", "inputs": ["a/b"]}]}"#, "not a name"),
+            (r#"{"modules": [{"name": "a", "inputs": ["v"]}]}"#, "2 to 64"),
+            (r#"{"modules": [{"name": "a/b", "inputs": ["v"]}, {"name": "b", "inputs": ["a/b"]}]}"#, "not a name"),
             (r#"{"modules": [{"name": "a", "inputs": []}, {"name": "b", "inputs": ["a"]}]}"#, "takes 0 inputs"),
-            (r#"{"modules": [{"name": "a", "inputs": ["x"]}, {"name": "a", "inputs": ["a"]}]}"#, "two modules"),
+            (r#"{"modules": [{"name": "a", "inputs": ["y"]}, {"name": "a", "inputs": ["a"]}]}"#, "two modules"),
+            (
+                r#"{"modules": [{"name": "a", "inputs": ["x"]}, {"name": "b", "inputs": ["a"]}]}"#,
+                "a plain data set's one input",
+            ),
             (r#"{"modules": [], "extra": 1}"#, "unknown field"),
         ] {
             let why = Manifest::parse(text.as_bytes()).unwrap_err();

@@ -298,7 +298,8 @@ fn resnet50((c, h, w): (u64, u64, u64), classes: u64) -> ResNetParts {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageEstimate {
     /// The blocks it holds, first and last (`layer1.0`…`layer2.2`); the first stage also holds the stem,
-    /// the last the classifier. For a composite uploaded model: its first and last module.
+    /// the last the classifier. For a composite uploaded model: its first and last module, or every
+    /// module's name (the list twice) when they are not next to each other in its manifest.
     pub blocks: (String, String),
     /// Micro-batches whose activations it keeps at once.
     pub in_flight: u64,

@@ -317,7 +317,7 @@ SPEC
   )
   for name in resnet-unsplit resnet-split composite-unsplit composite-split; do
     # shellcheck disable=SC2086 # the flags split on purpose
-    timeout "$(bound 60)" "$B" train ${runs[$name]} --share-gpu-for-tests --collective ring \
+    timeout "$(bound 40)" "$B" train ${runs[$name]} --share-gpu-for-tests --collective ring \
       >"$WORK/pipe-$name.out" 2>"$WORK/pipe-$name.err"
     rc=$?
     rcs="$rcs $name=$rc"
@@ -644,7 +644,7 @@ else
   run_step nccl-dup 20 step_nccl_dup
   run_step nccl-hostid 25 step_nccl_hostid
   run_step equivalence 45 step_equivalence
-  run_step pipeline 60 step_pipeline
+  run_step pipeline 120 step_pipeline
   run_step sandbox 30 step_sandbox
   run_step crash 30 step_crash
   run_step sigstop 35 step_sigstop

@@ -369,14 +369,25 @@ fn module_stage_estimates(spec: &JobSpec, report: &ModelReport, data_bytes: u64)
             trainable = trainable.saturating_add(measured.trainable_bytes);
             steps = steps.saturating_add(measured.step_bytes(batch));
         }
-        let names = |at: usize| report.modules[plan.modules[at]].name.clone();
         estimates.push(memory::StageEstimate {
-            blocks: (names(0), names(plan.modules.len() - 1)),
+            blocks: module_span(report, &plan.modules),
             in_flight,
             memory: memory::measured(weights, trainable, steps.saturating_mul(in_flight), data_bytes),
         });
     }
     Some(estimates)
+}
+
+/// A stage's modules as its first and last (manifest indices `modules`, in order), or, when they are not
+/// next to each other in the manifest, every name (the same list twice): "a to c" would claim b too.
+fn module_span(report: &ModelReport, modules: &[usize]) -> (String, String) {
+    let name = |i: usize| report.modules[i].name.clone();
+    let (first, last) = (modules[0], modules[modules.len() - 1]);
+    if last - first + 1 == modules.len() {
+        return (name(first), name(last));
+    }
+    let all = modules.iter().map(|&i| name(i)).collect::<Vec<_>>().join(", ");
+    (all.clone(), all)
 }
 
 /// The composite model's stage that needs the most memory, and where it is (see [`largest_stage`]).
@@ -388,7 +399,11 @@ fn largest_module_stage(
     let stages = module_stage_estimates(spec, report, data_bytes)?;
     let (index, stage) = stages.into_iter().enumerate().max_by_key(|(_, stage)| stage.memory.total)?;
     let (first, last) = &stage.blocks;
-    let modules = if first == last { format!("module {first}") } else { format!("modules {first} to {last}") };
+    let modules = match (first == last, first.contains(", ")) {
+        (true, false) => format!("module {first}"),
+        (true, true) => format!("modules {first}"),
+        (false, _) => format!("modules {first} to {last}"),
+    };
     let micro = if stage.in_flight == 1 { "" } else { "es" };
     let at = format!(
         ", from the steps the model's check measured, in pipeline stage {index} ({modules}, {} micro-batch{micro} at once)",

@@ -1,5 +1,5 @@
-//! Jobs the pool as it exists cannot place (more devices than it has of their kind, or none of their
-//! kind): the policy lists them (`Plan::too_large`) and gives them no reservation; here each is marked with
+//! Jobs the pool as it exists cannot place (more devices than it has of their kind, none of their kind,
+//! or workers whose pipeline stages no node can hold together): the policy lists them (`Plan::too_large`) and gives them no reservation; here each is marked with
 //! the reason in words, so its view says why it waits, and failed once it has been unplaceable for the
 //! platform's grace period, so it never waits silently forever. A job the pool can place again (a node
 //! came back, a larger one joined) loses its mark.
@@ -12,7 +12,7 @@ use ringtrain_store::{Job, Store, StoreResult, Transition};
 
 use super::view::Snapshot;
 use super::{LoopConfig, PassReport};
-use crate::Plan;
+use crate::{Plan, WaitReason};
 
 pub(super) async fn mark(
     store: &dyn Store,
@@ -33,7 +33,11 @@ pub(super) async fn mark(
             }
             continue;
         }
-        let reason = reason(job, capacity(snapshot, job.device));
+        let reason = match plan.waiting.iter().find(|w| w.job == job.id).map(|w| &w.reason) {
+            // a job whose workers no node can hold: the policy's own words (the pool may hold its count)
+            Some(why @ WaitReason::WorkerLargerThanNodes { .. }) => why.to_string(),
+            _ => reason(job, capacity(snapshot, job.device)),
+        };
         match &job.unplaceable {
             Some(mark) if now - mark.since >= grace => {
                 let why = format!("cannot be placed: {reason} (for longer than the platform's grace period)");
