@@ -27,6 +27,15 @@ use serde::{Deserialize, Serialize};
 /// The archive member that names the modules; each module is the member `NAME.pt`.
 pub const MANIFEST: &str = "composite.json";
 
+/// The bytes of a file's start that tell a composite model's archive from a TorchScript file.
+pub const ARCHIVE_HEAD_BYTES: usize = 262;
+
+/// Whether a file starting with `head` (its first [`ARCHIVE_HEAD_BYTES`]) is a POSIX tar archive (a
+/// composite model: "ustar" at offset 257) rather than a TorchScript file (a zip archive).
+pub fn is_archive_head(head: &[u8]) -> bool {
+    head.get(257..ARCHIVE_HEAD_BYTES) == Some(b"ustar".as_slice())
+}
+
 /// The most modules a composite model holds.
 pub const MAX_MODULES: usize = 64;
 

@@ -120,13 +120,13 @@ pub async fn upload_model(
     uploads::record(&state, MODELS, &location, stored).await
 }
 
-/// Whether an upload is a tar archive (a composite model: POSIX tar's magic at offset 257) rather than a
-/// TorchScript file (a zip archive).
+/// Whether an upload is a composite model's tar archive rather than a TorchScript file.
 async fn is_archive(path: &Path) -> bool {
+    use ringtrain_core::composite::{is_archive_head, ARCHIVE_HEAD_BYTES};
     use tokio::io::AsyncReadExt;
-    let mut head = [0u8; 262];
+    let mut head = [0u8; ARCHIVE_HEAD_BYTES];
     let Ok(mut file) = tokio::fs::File::open(path).await else { return false };
-    file.read_exact(&mut head).await.is_ok() && &head[257..262] == b"ustar"
+    file.read_exact(&mut head).await.is_ok() && is_archive_head(&head)
 }
 
 const MODELS: UploadKind =

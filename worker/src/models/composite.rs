@@ -11,19 +11,16 @@ use std::io::Read;
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
-use ringtrain_core::composite::{Manifest, StagePlan, MANIFEST, MAX_MODULES};
+use ringtrain_core::composite::{is_archive_head, Manifest, StagePlan, ARCHIVE_HEAD_BYTES, MANIFEST, MAX_MODULES};
 use tch::{nn, Tensor};
 
 use super::scripted::{OperatorCheck, ScriptModule, Scripted};
 
-/// The bytes at offset 257 of a POSIX tar archive's first header.
-const TAR_MAGIC: &[u8] = b"ustar";
-
 /// Whether `path` holds a tar archive (a composite model) rather than a TorchScript file (a zip archive).
 pub fn is_archive(path: &Path) -> bool {
-    let mut head = [0u8; 262];
+    let mut head = [0u8; ARCHIVE_HEAD_BYTES];
     let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
-    read.is_ok() && &head[257..262] == TAR_MAGIC
+    read.is_ok() && is_archive_head(&head)
 }
 
 /// A composite model's archive, read: its manifest and each module's file.
