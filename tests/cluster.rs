@@ -8,6 +8,7 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -117,6 +118,48 @@ async fn a_rank_killed_mid_job_restarts_from_its_checkpoint_without_metric_gaps(
     assert_eq!(points.last().unwrap()["attempt"], 2);
     let events = api.get(&format!("/v1/jobs/{id}/events")).await;
     assert!(events.to_string().contains("retrying"), "{events}");
+}
+
+/// The hang floor of the hang test's agents: a stopped rank is named within it and a sample (1 s here).
+const HANG_FLOOR_S: u64 = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_rank_is_named_as_hung_within_its_bound_and_the_job_resumes() {
+    let db = fresh_postgres_database("hang").await;
+    let mut cluster = Cluster::serve("hang", &db, 0, 0).await;
+    for node in ["node0", "node1"] {
+        cluster.add_node(node, 1, &["--hang-floor-s", &HANG_FLOOR_S.to_string()]).await;
+    }
+    cluster.wait_for_nodes(2).await;
+    let api = &cluster.api;
+    let id = api.submit(&fashion_mnist("e2e-hang", 2, 6000, 8)).await;
+
+    // SIGSTOP rank 1 once a checkpoint is on the server: it neither dies nor closes its sockets, and rank 0
+    // (on the other node) waits on it in the all-reduce
+    api.wait_first_checkpoint(&id, LONG).await;
+    let victims = rank_pids(&id, Some(1));
+    assert_eq!(victims.len(), 1, "one rank-1 process of job {id}: {victims:?}");
+    assert!(Command::new("kill").args(["-STOP", &victims[0].to_string()]).status().unwrap().success());
+    let stopped = Instant::now();
+
+    // named by its agent within the floor, a sample and the report, with what its process was doing
+    let bound = Duration::from_secs(HANG_FLOOR_S + 10);
+    let events = api
+        .wait_for(&format!("/v1/jobs/{id}/events"), bound, "the hung rank named", |events| {
+            events.to_string().contains("hung: no progress")
+        })
+        .await;
+    eprintln!("SIGSTOP -> hung event: {:.1} s", stopped.elapsed().as_secs_f64());
+    let text = events.to_string();
+    assert!(text.contains("rank 1 on node node") && text.contains(" hung: no progress for"), "{events}");
+    assert!(text.contains("stopped by a signal") && text.contains("the agent killed it"), "{events}");
+    assert!(!std::path::Path::new(&format!("/proc/{}", victims[0])).exists(), "the stopped rank was killed");
+
+    // the job resumes from its checkpoint and trains every iteration once
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    assert_eq!(job["attempt"], 2, "{job}");
+    let total = job["effective"]["total_iterations"].as_i64().unwrap();
+    assert_complete_series(&api.metrics(&id, "iteration").await, 2, total);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,7 +308,10 @@ async fn a_server_restart_loses_nothing_and_running_jobs_go_on() {
 /// tried it until its 30 s join timeout and failed the placement: seen in the SQLite soak in CI.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restarted_between_rank_0s_address_and_its_start_keeps_the_placement() {
-    use ringtrain_agent::{client::Client, devices::cpu_slots};
+    use ringtrain_agent::{
+        client::Client,
+        devices::{cpu_slots, rank_memory},
+    };
     let db = fresh_postgres_database("successor").await;
     let mut cluster = Cluster::serve("successor", &db, 0, 2).await;
     let token = cluster.api.post("/v1/agent-tokens", json!({"label": "node0"})).await;
@@ -273,7 +319,7 @@ async fn an_agent_restarted_between_rank_0s_address_and_its_start_keeps_the_plac
 
     // the predecessor: registers node0, takes the job's two ranks, reports rank 0's address, and dies
     let predecessor = Client::new(&cluster.url, &token, &Default::default()).unwrap();
-    let node = predecessor.register("node0", "127.0.0.1", &cpu_slots(2)).await.unwrap();
+    let node = predecessor.register("node0", "127.0.0.1", &cpu_slots(2, rank_memory(None, 2).slot)).await.unwrap();
     let id = cluster.api.submit(&fashion_mnist("e2e-successor", 2, 2000, 1)).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let rank_0 = loop {

@@ -134,3 +134,99 @@ async fn a_job_cut_into_pipeline_stages_trains_through_the_api_as_the_unsplit_on
     );
     api.post(&format!("/v1/jobs/{three_id}/cancel"), json!({})).await;
 }
+
+/// Each CPU slot's memory on the test's node, in MiB: between what ResNet-50's larger pipeline stage
+/// needs and what the whole model needs (estimated: 181 and about 300 MiB at a batch of 32 on 16×16
+/// images).
+const SLOT_MIB: u64 = 256;
+
+/// ResNet-50 on small images: its memory is mostly its weights, their gradients and momentum, which a
+/// cut shares out between the stages.
+fn resnet50(split: bool) -> Value {
+    let mut spec = json!({
+        "name": if split { "split-to-fit" } else { "too-large" },
+        "model": {"name": "resnet50"},
+        "dataset": "synthetic:1024",
+        "workers": 1,
+        "devices": 1,
+        "per_worker_batch": 32,
+        "epochs": 1,
+        "lr": {"base": 0.02, "reference_batch": 32, "warmup": {"kind": "none"}, "decay": {"kind": "none"}},
+        "guard": {"collapse": false},
+        "seed": 5,
+        "log_every_iterations": 1
+    });
+    if split {
+        spec["devices_per_worker"] = 2.into();
+        spec["placement"] = json!({"cuts": ["layer3"]});
+    }
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_larger_than_a_slot_trains_split_across_two_and_each_ranks_use_is_sampled() {
+    let db = fresh_postgres_database("pipeline_memory").await;
+    let mut cluster = Cluster::serve("pipeline-memory", &db, 0, 0).await;
+    cluster.add_node("node0", 2, &["--slot-memory-mib", &SLOT_MIB.to_string()]).await;
+    cluster.wait_for_nodes(1).await;
+    let api = &cluster.api;
+
+    // the whole model does not fit a slot: refused, with the way out
+    let (status, problem) = api.request(reqwest::Method::POST, "/v1/jobs", Some(resnet50(false))).await;
+    assert_eq!(status, 422, "{problem}");
+    let reason = problem["errors"][0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("the largest cpu device offers 256 MiB")
+            && reason.contains("a worker may span several devices")
+            && reason.contains("devices_per_worker with placement.cuts"),
+        "{problem}"
+    );
+    // cut in two, each stage fits its slot
+    let (status, dry) = api.request(reqwest::Method::POST, "/v1/jobs?dry_run=true", Some(resnet50(true))).await;
+    assert_eq!(status, 200, "{dry}");
+    let stages = dry["stages"].as_array().unwrap();
+    assert!(stages.iter().all(|s| s["memory"]["total"].as_u64().unwrap() <= SLOT_MIB << 20), "{dry}");
+
+    let id = api.submit(&resnet50(true)).await;
+    // while it trains, its node says what its ranks use, and so does /metrics
+    let nodes = api
+        .wait_for("/v1/nodes", LONG, "the ranks' use on the node", |nodes| {
+            nodes["nodes"][0]["ranks_use"]["resident_bytes"].as_f64().is_some_and(|b| b > 0.0)
+        })
+        .await;
+    assert!(nodes["nodes"][0]["ranks_use"]["cpu_cores"].as_f64().is_some(), "{nodes}");
+    let scraped = reqwest::get(format!("{}/metrics", cluster.url)).await.unwrap().text().await.unwrap();
+    assert!(
+        scraped.lines().any(|l| l.starts_with("ringtrain_rank_resident_bytes{") && l.contains(&id)),
+        "each live rank's memory is exported: {scraped}"
+    );
+    assert!(scraped.contains("ringtrain_node_rank_cpu_cores{node=\"node0\"}"), "{scraped}");
+    let done = api.wait_state(&id, "succeeded", LONG).await;
+    assert!(done["result"]["final_test_error"].as_f64().is_some(), "{done}");
+
+    // each rank ran in a cgroup of its slot and the runtime's allowance, and its samples stayed under it
+    let limit_mib = SLOT_MIB + (ringtrain_agent::devices::RANK_RUNTIME_BYTES >> 20);
+    if !matches!(
+        ringtrain_sandbox::cgroup::Hierarchy::detect(),
+        ringtrain_sandbox::cgroup::Hierarchy::Unavailable { .. }
+    ) {
+        let logs = api.get(&format!("/v1/jobs/{id}/logs?q=runs%20in%20a%20cgroup")).await;
+        let lines = logs["lines"].as_array().unwrap_or_else(|| panic!("{logs}"));
+        assert_eq!(lines.len(), 2, "{logs}");
+        assert!(
+            lines.iter().all(|l| l["line"].as_str().unwrap().contains(&format!("memory {limit_mib} MiB"))),
+            "{logs}"
+        );
+    }
+    let samples = api.get(&format!("/v1/jobs/{id}/metrics?kind=system&limit=10000")).await;
+    let points = samples["points"].as_array().unwrap();
+    for rank in 0..2 {
+        let of_rank: Vec<_> = points.iter().filter(|p| p["rank"] == rank).collect();
+        assert!(!of_rank.is_empty(), "rank {rank} was sampled: {samples}");
+        for p in of_rank {
+            let resident = p["fields"]["resident_bytes"].as_f64().unwrap();
+            assert!(resident > 0.0 && resident <= (limit_mib << 20) as f64, "{p}");
+            assert!(p["fields"]["cpu_cores"].as_f64().unwrap() >= 0.0, "{p}");
+        }
+    }
+}

@@ -172,6 +172,11 @@ async fn the_page_signs_in_submits_shows_a_job_live_and_keeps_teams_apart() {
     assert!(logged.as_str().unwrap().contains("learning rate (log scale)"), "{logged}");
     assert!(chart(&browser, "speed-chart", 1).await.contains("samples/s"));
     assert!(chart(&browser, "allreduce-chart", 1).await.contains("all-reduce share (%)"));
+    // each rank's CPU and memory over time, as its agent sampled them
+    let cpu = chart(&browser, "cpu-chart", 2).await;
+    assert!(cpu.contains("CPU cores busy") && cpu.contains("rank 0") && cpu.contains("rank 1"), "{cpu}");
+    let memory = chart(&browser, "memory-chart", 2).await;
+    assert!(memory.contains("resident memory") && memory.contains("MiB"), "{memory}");
     // the value under the pointer
     browser
         .run(

@@ -19,7 +19,7 @@ pub struct RankSandbox {
     /// Ranks may run where the kernel cannot confine them.
     pub allow_unsandboxed: bool,
     pub cgroups: Hierarchy,
-    /// Each rank's memory limit (its device's share of this machine).
+    /// Each rank's memory limit (its slot and the runtime: `devices::rank_memory`).
     pub memory_bytes: Option<u64>,
 }
 

@@ -19,6 +19,9 @@ mod confine;
 pub mod devices;
 mod files;
 mod folders;
+mod hang;
+/// How long a rank may show no progress before it counts as hung, unless `--hang-floor-s` says otherwise.
+pub use hang::DEFAULT_FLOOR as HANG_FLOOR;
 mod lines;
 pub mod rank;
 mod relay;
@@ -26,6 +29,7 @@ mod report;
 mod shared_memory;
 pub mod slurm_step;
 mod streaming;
+mod system_metrics;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -73,6 +77,17 @@ pub struct Args {
     /// recently used files are removed past it, never one a running rank uses.
     #[arg(long, env = "RINGTRAIN_CACHE_MAX_GIB", default_value_t = cache::DEFAULT_MAX_GIB)]
     pub cache_max_gib: f64,
+    /// Each CPU slot's memory, in MiB: what the server admits a job's per-rank estimate against, and the
+    /// memory limit of each rank's cgroup (plus the rank process's own runtime, which estimates leave out).
+    /// Default: this machine's memory shared among the devices offered.
+    #[arg(long, env = "RINGTRAIN_SLOT_MEMORY_MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub slot_memory_mib: Option<u64>,
+    /// Seconds a rank may show no progress (no new iteration report, no CPU time) before it counts as hung,
+    /// is killed and its job resumes from its newest checkpoint; a rank whose reports come slowly gets 20
+    /// of its median report intervals instead, and one whose process is not stopped twice its bound.
+    #[arg(long, env = "RINGTRAIN_HANG_FLOOR_S", default_value_t = hang::DEFAULT_FLOOR.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub hang_floor_s: u64,
     /// libtorch threads per rank process (default: 1 on CPU slots).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -189,20 +204,31 @@ impl Agent {
         let cpus = args.cpus.unwrap_or(if offered.is_empty() { devices::cores() } else { 0 });
         // CPU slots are numbered after the GPUs: indices are unique per node.
         let first_cpu = offered.iter().map(|g| g.index + 1).max().unwrap_or(0);
-        offered.extend(devices::cpu_slots(cpus).into_iter().map(|mut d| {
+        // each rank may use its device's share of this machine's memory (what the server admits jobs by),
+        // or what the operator set for a slot
+        let memory = devices::rank_memory(args.slot_memory_mib, offered.len() as u64 + u64::from(cpus));
+        offered.extend(devices::cpu_slots(cpus, memory.slot).into_iter().map(|mut d| {
             d.index += first_cpu;
             d
         }));
         anyhow::ensure!(!offered.is_empty(), "this node offers no device: give --cpus N or --gpus");
+        if let (Some(limit), Some(total)) = (memory.limit, devices::memory_total()) {
+            if limit.saturating_mul(offered.len() as u64) > total {
+                tracing::warn!(
+                    ranks = offered.len(),
+                    each_mib = limit >> 20,
+                    machine_mib = total >> 20,
+                    "the ranks' memory limits add up to more than this machine has: lower --slot-memory-mib"
+                );
+            }
+        }
         let exe = std::env::current_exe().context("cannot find the ringtrain executable")?;
-        // each rank may use its device's share of this machine's memory (what the server admits jobs by)
-        let memory_share = devices::memory_total().map(|total| total / offered.len().max(1) as u64);
         let offers_gpus = offered.iter().any(|d| d.kind == ringtrain_core::spec::DeviceKind::Gpu.to_string());
         let sandbox = confine::RankSandbox::prepare(
             args.rank_user.as_deref(),
             args.allow_unsandboxed,
             &exe,
-            memory_share,
+            memory.limit,
             offers_gpus,
         )?;
         let report = capabilities::ask(&exe).await;
@@ -252,6 +278,7 @@ impl Agent {
             sandbox,
             segments: Default::default(),
             leaving: Default::default(),
+            hang_floor: Duration::from_secs(args.hang_floor_s),
         };
         Ok(Agent {
             ctx: Arc::new(ctx),

@@ -27,11 +27,13 @@ use crate::client::Client;
 use crate::confine::{self, RankSandbox};
 use crate::files::{dataset_file, fetch_checkpoint, fetch_init, model_file, DatasetFile};
 use crate::folders::RankFolders;
+use crate::hang::{ProcessState, Watchdog};
 use crate::lines::CappedLines;
 use crate::relay::Relay;
 use crate::report::{end_assignment, report_failure, report_outcome, through_outage, OUTCOME_TRIES};
 use crate::shared_memory::PlacementSegments;
 use crate::streaming::RankStream;
+use crate::system_metrics::SystemSampler;
 use ringtrain_data::stream::StreamLine;
 use ringtrain_sandbox::cgroup::Cgroup;
 
@@ -62,6 +64,8 @@ pub struct AgentContext {
     pub(crate) segments: PlacementSegments,
     /// The agent leaves (SIGUSR1): its ranks' stops are reported by the agent once it offers no devices.
     pub(crate) leaving: std::sync::atomic::AtomicBool,
+    /// The shortest time without progress after which a rank counts as hung ([`crate::hang`]).
+    pub hang_floor: Duration,
 }
 
 /// How often metrics are sent and rank 0's checkpoints looked for: often enough that the API trails the
@@ -83,6 +87,8 @@ const CHECKPOINT_GRACE: Duration = Duration::from_secs(120);
 enum Ending {
     Exited(std::process::ExitStatus),
     Stopped(String),
+    /// The rank made no progress for its bound ([`crate::hang`]) and was killed: why.
+    Hung(String),
 }
 
 /// Runs the rank to its end and reports it; returns the state its assignment ended in (`done`, `failed` or
@@ -326,7 +332,7 @@ async fn run_inner(
         relay.stderr_line(format!("agent: rank {} runs in a {group}", a.rank));
     }
     let stream = prepared.dataset.as_ref().and_then(DatasetFile::stream);
-    let ending = supervise(&mut child, &mut stop, &prepared.stop_file(), &mut relay, stream).await;
+    let ending = supervise(&mut child, &mut stop, &prepared.stop_file(), &mut relay, stream, ctx.hang_floor).await;
     // the rank is gone: its data set's stream stops fetching for it (its uploads and reports may take a
     // while, through a server outage)
     prepared.dataset = None;
@@ -362,6 +368,16 @@ async fn conclude(
         Ending::Stopped(why) => {
             tracing::info!(%why, "stopped");
             (AssignmentState::Cancelled, true)
+        }
+        Ending::Hung(why) => {
+            // not the job's doing as far as anyone can tell (a stopped process, a peer or a node that went
+            // silent): its placement fails and the job resumes from its newest checkpoint
+            let error = format!("rank {} on node {} {why}; the agent killed it", a.rank, ctx.node_name);
+            relay.stderr_line(format!("agent: {error}"));
+            tracing::warn!(%why, "hung");
+            report_failure(ctx, work, &error, true).await;
+            let delivered = relay.upload_new_checkpoint(false).await;
+            (AssignmentState::Failed, delivered)
         }
         Ending::Exited(status) if status.code() == Some(i32::from(EXIT_STOPPED)) => {
             // Preempted, or a node of the placement leaves: every rank stopped at the same iteration and rank
@@ -446,12 +462,20 @@ async fn supervise(
     stop_file: &Path,
     relay: &mut Relay,
     stream: Option<&RankStream>,
+    hang_floor: Duration,
 ) -> Result<Ending> {
     // a line is the rank's request for shards (a bucket's data set), or for the relay
     let take_line = |relay: &mut Relay, line: &str| match stream.zip(StreamLine::parse(line)) {
         Some((stream, request)) => stream.request(request),
         None => relay.metric_line(line),
     };
+    let pid = child.id();
+    let mut sampler = pid.map(|pid| SystemSampler::new(pid, relay.rank()));
+    let mut watchdog = Watchdog::new(hang_floor, std::time::Instant::now());
+    let every = SystemSampler::every();
+    // the first sample a period after the start: it measures the cores over that period
+    let mut samples = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    samples.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stdout = CappedLines::new(BufReader::new(child.stdout.take().context("no stdout")?));
     let mut stderr = CappedLines::new(BufReader::new(child.stderr.take().context("no stderr")?));
     let (mut stdout_open, mut stderr_open) = (true, true);
@@ -462,7 +486,12 @@ async fn supervise(
         tokio::select! {
             // Never waits on the network: the relay's own task sends lines and checkpoints.
             line = stdout.next_line(), if stdout_open => match line {
-                Ok(Some(line)) => take_line(relay, &line),
+                Ok(Some(line)) => {
+                    take_line(relay, &line);
+                    if let Some(iteration) = relay.newest_iteration {
+                        watchdog.reported(iteration, std::time::Instant::now());
+                    }
+                }
                 _ => stdout_open = false,
             },
             line = stderr.next_line(), if stderr_open => match line {
@@ -470,6 +499,18 @@ async fn supervise(
                 _ => stderr_open = false,
             },
             status = child.wait() => break Ending::Exited(status?),
+            _ = samples.tick(), if sampler.is_some() => {
+                let now = std::time::Instant::now();
+                if let Some(report) = sampler.as_mut().and_then(SystemSampler::sample) {
+                    watchdog.sampled(report.get("cpu_cores").and_then(Value::as_f64).unwrap_or(0.0), now);
+                    relay.agent_report(report);
+                }
+                let hung = pid.and_then(ProcessState::of).and_then(|process| watchdog.verdict(now, &process));
+                if let Some(why) = hung {
+                    let _ = child.kill().await;
+                    break Ending::Hung(why);
+                }
+            }
             () = sleep_until_or_never(deadline) => {
                 let why = grace.take().map_or_else(String::new, |(_, why)| why);
                 let _ = child.kill().await;

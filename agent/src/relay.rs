@@ -20,6 +20,7 @@ use tracing::Instrument;
 use crate::client::CheckpointArchive;
 use crate::rank::{AgentContext, TICK};
 use crate::report::OUTCOME_TRIES;
+use crate::system_metrics;
 
 /// Lines of a rank's stderr kept for its failure report.
 const STDERR_TAIL: usize = 30;
@@ -49,6 +50,17 @@ fn batch_len(pending: &[Map<String, Value>]) -> usize {
     n.max(1).min(pending.len())
 }
 
+/// The metric report a line of a rank's stdout is, or None for an output line. A `system` report is the
+/// agent's own measure of the rank ([`system_metrics`]): one the rank makes up is only output.
+fn rank_report(line: &str) -> Option<Map<String, Value>> {
+    match serde_json::from_str(line) {
+        Ok(Value::Object(report)) if report.get("kind").and_then(Value::as_str) != Some(system_metrics::KIND) => {
+            Some(report)
+        }
+        _ => None,
+    }
+}
+
 /// Relays one rank's output. The supervisor only hands lines over (never waiting on the network: a rank
 /// whose pipe is not drained blocks, and with it every rank in the all-reduce); a background task sends the
 /// metric batches every tick and (rank 0) uploads each new checkpoint, backing off after a failed upload.
@@ -56,6 +68,8 @@ fn batch_len(pending: &[Map<String, Value>]) -> usize {
 pub(crate) struct Relay {
     shared: Arc<Shared>,
     pub stderr_tail: VecDeque<String>,
+    /// The newest iteration the rank reported (its system samples say how far it had got).
+    pub newest_iteration: Option<i64>,
     /// Wakes the background task: the first line after a quiet spell goes out at once.
     wake: Arc<Notify>,
     last_line: std::time::Instant,
@@ -116,6 +130,7 @@ impl Relay {
         Relay {
             shared,
             stderr_tail: VecDeque::new(),
+            newest_iteration: None,
             wake,
             // long ago: the first line goes out at once
             last_line: std::time::Instant::now().checked_sub(TICK).unwrap_or_else(std::time::Instant::now),
@@ -125,9 +140,14 @@ impl Relay {
 
     /// A line of the rank's stdout: a metric report, or (anything else) an output line.
     pub fn metric_line(&mut self, line: &str) {
-        match serde_json::from_str(line) {
-            Ok(Value::Object(report)) => self.shared.push(report),
-            _ => {
+        match rank_report(line) {
+            Some(report) => {
+                if report.get("kind").and_then(Value::as_str) == Some("iteration") {
+                    self.newest_iteration = report.get("iteration").and_then(Value::as_i64).or(self.newest_iteration);
+                }
+                self.shared.push(report)
+            }
+            None => {
                 tracing::info!(target: "ringtrain::rank_output", "{line}");
                 self.shared.push_log("stdout", line);
             }
@@ -136,6 +156,19 @@ impl Relay {
             self.wake.notify_one();
         }
         self.last_line = std::time::Instant::now();
+    }
+
+    /// The rank whose output this is.
+    pub fn rank(&self) -> i32 {
+        self.shared.rank
+    }
+
+    /// A report the agent made of the rank (its [`system_metrics`]), sent with the rank's own.
+    pub fn agent_report(&mut self, mut report: Map<String, Value>) {
+        if let Some(iteration) = self.newest_iteration {
+            report.insert("iteration_reached".into(), iteration.into());
+        }
+        self.shared.push(report);
     }
 
     pub fn stderr_line(&mut self, line: String) {
@@ -369,6 +402,13 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rank_cannot_pass_off_a_line_as_the_agents_sample_of_it() {
+        assert!(rank_report(r#"{"kind": "iteration", "rank": 0, "iteration": 3, "loss": 1.0}"#).is_some());
+        assert!(rank_report(r#"{"kind": "system", "rank": 0, "iteration": 3, "resident_bytes": 1}"#).is_none());
+        assert!(rank_report("rank 0 of 2: resnet20").is_none());
+    }
 
     #[test]
     fn batches_stay_under_the_byte_budget() {

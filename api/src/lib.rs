@@ -27,6 +27,7 @@ pub mod slurm_pool;
 pub mod state;
 pub mod storage;
 pub mod submission;
+pub mod system_now;
 pub mod token_cache;
 pub mod unread_body;
 pub mod uploads;

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the server itself, with the `prometheus-client` crate: requests by route and
 //! status, a latency histogram per route, and (read from the store at scrape time) jobs by state and the
-//! queue depth. Routes are their templates (`/v1/jobs/{id}`, never the raw path), so ids cannot explode the
+//! queue depth, and what each live rank and each node's ranks use now (CPU cores, resident memory, from the
+//! agents' samples). Routes are their templates (`/v1/jobs/{id}`, never the raw path), so ids cannot explode the
 //! label set.
 
 use std::sync::Mutex;
@@ -46,6 +47,23 @@ struct TeamKindLabels {
     kind: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RankLabels {
+    job: String,
+    rank: String,
+    node: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// What each live rank uses now (`crate::system_now`), by name: (job, rank, node, CPU cores, resident bytes).
+pub type RankUseRow = (String, i32, String, f64, f64);
+
 type LatencyFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 type DeviceSeconds = Family<TeamKindLabels, Counter<f64, std::sync::atomic::AtomicU64>>;
 
@@ -59,6 +77,10 @@ pub struct ServerMetrics {
     jobs: Family<StateLabels, Gauge>,
     queue_depth: Gauge,
     device_seconds: DeviceSeconds,
+    rank_cpu: Family<RankLabels, FloatGauge>,
+    rank_memory: Family<RankLabels, FloatGauge>,
+    node_cpu: Family<NodeLabels, FloatGauge>,
+    node_memory: Family<NodeLabels, FloatGauge>,
 }
 
 impl Default for ServerMetrics {
@@ -78,7 +100,38 @@ impl Default for ServerMetrics {
             "Device-seconds used by each team's jobs, per device kind (every placement, live ones up to now)",
             device_seconds.clone(),
         );
-        ServerMetrics { registry: Mutex::new(registry), requests, latency, jobs, queue_depth, device_seconds }
+        let rank_cpu = registered(
+            &mut registry,
+            "ringtrain_rank_cpu_cores",
+            "CPU cores each live rank kept busy (its newest sample)",
+        );
+        let rank_memory = registered(
+            &mut registry,
+            "ringtrain_rank_resident_bytes",
+            "Resident memory of each live rank (its newest sample)",
+        );
+        let node_cpu = registered(
+            &mut registry,
+            "ringtrain_node_rank_cpu_cores",
+            "CPU cores the live ranks of each node keep busy",
+        );
+        let node_memory = registered(
+            &mut registry,
+            "ringtrain_node_rank_resident_bytes",
+            "Resident memory of the live ranks of each node",
+        );
+        ServerMetrics {
+            registry: Mutex::new(registry),
+            requests,
+            latency,
+            jobs,
+            queue_depth,
+            device_seconds,
+            rank_cpu,
+            rank_memory,
+            node_cpu,
+            node_memory,
+        }
     }
 }
 
@@ -93,7 +146,13 @@ impl ServerMetrics {
     /// The exposition text (OpenMetrics); `jobs` is the count per state and `usage` each team's total per
     /// kind, read from the database at scrape time (the counters move up to those totals, so they stay
     /// monotonic in this process and agree across servers).
-    pub fn render(&self, jobs: &[(JobState, i64)], usage: &[ringtrain_store::DeviceTotal]) -> String {
+    pub fn render(
+        &self,
+        jobs: &[(JobState, i64)],
+        usage: &[ringtrain_store::DeviceTotal],
+        ranks: &[RankUseRow],
+    ) -> String {
+        self.set_rank_use(ranks);
         for total in usage {
             let labels = TeamKindLabels { team: total.team.clone(), kind: total.kind.as_str() };
             let counter = self.device_seconds.get_or_create(&labels);
@@ -112,6 +171,37 @@ impl ServerMetrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
         text
+    }
+}
+
+/// A family of gauges registered under `name`, as the registry's handle.
+fn registered<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, FloatGauge>
+where
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    let family = Family::<L, FloatGauge>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+impl ServerMetrics {
+    /// The live ranks' gauges, and their sums per node: only the ranks live now (an ended job's series go,
+    /// so job ids cannot pile up in the label set).
+    fn set_rank_use(&self, ranks: &[RankUseRow]) {
+        for family in [&self.rank_cpu, &self.rank_memory] {
+            family.clear();
+        }
+        for family in [&self.node_cpu, &self.node_memory] {
+            family.clear();
+        }
+        for (job, rank, node, cpu, memory) in ranks {
+            let labels = RankLabels { job: job.clone(), rank: rank.to_string(), node: node.clone() };
+            self.rank_cpu.get_or_create(&labels).set(*cpu);
+            self.rank_memory.get_or_create(&labels).set(*memory);
+            let node = NodeLabels { node: node.clone() };
+            self.node_cpu.get_or_create(&node).inc_by(*cpu);
+            self.node_memory.get_or_create(&node).inc_by(*memory);
+        }
     }
 }
 

@@ -189,6 +189,13 @@ async fn metric_ingestion_is_bounded(app: TestApp) {
     let mut odd = report(1);
     odd["Loss-Of-Everything"] = json!(1.0);
     assert_eq!(app.post(&uri, &agent, &batch(vec![odd])).await.problem(422), vec!["reports[0].Loss-Of-Everything"]);
+    // an agent's sample of a rank is keyed by the Unix second it was taken at: bounded by the clock, not
+    // by the job's iterations
+    let now = chrono::Utc::now().timestamp();
+    let sample = |second: i64| json!({"kind": "system", "rank": 0, "epoch": 0, "iteration": second, "cpu_cores": 0.9, "resident_bytes": 1e8});
+    assert_eq!(app.post(&uri, &agent, &batch(vec![sample(now)])).await.status, 200);
+    let ahead = app.post(&uri, &agent, &batch(vec![sample(now + 3_600)])).await;
+    assert_eq!(ahead.problem(422), vec!["reports[0].iteration"], "an hour ahead of the server's clock");
 
     // 20,000 reports in a few seconds against a budget of 100 a second (1,000 saved up)
     let started = std::time::Instant::now();
@@ -204,7 +211,7 @@ async fn metric_ingestion_is_bounded(app: TestApp) {
     assert_eq!(accepted + downsampled, 20_000);
     let budget = 1_000 + (100.0 * started.elapsed().as_secs_f64()).ceil() as u64;
     assert!((1_000..=budget).contains(&accepted), "kept {accepted}, budget {budget}");
-    let stored = app.get(&format!("/v1/jobs/{job}/metrics?limit=10000"), &team.viewer).await;
+    let stored = app.get(&format!("/v1/jobs/{job}/metrics?kind=iteration&limit=10000"), &team.viewer).await;
     assert_eq!(stored.body["points"].as_array().unwrap().len() as u64, accepted);
 }
 

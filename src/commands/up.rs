@@ -46,6 +46,10 @@ pub struct Args {
     /// data set larger than it streams through it.
     #[arg(long, env = "RINGTRAIN_CACHE_MAX_GIB", default_value_t = ringtrain_agent::cache::DEFAULT_MAX_GIB)]
     cache_max_gib: f64,
+    /// Each CPU slot's memory in MiB, which jobs are admitted against and each rank's cgroup enforces
+    /// (default: this machine's memory shared among the slots).
+    #[arg(long, env = "RINGTRAIN_SLOT_MEMORY_MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    slot_memory_mib: Option<u64>,
     #[command(flatten)]
     limits: super::limits::LimitArgs,
     #[command(flatten)]
@@ -116,6 +120,8 @@ async fn up(args: Args) -> anyhow::Result<()> {
         cpus: args.cpus,
         work_dir: args.data_dir.join("agent"),
         cache_max_gib: args.cache_max_gib,
+        slot_memory_mib: args.slot_memory_mib,
+        hang_floor_s: ringtrain_agent::HANG_FLOOR.as_secs(),
         threads: args.threads,
         heartbeat_s: timing::HEARTBEAT.as_secs(),
         lease_s: timing::LEASE.as_secs(),

@@ -153,6 +153,8 @@ fn start_up(dir: &Path, cpus: u32) -> (Process, String) {
         // the tests read every iteration's report; the metric budget's thinning is tested in
         // api/src/admission/metric_budget.rs (a fast machine put 4 ranks' reports past 500 a second)
         .env("RINGTRAIN_METRIC_ROWS_PER_SECOND", "0")
+        // each rank's CPU and memory every second, not every 10: the tests' jobs last seconds
+        .env("RINGTRAIN_SYSTEM_METRICS_S", "1")
         .env("RUST_LOG", "warn");
     let (server, rest) = start_until(command, "ringtrain is up at ");
     let address = rest.split_whitespace().next().unwrap().trim_end_matches(':').to_string();
@@ -218,13 +220,18 @@ impl Cluster {
         let server_command = Some((listen, database_url.to_string()));
         let mut cluster = Cluster { url: address, dir, api, server, server_command, agents: Vec::new(), tls };
         for n in 0..nodes {
-            // one agent token per node: a token belongs to the first node it registers
-            let token = cluster.api.post("/v1/agent-tokens", json!({"label": format!("e2e node{n}")})).await;
-            let token = token["token"].as_str().expect("an agent token").to_string();
-            cluster.start_agent(&format!("node{n}"), &token, cpus);
+            cluster.add_node(&format!("node{n}"), cpus, &[]).await;
         }
         cluster.wait_for_nodes(nodes).await;
         cluster
+    }
+
+    /// Starts an agent of `cpus` CPU slots named `name`, with `extra` arguments, on a token of its own (a
+    /// token belongs to the first node it registers).
+    pub async fn add_node(&mut self, name: &str, cpus: u32, extra: &[&str]) {
+        let token = self.api.post("/v1/agent-tokens", json!({"label": format!("e2e {name}")})).await;
+        let token = token["token"].as_str().expect("an agent token").to_string();
+        self.start_agent_with(name, &token, cpus, extra);
     }
 
     /// `ringtrain up` (SQLite, one local agent with `cpus` slots).
@@ -293,6 +300,10 @@ impl Cluster {
     }
 
     pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
+        self.start_agent_with(name, token, cpus, &[]);
+    }
+
+    fn start_agent_with(&mut self, name: &str, token: &str, cpus: u32, extra: &[&str]) {
         let token_file = self.dir.join(format!("{name}.token"));
         std::fs::write(&token_file, token).expect("write the agent token file");
         // the agent refuses a token file other users may read
@@ -307,6 +318,8 @@ impl Cluster {
             .arg(self.dir.join(name))
             // a server on a test bridge (`serve_on`) speaks plain HTTP off loopback
             .args(off_loopback.then_some("--allow-insecure-http"))
+            .args(extra)
+            .env("RINGTRAIN_SYSTEM_METRICS_S", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -21,6 +21,18 @@ pub struct NodeView {
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat: DateTime<Utc>,
     pub devices: Vec<DeviceView>,
+    /// What the ranks running here use now, from their newest samples (taken every 10 s by the agent);
+    /// absent while none has reported one.
+    pub ranks_use: Option<NodeUse>,
+}
+
+/// The sum over a node's live ranks of their newest samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeUse {
+    /// CPU cores kept busy.
+    pub cpu_cores: f64,
+    /// Resident memory, in bytes.
+    pub resident_bytes: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::{DeviceId, JobId, NodeId, TeamId};
-use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeView};
+use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeUse, NodeView};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -61,6 +61,7 @@ fn the_pool() {
                     held_by: None,
                 },
             ],
+            ranks_use: Some(NodeUse { cpu_cores: 1.5, resident_bytes: 2_097_152.0 }),
         }],
     };
     pinned(
@@ -75,7 +76,8 @@ fn the_pool() {
                              "job_name": "resnet-8k", "rank": 3}},
                 {"id": id(5).to_string(), "index": 1, "kind": "cpu", "name": "cpu slot 1", "memory_bytes": null,
                  "held_by": null}
-            ]
+            ],
+            "ranks_use": {"cpu_cores": 1.5, "resident_bytes": 2_097_152.0}
         }]}),
     );
 }

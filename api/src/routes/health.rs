@@ -39,14 +39,25 @@ pub async fn readyz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Prometheus metrics (OpenMetrics text): requests by route and status, latency histograms, jobs by state,
-/// queue depth, device-seconds per team and kind.
+/// queue depth, device-seconds per team and kind, each live rank's CPU cores and resident memory (and their
+/// sums per node).
 #[utoipa::path(get, path = "/metrics", tag = "ops",
     responses((status = 200, description = "OpenMetrics text format", body = String,
         content_type = "application/openmetrics-text")))]
 pub async fn prometheus(State(state): State<AppState>) -> ApiResult<Response> {
     let jobs = state.store.count_jobs_by_state().await?;
     let usage = state.store.device_totals().await?;
-    let text = state.metrics.render(&jobs, &usage);
+    let uses = crate::system_now::live_rank_use(&state).await?;
+    let names: std::collections::HashMap<_, _> =
+        state.store.list_nodes().await?.into_iter().map(|n| (n.id, n.name)).collect();
+    let ranks: Vec<_> = uses
+        .iter()
+        .map(|u| {
+            let node = names.get(&u.node).cloned().unwrap_or_else(|| u.node.to_string());
+            (u.job.to_string(), u.rank, node, u.cpu_cores, u.resident_bytes)
+        })
+        .collect();
+    let text = state.metrics.render(&jobs, &usage, &ranks);
     Ok(([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response())
 }
 

@@ -17,7 +17,7 @@ use crate::auth::User;
 use crate::error::ApiResult;
 use crate::state::AppState;
 
-pub use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeView};
+pub use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeUse, NodeView};
 
 /// The worker pool: nodes, their devices, and which team (and, for your own team, which job and rank) holds
 /// each device now (any user token).
@@ -28,7 +28,9 @@ pub use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeView};
 pub async fn list_nodes(State(state): State<AppState>, user: User) -> ApiResult<Json<NodeList>> {
     let nodes = state.store.list_nodes().await?;
     let holders = holders(&state, &user).await?;
+    let uses = crate::system_now::per_node(&crate::system_now::live_rank_use(&state).await?);
     let view = |node: Node| NodeView {
+        ranks_use: uses.get(&node.id).map(|&(cpu_cores, resident_bytes)| NodeUse { cpu_cores, resident_bytes }),
         id: node.id,
         name: node.name,
         address: node.address,

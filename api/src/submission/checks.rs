@@ -261,9 +261,14 @@ pub fn effective(spec: &JobSpec, dataset_size: Option<u64>) -> ApiResult<Option<
 pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiResult<()> {
     let Some((shape, data_bytes)) = sample_data(state, user, spec).await? else { return Ok(()) };
     let batch = u64::from(spec.per_worker_batch);
+    // where the model is not cut yet but could be: the spec field that would split it
+    let mut split_by = None;
     let (need, source) = match spec.model.uploaded {
         Some(model) => {
             let Some(report) = model_report(state, user, model).await? else { return Ok(()) };
+            if !report.modules.is_empty() && spec.pipeline_modules().is_none() {
+                split_by = Some("placement.stages");
+            }
             match (largest_module_stage(spec, &report, data_bytes), &report.memory) {
                 (Some(stage), _) => stage,
                 (None, Some(memory)) if spec.pipeline_modules().is_none() => (
@@ -279,6 +284,9 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
             }
         }
         None => {
+            if spec.pipeline_cuts().is_none() && spec.model.name.and_then(ringtrain_core::pipeline::blocks).is_some() {
+                split_by = Some("placement.cuts");
+            }
             match (largest_stage(spec, &shape, data_bytes), memory::estimate(&spec.model, &shape, batch, data_bytes)) {
                 (Some(stage), _) => stage,
                 (None, Some(need)) => (need, String::new()),
@@ -291,9 +299,15 @@ pub async fn check_memory(state: &AppState, user: &User, spec: &JobSpec) -> ApiR
     if need.total <= largest {
         return Ok(());
     }
+    let split = split_by.map_or(String::new(), |field| {
+        format!(
+            "; a worker may span several devices, each holding a part of the model and its activations \
+             (devices_per_worker with {field})"
+        )
+    });
     let reason = format!(
         "one rank needs about {} (parameters {}, gradients {}, momentum {}, activations {} at a batch of {batch}{source}, \
-         data {}); the largest {} device offers {}",
+         data {}); the largest {} device offers {}{split}",
         human_bytes(need.total),
         human_bytes(need.parameters),
         human_bytes(need.gradients),

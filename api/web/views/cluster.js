@@ -27,6 +27,9 @@ export async function refresh() {
     cell(row, node.name);
     cell(row, node.state);
     cell(row, `${Math.round((Date.now() - Date.parse(node.last_heartbeat)) / 1000)} s ago`);
+    const use = node.ranks_use;
+    const usage = cell(row, use ? `${use.cpu_cores.toFixed(1)} cores, ${(use.resident_bytes / 2 ** 20).toFixed(0)} MiB` : "-");
+    usage.className = "ranks-use";
     const devices = add(add(row, "td"), "ul");
     devices.className = "devices";
     for (const d of node.devices) {

@@ -77,7 +77,7 @@ export async function refresh() {
   renderCheckpoints(job, checkpoints.checkpoints);
   renderPlacements(job.placements || []);
   if ($("log-follow").checked) await renderLogs();
-  await renderCharts(job);
+  await Promise.all([renderCharts(job), renderSystemCharts(job)]);
 }
 
 function renderFacts(job) {
@@ -280,6 +280,46 @@ async function renderCharts(job) {
     yFromZero: true,
     height: 180,
     empty: job.devices === 1 && job.workers === 1 ? "one rank: nothing to reduce" : empty("iteration"),
+  });
+}
+
+/** Ranks charted one line each on the system charts; a larger job shows its first ones. */
+const SYSTEM_RANKS = 8;
+
+/**
+ * Each rank's CPU cores and resident memory over the job's time (minutes since its first sample): the
+ * agents' `system` reports, whose iteration is the Unix second of the sample (each also says the training
+ * iteration its rank had reached, `iteration_reached`).
+ */
+async function renderSystemCharts(job) {
+  const id = job.id;
+  const ranks = Math.min(job.devices || 1, SYSTEM_RANKS);
+  const perRank = await Promise.all(
+    Array.from({ length: ranks }, (_, rank) =>
+      api(`/v1/jobs/${id}/metrics?kind=system&rank=${rank}&points=500&limit=10000`).then((page) => page.points),
+    ),
+  );
+  if (id !== jobId) return;
+  const first = Math.min(...perRank.flat().map((p) => p.iteration));
+  const minutes = (p) => (p.iteration - first) / 60;
+  const series = (field) =>
+    perRank.map((points, rank) => ({ label: `rank ${rank}`, points: points.map((p) => [minutes(p), p.fields[field]]) }));
+  const empty = emptyText(job, "sample");
+  const shown = job.devices > SYSTEM_RANKS ? ` (first ${SYSTEM_RANKS} of ${job.devices} ranks)` : "";
+  drawChart($("cpu-chart"), series("cpu_cores"), {
+    x: `minutes since the first sample${shown}`,
+    y: "CPU cores busy",
+    yFromZero: true,
+    height: 180,
+    empty,
+  });
+  drawChart($("memory-chart"), series("resident_bytes"), {
+    x: `minutes since the first sample${shown}`,
+    y: "resident memory",
+    yFormat: "bytes",
+    yFromZero: true,
+    height: 180,
+    empty,
   });
 }
 

@@ -47,6 +47,9 @@ pub async fn job_running(
 }
 
 pub const MAX_REPORTS: usize = 10_000;
+/// The kind of an agent's sample of a rank's CPU and memory, whose iteration is the Unix second it was
+/// taken at (`ringtrain_agent`'s `system_metrics`).
+pub const SYSTEM_KIND: &str = "system";
 /// Numbers one report may carry besides kind, rank, epoch and iteration.
 pub const MAX_REPORT_FIELDS: usize = 32;
 /// The longest name of a reported number.
@@ -83,7 +86,11 @@ pub fn parse_report(
     };
     let rank = integer("rank", i64::from(ranks.max(1) - 1));
     let epoch = integer("epoch", i64::from(i32::MAX));
-    let last_iteration = total_iterations.map_or(i64::MAX / 2, |total| i64::try_from(total).unwrap_or(i64::MAX));
+    // an agent's system report is keyed by the Unix second it was taken at (a clock a minute fast is let by)
+    let last_iteration = match kind.as_str() {
+        SYSTEM_KIND => chrono::Utc::now().timestamp() + 60,
+        _ => total_iterations.map_or(i64::MAX / 2, |total| i64::try_from(total).unwrap_or(i64::MAX)),
+    };
     let iteration = integer("iteration", last_iteration);
     if report.len() > MAX_REPORT_FIELDS {
         errors.push(FieldError::new(path("*"), format!("at most {MAX_REPORT_FIELDS} numbers per report")));
@@ -114,7 +121,7 @@ pub fn parse_report(
     request_body = MetricsBatch,
     responses((status = 200, body = MetricsAck, description = "Stored; beyond the job's budget of iteration reports per second, an evenly spaced subset (`downsampled`, `stride`)"),
         (status = 404),
-        (status = 422, description = "A report's field is wrong: kind, rank, epoch, an iteration past the job's total, more than 32 numbers, a name not of a-z, 0-9 and _")),
+        (status = 422, description = "A report's field is wrong: kind, rank, epoch, an iteration past the job's total (a `system` report's, a Unix second more than a minute ahead of the server's clock), more than 32 numbers, a name not of a-z, 0-9 and _")),
     security(("bearer" = [])))]
 pub async fn report_metrics(
     State(state): State<AppState>,
