@@ -67,6 +67,9 @@ enum Command {
     Completions { shell: clap_complete::Shell },
     /// What this binary and machine can do: libtorch, CUDA devices, cuDNN, NCCL, CPU threads, data sets.
     Doctor(commands::doctor::Args),
+    /// Does this node compute and sum right: a known matrix product and a known all-reduce over shared
+    /// memory (what node agents run at start and while idle; a failure sets the node aside).
+    SelfTest(commands::self_test::Args),
     /// This machine measured: the all-reduce, a training step, the input pipeline (`--json` for one object
     /// per measurement). Platforms under load and faults, databases at scale and PyTorch side by side are
     /// the `ringtrain-bench` binary's.
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Doctor(args) => commands::doctor::run(args),
+        Command::SelfTest(args) => commands::self_test::run(args),
         Command::Bench(bench) => commands::bench::run(bench),
     }
 }

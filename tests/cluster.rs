@@ -163,6 +163,62 @@ async fn a_stopped_rank_is_named_as_hung_within_its_bound_and_the_job_resumes() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_fails_its_self_test_gets_no_placements_until_a_platform_admin_lifts_it() {
+    let db = fresh_postgres_database("quarantine").await;
+    let mut cluster = Cluster::serve("quarantine", &db, 1, 1).await;
+    // node1 computes wrong: its self-test's matrix product is off by one in one entry
+    cluster.add_node_with("node1", 1, &[], &[("RINGTRAIN_SELF_TEST_FAULT", "matmul")]).await;
+    cluster.wait_for_nodes(2).await;
+    let api = &cluster.api;
+    let of = |nodes: &Value, name: &str| -> Value {
+        nodes["nodes"].as_array().unwrap().iter().find(|n| n["name"] == name).cloned().unwrap_or_default()
+    };
+    let nodes = api
+        .wait_for("/v1/nodes", Duration::from_secs(60), "node1 set aside", |nodes| {
+            of(nodes, "node1")["quarantine"].is_object()
+        })
+        .await;
+    let reason = of(&nodes, "node1")["quarantine"]["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.starts_with("its self-test failed: matmul: a 128×128 product") && reason.contains("wrong at [1, 1]"),
+        "{reason}"
+    );
+    assert!(of(&nodes, "node0")["quarantine"].is_null(), "the healthy node passed: {nodes}");
+
+    // a job of two devices waits: the pool it may use is node0's one slot
+    let id = api.submit(&fashion_mnist("after-quarantine", 2, 1000, 1)).await;
+    api.wait_for(&format!("/v1/jobs/{id}"), Duration::from_secs(30), "its reason", |job| {
+        job["pending_reason"].is_object()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(api.job(&id).await["state"], "queued", "nothing placed on the node in quarantine");
+
+    // only a platform admin lifts it
+    let node1 = of(&nodes, "node1")["id"].as_str().unwrap().to_string();
+    let team = cluster.team("tenants", 1).await;
+    let path = format!("/v1/nodes/{node1}/quarantine");
+    let (status, problem) = team.request(reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(status, 403, "{problem}");
+    let (status, lifted) = api.request(reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(status, 200, "{lifted}");
+    assert!(lifted["quarantine"].is_null(), "{lifted}");
+    let (status, _) = api.request(reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(status, 409, "not in quarantine any more");
+    let job = api.wait_state(&id, "succeeded", LONG).await;
+    assert_eq!(job["attempt"], 1, "{job}");
+
+    // and sets one aside by hand, with a reason
+    let (status, set) = api.request(reqwest::Method::POST, &path, Some(json!({"reason": "fan failure"}))).await;
+    assert_eq!(status, 200, "{set}");
+    assert_eq!(set["quarantine"]["reason"], "set aside by a platform admin: fan failure", "{set}");
+    let (status, again) = api.request(reqwest::Method::POST, &path, Some(json!({"reason": "twice"}))).await;
+    assert_eq!(status, 409, "{again}");
+    let (status, empty) = api.request(reqwest::Method::POST, &path, Some(json!({"reason": " "}))).await;
+    assert_eq!(status, 422, "{empty}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_running_job_stops_its_ranks_within_seconds() {
     let db = fresh_postgres_database("cancel").await;
     let cluster = Cluster::serve("cancel", &db, 2, 1).await;
@@ -319,7 +375,8 @@ async fn an_agent_restarted_between_rank_0s_address_and_its_start_keeps_the_plac
 
     // the predecessor: registers node0, takes the job's two ranks, reports rank 0's address, and dies
     let predecessor = Client::new(&cluster.url, &token, &Default::default()).unwrap();
-    let node = predecessor.register("node0", "127.0.0.1", &cpu_slots(2, rank_memory(None, 2).slot)).await.unwrap();
+    let node =
+        predecessor.register("node0", "127.0.0.1", &cpu_slots(2, rank_memory(None, 2, false).slot)).await.unwrap();
     let id = cluster.api.submit(&fashion_mnist("e2e-successor", 2, 2000, 1)).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let rank_0 = loop {

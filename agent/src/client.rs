@@ -43,6 +43,15 @@ impl Client {
         self.api.post("/v1/agent/nodes", &body).await
     }
 
+    /// The node's self-test: the node as the server now has it (in quarantine if a check failed).
+    pub async fn self_test(
+        &self,
+        node: NodeId,
+        report: &ringtrain_protocol::SelfTestReport,
+    ) -> Result<Node, CallError> {
+        self.api.post(&format!("/v1/agent/nodes/{node}/self-test"), report).await
+    }
+
     pub async fn heartbeat(&self, node: NodeId) -> Result<(), CallError> {
         self.api.post::<Value>(&format!("/v1/agent/nodes/{node}/heartbeat"), &serde_json::json!({})).await.map(drop)
     }

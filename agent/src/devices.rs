@@ -64,14 +64,17 @@ pub struct RankMemory {
 
 /// Each rank's memory on this node: the operator's `--slot-memory-mib` (each rank's cgroup then allows
 /// that and the runtime, and the operator sees that the slots fit the machine), else this machine's memory
-/// shared among the `devices` it offers (of which a slot registers what is left after the runtime).
-pub fn rank_memory(mib: Option<u64>, devices: u64) -> RankMemory {
+/// shared among the `devices` it offers (of which a slot registers what is left after the runtime). On a
+/// node that offers GPUs the cgroups keep the machine's share: a GPU rank's host memory (the CUDA runtime,
+/// pinned buffers) is not a CPU slot's.
+pub fn rank_memory(mib: Option<u64>, devices: u64, offers_gpus: bool) -> RankMemory {
+    let share = memory_total().map(|total| total / devices.max(1));
     match mib {
-        Some(mib) => RankMemory { slot: Some(mib << 20), limit: Some((mib << 20) + RANK_RUNTIME_BYTES) },
-        None => {
-            let share = memory_total().map(|total| total / devices.max(1));
-            RankMemory { slot: share.map(|s| s.saturating_sub(RANK_RUNTIME_BYTES).max(s / 2)), limit: share }
+        Some(mib) if !offers_gpus => {
+            RankMemory { slot: Some(mib << 20), limit: Some((mib << 20) + RANK_RUNTIME_BYTES) }
         }
+        Some(mib) => RankMemory { slot: Some(mib << 20), limit: share },
+        None => RankMemory { slot: share.map(|s| s.saturating_sub(RANK_RUNTIME_BYTES).max(s / 2)), limit: share },
     }
 }
 
@@ -139,15 +142,16 @@ mod tests {
         assert_eq!(devices[0].memory_bytes, Some(143_771 << 20));
         assert_eq!(parse_mem_total("MemTotal:       24551264 kB\nMemFree: 1 kB\n"), Some(24_551_264 * 1024));
         assert_eq!(parse_mem_total("nothing"), None);
-        let shared = rank_memory(None, 2);
+        let shared = rank_memory(None, 2, false);
         let slots = cpu_slots(2, shared.slot);
         assert_eq!(slots[0].memory_bytes, slots[1].memory_bytes);
         assert!(slots[0].memory_bytes.unwrap() > 0);
         assert!(shared.limit.unwrap() * 2 <= memory_total().unwrap(), "the ranks' limits fit the machine");
         assert!(shared.slot.unwrap() < shared.limit.unwrap(), "a slot leaves room for the runtime");
-        let set = rank_memory(Some(640), 2);
+        let set = rank_memory(Some(640), 2, false);
         assert_eq!(cpu_slots(1, set.slot)[0].memory_bytes, Some(640 << 20));
         assert_eq!(set.limit, Some((640 << 20) + RANK_RUNTIME_BYTES));
+        assert_eq!(rank_memory(Some(640), 2, true).limit, shared.limit, "GPU ranks keep the machine's share");
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! ended, so its placement fails and the job resumes (from its newest checkpoint) instead of holding its
 //! devices for hours in a collective that will never complete.
 //!
-//! Progress is what the rank's agent sees of it, never what the rank says of itself alone: a new iteration
-//! report, or CPU time (at least [`BUSY_CORES`] of a core since the previous sample: loading, evaluating,
-//! writing a checkpoint). A rank counts as hung once it has shown neither for its bound: the larger of the
-//! floor (`--hang-floor-s`, default [`DEFAULT_FLOOR`]) and [`STEPS_IN_BOUND`] times the median time between
-//! its reports (so a slow model is not cut short). A stopped process (SIGSTOP, a debugger) is hung at its
-//! bound; any other at twice its bound, which leaves the stopped rank of the placement (on this node or
-//! another) to be named first: its peers wait on it, and their silence is its doing.
+//! Progress is a new iteration report from the rank, or CPU time its agent measures (at least
+//! [`BUSY_CORES`] of a core since the previous sample: loading, evaluating, writing a checkpoint). A rank
+//! counts as hung once it has shown neither for its bound: the larger of the floor (`--hang-floor-s`,
+//! default [`DEFAULT_FLOOR`]) and [`STEPS_IN_BOUND`] times the median time between its reports (so a slow
+//! model is not cut short); a rank that prints reports it does not train can keep only its own job alive.
+//! A stopped process (SIGSTOP, a debugger) is hung after its bound or [`STOPPED_FOR`], whichever is
+//! shorter: before the ring's 120 s timeout fails its peers, which wait on it, with a vaguer reason. Any
+//! other at twice its bound, which leaves the stopped rank of the placement (on this node or another) to be
+//! named first: its peers' silence is its doing.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 /// The shortest time without progress that counts as a hang unless the agent is told otherwise: longer
 /// than any start-up, evaluation or checkpoint of the models here that shows no CPU time.
 pub const DEFAULT_FLOOR: Duration = Duration::from_secs(300);
+/// The longest a rank's process may be stopped: no training stops its own process.
+pub const STOPPED_FOR: Duration = Duration::from_secs(30);
 /// Median report intervals in a bound.
 const STEPS_IN_BOUND: u32 = 20;
 /// A sample this busy is progress (a rank blocked on a socket or a lock uses next to nothing).
@@ -108,7 +112,7 @@ impl Watchdog {
     pub fn verdict(&self, now: Instant, process: &ProcessState) -> Option<String> {
         let silent = now.duration_since(self.last_progress);
         let bound = self.bound();
-        let allowed = if process.stopped() { bound } else { bound * 2 };
+        let allowed = if process.stopped() { bound.min(STOPPED_FOR) } else { bound * 2 };
         if silent < allowed {
             return None;
         }
@@ -164,7 +168,11 @@ mod tests {
         assert_eq!(dog.bound(), Duration::from_secs(40), "20 steps of 2 s");
         // an iteration reported again (a resumed rank's repeat) is no progress
         dog.reported(3, start + Duration::from_secs(30));
-        assert!(dog.verdict(start + Duration::from_secs(49), &state('T')).is_some());
+        assert!(dog.verdict(start + Duration::from_secs(49), &state('S')).is_none(), "a waiting rank: 80 s");
+        assert!(dog.verdict(start + Duration::from_secs(89), &state('S')).is_some());
+        // a stopped process gets no more than STOPPED_FOR, whatever its bound
+        assert!(dog.verdict(start + Duration::from_secs(8 + 29), &state('T')).is_none());
+        assert!(dog.verdict(start + Duration::from_secs(8 + 31), &state('T')).is_some());
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod devices;
 mod files;
 mod folders;
 mod hang;
+mod health;
 /// How long a rank may show no progress before it counts as hung, unless `--hang-floor-s` says otherwise.
 pub use hang::DEFAULT_FLOOR as HANG_FLOOR;
 mod lines;
@@ -88,6 +89,11 @@ pub struct Args {
     #[arg(long, env = "RINGTRAIN_HANG_FLOOR_S", default_value_t = hang::DEFAULT_FLOOR.as_secs(),
         value_parser = clap::value_parser!(u64).range(1..))]
     pub hang_floor_s: u64,
+    /// Minutes between two self-tests of this node (a known matrix product and all-reduce) while no rank
+    /// runs here; 0: only the one at start. A node that fails gets no new placements until a platform
+    /// admin lifts its quarantine.
+    #[arg(long, env = "RINGTRAIN_SELF_TEST_EVERY_MIN", default_value_t = 30)]
+    pub self_test_every_min: u64,
     /// libtorch threads per rank process (default: 1 on CPU slots).
     #[arg(long)]
     pub threads: Option<i32>,
@@ -175,6 +181,9 @@ pub struct Agent {
     ranks: HashMap<AssignmentId, RankHandle>,
     /// Leave after this long without a rank (a Slurm step's agent).
     exit_when_idle: Option<Duration>,
+    /// Self-test again after this long, while idle (None: only at start).
+    self_test_every: Option<Duration>,
+    last_self_test: Instant,
     /// SIGUSR1 came (Slurm's grace signal before a time limit): every rank checkpoints and stops, no new
     /// work starts, and the agent leaves once its ranks have ended.
     leaving: bool,
@@ -206,7 +215,8 @@ impl Agent {
         let first_cpu = offered.iter().map(|g| g.index + 1).max().unwrap_or(0);
         // each rank may use its device's share of this machine's memory (what the server admits jobs by),
         // or what the operator set for a slot
-        let memory = devices::rank_memory(args.slot_memory_mib, offered.len() as u64 + u64::from(cpus));
+        let memory =
+            devices::rank_memory(args.slot_memory_mib, offered.len() as u64 + u64::from(cpus), !offered.is_empty());
         offered.extend(devices::cpu_slots(cpus, memory.slot).into_iter().map(|mut d| {
             d.index += first_cpu;
             d
@@ -237,6 +247,8 @@ impl Agent {
             Err(err) => tracing::warn!(error = %format!("{err:#}"), "ringtrain doctor failed"),
         }
         capabilities::check_offered_gpus(report.as_ref(), &offered)?;
+        // tested before it is offered, and the result sent as soon as the node exists on the server
+        let self_test = health::run(&exe).await;
         let name = args.name.clone().unwrap_or_else(devices::hostname);
         let address = args.address.unwrap_or_else(|| devices::address_towards(&args.server));
         // The server may still be starting: retry for a while.
@@ -251,6 +263,7 @@ impl Agent {
                 Err(err) => return Err(err).context("cannot register this node"),
             }
         };
+        health::report(&client, node.id, &self_test).await;
         let summary: Vec<String> = offered.iter().map(|d| format!("{} {}", d.kind, d.index)).collect();
         tracing::info!(node = %name, node_id = %node.id, server = %args.server, devices = %summary.join(", "), "registered");
         std::fs::create_dir_all(&args.work_dir)
@@ -288,6 +301,8 @@ impl Agent {
             outage_grace: Duration::from_secs(args.outage_grace_s.max(args.lease_s).max(2)),
             ranks: HashMap::new(),
             exit_when_idle: args.exit_when_idle_s.map(Duration::from_secs),
+            self_test_every: (args.self_test_every_min > 0).then(|| Duration::from_secs(args.self_test_every_min * 60)),
+            last_self_test: Instant::now(),
             leaving: false,
             leaving_placements: Vec::new(),
             registered: (name.clone(), address.to_string()),
@@ -318,6 +333,10 @@ impl Agent {
             // this node that has not started (a rank waiting for rank 0's address)
             if !self.ranks.is_empty() || !self.ended.is_empty() || self.work_listed {
                 idle_since = Instant::now();
+            } else if self.self_test_every.is_some_and(|every| self.last_self_test.elapsed() >= every) {
+                self.last_self_test = Instant::now();
+                let report = health::run(&self.ctx.exe).await;
+                health::report(&self.ctx.client, self.node, &report).await;
             }
             let mut wait = ringtrain_protocol::timing::MAX_POLL_WAIT;
             if let Some(limit) = self.exit_when_idle {

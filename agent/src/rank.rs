@@ -375,8 +375,9 @@ async fn conclude(
             let error = format!("rank {} on node {} {why}; the agent killed it", a.rank, ctx.node_name);
             relay.stderr_line(format!("agent: {error}"));
             tracing::warn!(%why, "hung");
-            report_failure(ctx, work, &error, true).await;
+            // the checkpoint first: once the failure is in, this attempt is over and its uploads refused
             let delivered = relay.upload_new_checkpoint(false).await;
+            report_failure(ctx, work, &error, true).await;
             (AssignmentState::Failed, delivered)
         }
         Ending::Exited(status) if status.code() == Some(i32::from(EXIT_STOPPED)) => {

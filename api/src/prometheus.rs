@@ -152,6 +152,8 @@ impl ServerMetrics {
         usage: &[ringtrain_store::DeviceTotal],
         ranks: &[RankUseRow],
     ) -> String {
+        // held while the gauges are set and written: two scrapes at once cannot mix their clears and sets
+        let registry = self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         self.set_rank_use(ranks);
         for total in usage {
             let labels = TeamKindLabels { team: total.team.clone(), kind: total.kind.as_str() };
@@ -166,7 +168,6 @@ impl ServerMetrics {
             self.jobs.get_or_create(&StateLabels { state: state.as_str() }).set(count(state));
         }
         self.queue_depth.set(count(JobState::Queued));
-        let registry = self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
@@ -194,13 +195,19 @@ impl ServerMetrics {
         for family in [&self.node_cpu, &self.node_memory] {
             family.clear();
         }
+        let mut per_node: std::collections::HashMap<&str, (f64, f64)> = std::collections::HashMap::new();
         for (job, rank, node, cpu, memory) in ranks {
             let labels = RankLabels { job: job.clone(), rank: rank.to_string(), node: node.clone() };
             self.rank_cpu.get_or_create(&labels).set(*cpu);
             self.rank_memory.get_or_create(&labels).set(*memory);
-            let node = NodeLabels { node: node.clone() };
-            self.node_cpu.get_or_create(&node).inc_by(*cpu);
-            self.node_memory.get_or_create(&node).inc_by(*memory);
+            let sums = per_node.entry(node.as_str()).or_default();
+            sums.0 += cpu;
+            sums.1 += memory;
+        }
+        for (node, (cpu, memory)) in per_node {
+            let labels = NodeLabels { node: node.to_string() };
+            self.node_cpu.get_or_create(&labels).set(cpu);
+            self.node_memory.get_or_create(&labels).set(memory);
         }
     }
 }

@@ -149,6 +149,8 @@ pub struct AppState {
     pub queue_room: Arc<QueueRoom>,
     /// The most memory a device of each kind offers, for the memory check.
     pub largest_memory: Arc<LargestMemory>,
+    /// What every live rank uses now, read at most every few seconds.
+    pub system_now: Arc<crate::system_now::SystemNow>,
     /// Model checks in progress (one per team, two in all).
     pub model_checks: Arc<CheckSlots>,
     /// Tokens found, while [`AppState::listen_to_other_servers`] hears their revocations.
@@ -171,6 +173,7 @@ impl AppState {
             queue: Arc::new(QueueCache::default()),
             queue_room: Arc::new(QueueRoom::default()),
             largest_memory: Arc::new(LargestMemory::default()),
+            system_now: Default::default(),
             model_checks: Arc::new(CheckSlots::new()),
             tokens: Arc::new(TokenCache::default()),
             slurm_pool: None,

@@ -1,19 +1,23 @@
 //! What every live rank uses of its node now: the newest `system` report of each (the agents sample their
 //! ranks' CPU and resident memory, `ringtrain_agent`'s `system_metrics`), with the node it runs on. Read
-//! from the store at the moment it is asked (a Prometheus scrape, the node list), so every server replica
-//! answers the same; one bounded read per running job.
+//! from the store (one newest-first read per running job), so every server replica answers the same, and
+//! kept for [`FRESH`]: the Cluster view polls every 2 s per viewer and Prometheus scrapes on its own.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use ringtrain_core::{AssignmentState, JobId, NodeId};
-use ringtrain_store::MetricsQuery;
+use ringtrain_store::{MetricsQuery, Store, StoreResult};
 
-use crate::error::ApiResult;
 use crate::routes::agent::reports::SYSTEM_KIND;
-use crate::state::AppState;
 
-/// A sample older than this describes a rank that no longer reports (its agent is gone): left out.
-const FRESH_SECONDS: i64 = 120;
+/// How long a read answers for (agents sample every 10 s).
+pub const FRESH: Duration = Duration::from_secs(5);
+
+/// The newest samples read per rank to find its placement's own: a rank restarted by a new placement
+/// reports under a new attempt, and the previous one's samples are not its.
+const SAMPLES_PER_RANK: i64 = 4;
 
 /// One live rank's newest sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,29 +29,53 @@ pub struct RankUse {
     pub resident_bytes: f64,
 }
 
-/// The newest sample of every rank that runs now and reported one in the last [`FRESH_SECONDS`].
-pub async fn live_rank_use(state: &AppState) -> ApiResult<Vec<RankUse>> {
-    let live = state.store.live_assignments().await?;
-    let mut ranks: HashMap<JobId, HashMap<i32, NodeId>> = HashMap::new();
-    for a in live.iter().filter(|a| a.state == AssignmentState::Running) {
-        ranks.entry(a.job_id).or_default().insert(a.rank, a.node_id);
+/// The last read and when it was made.
+#[derive(Debug, Default)]
+pub struct SystemNow {
+    read: Mutex<Option<(Instant, Vec<RankUse>)>>,
+}
+
+impl SystemNow {
+    /// The newest sample of every rank that runs now, of its running placement (none for a rank that has
+    /// not been sampled yet), at most [`FRESH`] old.
+    pub async fn live_rank_use(&self, store: &dyn Store) -> StoreResult<Vec<RankUse>> {
+        if let Some((at, uses)) = self.lock().as_ref() {
+            if at.elapsed() < FRESH {
+                return Ok(uses.clone());
+            }
+        }
+        let uses = read(store).await?;
+        *self.lock() = Some((Instant::now(), uses.clone()));
+        Ok(uses)
     }
-    let oldest = chrono::Utc::now().timestamp() - FRESH_SECONDS;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Instant, Vec<RankUse>)>> {
+        self.read.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+async fn read(store: &dyn Store) -> StoreResult<Vec<RankUse>> {
+    // each running job's placement: its attempt, and the node of each rank
+    let mut placements: HashMap<JobId, (i32, HashMap<i32, NodeId>)> = HashMap::new();
+    for a in store.live_assignments().await?.into_iter().filter(|a| a.state == AssignmentState::Running) {
+        let (attempt, nodes) = placements.entry(a.job_id).or_insert_with(|| (a.attempt, HashMap::new()));
+        if a.attempt == *attempt {
+            nodes.insert(a.rank, a.node_id);
+        }
+    }
     let mut uses = Vec::new();
-    for (job, nodes) in ranks {
+    for (job, (attempt, nodes)) in placements {
         let query = MetricsQuery {
             kind: Some(SYSTEM_KIND.into()),
-            from_iteration: Some(oldest),
             stride: 1,
-            // every rank's samples of the last two minutes, newest first
-            limit: (nodes.len() as i64) * (FRESH_SECONDS + 1),
+            limit: nodes.len() as i64 * SAMPLES_PER_RANK,
             newest_first: true,
             ..Default::default()
         };
         let mut seen = std::collections::HashSet::new();
-        for point in state.store.query_metrics(job, &query).await? {
+        for point in store.query_metrics(job, &query).await? {
             let Some(&node) = nodes.get(&point.rank) else { continue };
-            if !seen.insert(point.rank) {
+            if point.attempt != attempt || !seen.insert(point.rank) {
                 continue;
             }
             uses.push(RankUse {

@@ -194,8 +194,11 @@ async fn metric_ingestion_is_bounded(app: TestApp) {
     let now = chrono::Utc::now().timestamp();
     let sample = |second: i64| json!({"kind": "system", "rank": 0, "epoch": 0, "iteration": second, "cpu_cores": 0.9, "resident_bytes": 1e8});
     assert_eq!(app.post(&uri, &agent, &batch(vec![sample(now)])).await.status, 200);
-    let ahead = app.post(&uri, &agent, &batch(vec![sample(now + 3_600)])).await;
-    assert_eq!(ahead.problem(422), vec!["reports[0].iteration"], "an hour ahead of the server's clock");
+    let ahead = app.post(&uri, &agent, &batch(vec![sample(now + 2 * 86_400)])).await;
+    assert_eq!(ahead.problem(422), vec!["reports[0].iteration"], "two days ahead of the server's clock");
+    let mut negative = sample(now);
+    negative["resident_bytes"] = json!(-1.0);
+    assert_eq!(app.post(&uri, &agent, &batch(vec![negative])).await.problem(422), vec!["reports[0].resident_bytes"]);
 
     // 20,000 reports in a few seconds against a budget of 100 a second (1,000 saved up)
     let started = std::time::Instant::now();

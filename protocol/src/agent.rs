@@ -264,3 +264,31 @@ pub struct ResultAck {
     #[schema(value_type = String)]
     pub state: JobState,
 }
+
+/// `ringtrain self-test --json`, which an agent runs at start and while idle and sends to
+/// `POST /v1/agent/nodes/{id}/self-test`: a failed check sets the node aside (no new placements) until a
+/// platform admin lifts it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelfTestReport {
+    pub checks: Vec<SelfTestCheck>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelfTestCheck {
+    /// `matmul` (a known matrix product in libtorch) or `allreduce` (a known sum over shared memory).
+    pub name: String,
+    pub passed: bool,
+    /// What was wrong, or what was measured.
+    pub detail: String,
+}
+
+impl SelfTestReport {
+    /// The failed checks in words ("matmul: ..."); None when every check passed.
+    pub fn failure(&self) -> Option<String> {
+        let failed: Vec<String> =
+            self.checks.iter().filter(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail)).collect();
+        (!failed.is_empty()).then(|| failed.join("; "))
+    }
+}

@@ -18,7 +18,7 @@ pub mod timing;
 
 pub use agent::{
     ArchiveParams, AssignmentUpdate, AttemptBody, EndpointReport, HeartbeatAck, LogAck, LogBatch, LogLine, MetricsAck,
-    MetricsBatch, Outcome, Poll, PollQuery, RegisterDevice, RegisterNode, ResultAck, ResultReport, Work,
-    MAX_LOG_LINE_BYTES,
+    MetricsBatch, Outcome, Poll, PollQuery, RegisterDevice, RegisterNode, ResultAck, ResultReport, SelfTestCheck,
+    SelfTestReport, Work, MAX_LOG_LINE_BYTES,
 };
 pub use records::{Assignment, Checkpoint, Device, Node};

@@ -20,6 +20,10 @@ pub struct Node {
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat: DateTime<Utc>,
     pub devices: Vec<Device>,
+    /// Why the node gets no new placements (its self-test failed, or a platform admin set it aside), until
+    /// a platform admin lifts it; None when it may be placed on.
+    pub quarantine: Option<String>,
+    pub quarantined_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

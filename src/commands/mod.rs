@@ -13,6 +13,7 @@ pub mod login;
 pub mod models;
 pub mod pool;
 pub mod schedule;
+pub mod self_test;
 pub mod serve;
 pub mod serve_slurm;
 pub mod study;

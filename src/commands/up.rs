@@ -122,6 +122,7 @@ async fn up(args: Args) -> anyhow::Result<()> {
         cache_max_gib: args.cache_max_gib,
         slot_memory_mib: args.slot_memory_mib,
         hang_floor_s: ringtrain_agent::HANG_FLOOR.as_secs(),
+        self_test_every_min: 30,
         threads: args.threads,
         heartbeat_s: timing::HEARTBEAT.as_secs(),
         lease_s: timing::LEASE.as_secs(),

@@ -40,6 +40,9 @@ pub trait NodeStore: Send + Sync {
     async fn largest_device_memory(&self, kind: DeviceKind) -> StoreResult<Option<i64>>;
     /// Marks `up` nodes whose last heartbeat is older than `before` as `lost`; returns their ids.
     async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<NodeId>>;
+    /// Sets the node aside with `reason` (no new placements), or lifts that (None). False when nothing
+    /// changed: no such node, already set aside (the first reason stays), or not set aside.
+    async fn set_quarantine(&self, id: NodeId, reason: Option<&str>) -> StoreResult<bool>;
 }
 
 macro_rules! impl_node_store {
@@ -176,6 +179,32 @@ macro_rules! impl_node_store {
                             .fetch_one(self.pool())
                             .await?;
                     Ok(largest)
+                }
+
+                async fn set_quarantine(&self, id: NodeId, reason: Option<&str>) -> StoreResult<bool> {
+                    let done = match reason {
+                        Some(reason) => {
+                            sqlx::query(
+                                "UPDATE nodes SET quarantine = $2, quarantined_at = $3 \
+                                 WHERE id = $1 AND quarantine IS NULL",
+                            )
+                            .bind(id.0)
+                            .bind(reason)
+                            .bind(now())
+                            .execute(self.pool())
+                            .await?
+                        }
+                        None => {
+                            sqlx::query(
+                                "UPDATE nodes SET quarantine = NULL, quarantined_at = NULL \
+                                 WHERE id = $1 AND quarantine IS NOT NULL",
+                            )
+                            .bind(id.0)
+                            .execute(self.pool())
+                            .await?
+                        }
+                    };
+                    Ok(done.rows_affected() == 1)
                 }
 
                 async fn mark_lost_nodes(&self, before: DateTime<Utc>) -> StoreResult<Vec<NodeId>> {

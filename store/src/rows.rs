@@ -288,7 +288,8 @@ impl From<MetricRow> for MetricPoint {
     }
 }
 
-pub(crate) const NODE_COLUMNS: &str = "id, name, agent_token_id, address, state, registered_at, last_heartbeat";
+pub(crate) const NODE_COLUMNS: &str =
+    "id, name, agent_token_id, address, state, registered_at, last_heartbeat, quarantine, quarantined_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct NodeRow {
@@ -299,6 +300,8 @@ pub(crate) struct NodeRow {
     state: String,
     registered_at: DateTime<Utc>,
     last_heartbeat: DateTime<Utc>,
+    quarantine: Option<String>,
+    quarantined_at: Option<DateTime<Utc>>,
 }
 
 impl NodeRow {
@@ -312,6 +315,8 @@ impl NodeRow {
             registered_at: self.registered_at,
             last_heartbeat: self.last_heartbeat,
             devices,
+            quarantine: self.quarantine,
+            quarantined_at: self.quarantined_at,
         })
     }
 }

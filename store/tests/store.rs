@@ -423,6 +423,17 @@ async fn chosen_claims_queue_view_and_lost_nodes(store: Arc<dyn Store>) {
     assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, NodeState::Lost);
     assert!(store.heartbeat(node.id, agent.id).await.unwrap());
     assert_eq!(store.get_node(node.id).await.unwrap().unwrap().state, NodeState::Up);
+
+    // set aside, the first reason kept, then lifted
+    assert!(store.set_quarantine(node.id, Some("its self-test failed: matmul")).await.unwrap());
+    assert!(!store.set_quarantine(node.id, Some("again")).await.unwrap(), "already set aside");
+    let aside = store.get_node(node.id).await.unwrap().unwrap();
+    assert_eq!(aside.quarantine.as_deref(), Some("its self-test failed: matmul"));
+    assert!(aside.quarantined_at.is_some());
+    assert!(store.set_quarantine(node.id, None).await.unwrap());
+    assert!(!store.set_quarantine(node.id, None).await.unwrap(), "not set aside");
+    let lifted = store.list_nodes().await.unwrap().into_iter().find(|n| n.id == node.id).unwrap();
+    assert_eq!((lifted.quarantine, lifted.quarantined_at), (None, None));
 }
 
 /// A node of `slots` CPU devices registered under a fresh agent token.

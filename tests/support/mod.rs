@@ -229,9 +229,14 @@ impl Cluster {
     /// Starts an agent of `cpus` CPU slots named `name`, with `extra` arguments, on a token of its own (a
     /// token belongs to the first node it registers).
     pub async fn add_node(&mut self, name: &str, cpus: u32, extra: &[&str]) {
+        self.add_node_with(name, cpus, extra, &[]).await;
+    }
+
+    /// [`Cluster::add_node`] with variables in the agent's environment.
+    pub async fn add_node_with(&mut self, name: &str, cpus: u32, extra: &[&str], env: &[(&str, &str)]) {
         let token = self.api.post("/v1/agent-tokens", json!({"label": format!("e2e {name}")})).await;
         let token = token["token"].as_str().expect("an agent token").to_string();
-        self.start_agent_with(name, &token, cpus, extra);
+        self.start_agent_with(name, &token, cpus, extra, env);
     }
 
     /// `ringtrain up` (SQLite, one local agent with `cpus` slots).
@@ -300,10 +305,10 @@ impl Cluster {
     }
 
     pub fn start_agent(&mut self, name: &str, token: &str, cpus: u32) {
-        self.start_agent_with(name, token, cpus, &[]);
+        self.start_agent_with(name, token, cpus, &[], &[]);
     }
 
-    fn start_agent_with(&mut self, name: &str, token: &str, cpus: u32, extra: &[&str]) {
+    fn start_agent_with(&mut self, name: &str, token: &str, cpus: u32, extra: &[&str], env: &[(&str, &str)]) {
         let token_file = self.dir.join(format!("{name}.token"));
         std::fs::write(&token_file, token).expect("write the agent token file");
         // the agent refuses a token file other users may read
@@ -320,6 +325,7 @@ impl Cluster {
             .args(off_loopback.then_some("--allow-insecure-http"))
             .args(extra)
             .env("RINGTRAIN_SYSTEM_METRICS_S", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -24,6 +24,15 @@ pub struct NodeView {
     /// What the ranks running here use now, from their newest samples (taken every 10 s by the agent);
     /// absent while none has reported one.
     pub ranks_use: Option<NodeUse>,
+    /// Why the node gets no new placements, until a platform admin lifts it; absent when it may be placed on.
+    pub quarantine: Option<NodeQuarantine>,
+}
+
+/// A node set aside: its self-test failed, or a platform admin set it aside.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeQuarantine {
+    pub reason: String,
+    pub since: Option<DateTime<Utc>>,
 }
 
 /// The sum over a node's live ranks of their newest samples.

@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use ringtrain_core::{DeviceId, JobId, NodeId, TeamId};
-use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeUse, NodeView};
+use ringtrain_views::nodes::{DeviceHolder, DeviceView, NodeList, NodeQuarantine, NodeUse, NodeView};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -62,6 +62,10 @@ fn the_pool() {
                 },
             ],
             ranks_use: Some(NodeUse { cpu_cores: 1.5, resident_bytes: 2_097_152.0 }),
+            quarantine: Some(NodeQuarantine {
+                reason: "its self-test failed: matmul: wrong".into(),
+                since: Some(at()),
+            }),
         }],
     };
     pinned(
@@ -77,7 +81,8 @@ fn the_pool() {
                 {"id": id(5).to_string(), "index": 1, "kind": "cpu", "name": "cpu slot 1", "memory_bytes": null,
                  "held_by": null}
             ],
-            "ranks_use": {"cpu_cores": 1.5, "resident_bytes": 2_097_152.0}
+            "ranks_use": {"cpu_cores": 1.5, "resident_bytes": 2_097_152.0},
+            "quarantine": {"reason": "its self-test failed: matmul: wrong", "since": "2026-12-07T13:00:00Z"}
         }]}),
     );
 }

@@ -47,7 +47,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 pub async fn prometheus(State(state): State<AppState>) -> ApiResult<Response> {
     let jobs = state.store.count_jobs_by_state().await?;
     let usage = state.store.device_totals().await?;
-    let uses = crate::system_now::live_rank_use(&state).await?;
+    let uses = state.system_now.live_rank_use(state.store.as_ref()).await?;
     let names: std::collections::HashMap<_, _> =
         state.store.list_nodes().await?.into_iter().map(|n| (n.id, n.name)).collect();
     let ranks: Vec<_> = uses

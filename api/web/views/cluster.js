@@ -25,7 +25,9 @@ export async function refresh() {
   for (const node of pool.nodes) {
     const row = document.createElement("tr");
     cell(row, node.name);
-    cell(row, node.state);
+    // a node in quarantine gets no new placements until a platform admin lifts it: say why
+    const state = cell(row, node.quarantine ? `${node.state}, in quarantine: ${node.quarantine.reason}` : node.state);
+    if (node.quarantine) state.className = "quarantined";
     cell(row, `${Math.round((Date.now() - Date.parse(node.last_heartbeat)) / 1000)} s ago`);
     const use = node.ranks_use;
     const usage = cell(row, use ? `${use.cpu_cores.toFixed(1)} cores, ${(use.resident_bytes / 2 ** 20).toFixed(0)} MiB` : "-");

@@ -211,10 +211,13 @@ impl DeviceIndex {
         self.ids.get(&slot).copied()
     }
 
+    /// The nodes the policy may place on: a node in quarantine is left out (its running placements go on:
+    /// their devices stay in this index, so their ranks are not taken for lost).
     fn pool_nodes(&self, nodes: &[Node]) -> Vec<PoolNode> {
         let device = |kind: DeviceKind, index: i32| NodeDevice { index: index.max(0) as u32, kind };
         nodes
             .iter()
+            .filter(|node| node.quarantine.is_none())
             .map(|node| PoolNode {
                 id: node.id,
                 devices: node.devices.iter().map(|d| device(d.kind, d.index)).collect(),

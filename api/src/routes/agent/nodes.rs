@@ -6,7 +6,7 @@ use axum::Json;
 use ringtrain_core::memory::human_bytes;
 use ringtrain_core::spec::DeviceKind;
 use ringtrain_core::{FieldError, NodeId};
-use ringtrain_protocol::{HeartbeatAck, RegisterNode};
+use ringtrain_protocol::{HeartbeatAck, RegisterNode, SelfTestReport};
 use ringtrain_store::{Device, NewDevice, Node, NodeRegistration};
 
 use crate::auth::Agent;
@@ -208,4 +208,42 @@ pub async fn heartbeat(
     // The agent is alive, so the placements of the ranks it holds are too.
     state.store.renew_node_leases(id, state.config.lease).await?;
     Ok(Json(HeartbeatAck { node_id: id, at: ringtrain_store::now() }))
+}
+
+/// The longest reason a quarantine keeps (a self-test's details, or an admin's words).
+const MAX_REASON_CHARS: usize = 1000;
+
+/// A reason cut to [`MAX_REASON_CHARS`], one line.
+pub fn quarantine_reason(text: &str) -> String {
+    let line: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    line.chars().take(MAX_REASON_CHARS).collect()
+}
+
+/// The node's self-test (`ringtrain self-test`, run by its agent at start and while idle). A failed check
+/// sets the node aside: no new placements until a platform admin lifts it (`DELETE
+/// /v1/nodes/{id}/quarantine`); a passed one lifts nothing.
+#[utoipa::path(post, path = "/v1/agent/nodes/{id}/self-test", tag = "agent", params(("id" = Uuid, Path)),
+    request_body = SelfTestReport,
+    responses((status = 200, body = Node, description = "The node, with its quarantine if the test failed"),
+        (status = 404), (status = 422)),
+    security(("bearer" = [])))]
+pub async fn self_test(
+    State(state): State<AppState>,
+    agent: Agent,
+    ApiPath(id): ApiPath<NodeId>,
+    JsonBody(report): JsonBody<SelfTestReport>,
+) -> ApiResult<Json<Node>> {
+    let node = state.store.get_node(id).await?.filter(|n| n.agent_token_id == agent.token.id);
+    let Some(node) = node else { return Err(ApiError::not_found(format!("no node {id} of this agent"))) };
+    if report.checks.is_empty() || report.checks.len() > 16 {
+        return Err(ApiError::validation(vec![FieldError::new("checks", "must hold 1 to 16 checks")]));
+    }
+    let Some(failure) = report.failure() else { return Ok(Json(node)) };
+    let reason = quarantine_reason(&format!("its self-test failed: {failure}"));
+    if state.store.set_quarantine(id, Some(&reason)).await? {
+        tracing::warn!(node = %node.name, %reason, "node quarantined");
+        state.changed().await;
+    }
+    let node = state.store.get_node(id).await?.ok_or_else(|| ApiError::not_found(format!("no node {id}")))?;
+    Ok(Json(node))
 }

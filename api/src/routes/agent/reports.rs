@@ -50,6 +50,8 @@ pub const MAX_REPORTS: usize = 10_000;
 /// The kind of an agent's sample of a rank's CPU and memory, whose iteration is the Unix second it was
 /// taken at (`ringtrain_agent`'s `system_metrics`).
 pub const SYSTEM_KIND: &str = "system";
+/// How far ahead of the server's clock an agent's may be for its system reports.
+const SYSTEM_CLOCK_SLACK_S: i64 = 86_400;
 /// Numbers one report may carry besides kind, rank, epoch and iteration.
 pub const MAX_REPORT_FIELDS: usize = 32;
 /// The longest name of a reported number.
@@ -86,9 +88,11 @@ pub fn parse_report(
     };
     let rank = integer("rank", i64::from(ranks.max(1) - 1));
     let epoch = integer("epoch", i64::from(i32::MAX));
-    // an agent's system report is keyed by the Unix second it was taken at (a clock a minute fast is let by)
+    // an agent's system report is keyed by the Unix second it was taken at, by the agent's clock: one
+    // that is off by up to a day is let by (a refused report would take the rank's training reports of the
+    // same batch with it)
     let last_iteration = match kind.as_str() {
-        SYSTEM_KIND => chrono::Utc::now().timestamp() + 60,
+        SYSTEM_KIND => chrono::Utc::now().timestamp() + SYSTEM_CLOCK_SLACK_S,
         _ => total_iterations.map_or(i64::MAX / 2, |total| i64::try_from(total).unwrap_or(i64::MAX)),
     };
     let iteration = integer("iteration", last_iteration);
@@ -106,6 +110,9 @@ pub fn parse_report(
             ));
         } else if !(value.is_number() || value.is_null()) {
             errors.push(FieldError::new(path(name), "must be a number"));
+        } else if kind == SYSTEM_KIND && value.as_f64().is_some_and(|v| !v.is_finite() || v < 0.0) {
+            // shown per node to every team and exported: a measure, never negative
+            errors.push(FieldError::new(path(name), "must be a number of at least 0"));
         }
     }
     if errors.is_empty() {
@@ -121,7 +128,7 @@ pub fn parse_report(
     request_body = MetricsBatch,
     responses((status = 200, body = MetricsAck, description = "Stored; beyond the job's budget of iteration reports per second, an evenly spaced subset (`downsampled`, `stride`)"),
         (status = 404),
-        (status = 422, description = "A report's field is wrong: kind, rank, epoch, an iteration past the job's total (a `system` report's, a Unix second more than a minute ahead of the server's clock), more than 32 numbers, a name not of a-z, 0-9 and _")),
+        (status = 422, description = "A report's field is wrong: kind, rank, epoch, an iteration past the job's total (a `system` report's, a Unix second more than a day ahead of the server's clock; its numbers must be at least 0), more than 32 numbers, a name not of a-z, 0-9 and _")),
     security(("bearer" = [])))]
 pub async fn report_metrics(
     State(state): State<AppState>,

@@ -19,7 +19,8 @@ use crate::state::AppState;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsParams {
-    /// `iteration` or `epoch` reports only.
+    /// Reports of this kind only: `iteration`, `epoch`, or `system` (each rank's CPU and memory as its agent
+    /// sampled them, whose `iteration` is the Unix second of the sample).
     pub kind: Option<String>,
     /// Only this metric (`loss`, `lr`, `test_error`, ...); points without it are left out.
     pub name: Option<String>,
