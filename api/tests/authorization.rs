@@ -73,6 +73,9 @@ const RULES: &[(&str, &str, &str)] = &[
     ("get", "/v1/nodes", "yyyyfyuu"),
     ("post", "/v1/agent/nodes", "ffffyfuu"),
     ("post", "/v1/agent/nodes/{id}/heartbeat", "ffffyfuu"),
+    ("post", "/v1/agent/nodes/{id}/self-test", "ffffyfuu"),
+    ("post", "/v1/nodes/{id}/quarantine", "yfffffuu"),
+    ("delete", "/v1/nodes/{id}/quarantine", "yfffffuu"),
     ("get", "/v1/agent/nodes/{id}/assignments", "ffffyfuu"),
     ("post", "/v1/agent/assignments/{id}/endpoint", "ffffyfuu"),
     ("post", "/v1/agent/assignments/{id}/state", "ffffyfuu"),
@@ -221,7 +224,7 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
     } else if path.starts_with("/v1/tokens/") {
         let fresh = app.post(&format!("/v1/teams/{}/tokens", fx.team_a), &fx.admin_a, &json!({"role": "viewer"})).await;
         fresh.body["info"]["id"].as_str().unwrap().to_string()
-    } else if path.starts_with("/v1/agent/nodes/") {
+    } else if path.starts_with("/v1/agent/nodes/") || path.starts_with("/v1/nodes/") {
         fx.node.to_string()
     } else if path.starts_with("/v1/agent/assignments/") {
         fx.assignment.clone()
@@ -263,6 +266,10 @@ async fn request(app: &TestApp, fx: &Fixture, method: &str, path: &str, token: O
         | ("post", "/v1/jobs/{id}/resume")
         | ("post", "/v1/agent/nodes/{id}/heartbeat") => Some(json!({})),
         ("patch", "/v1/jobs/{id}") => Some(json!({"note": "checked"})),
+        ("post", "/v1/agent/nodes/{id}/self-test") => {
+            Some(json!({"checks": [{"name": "matmul", "passed": true, "detail": "exact"}]}))
+        }
+        ("post", "/v1/nodes/{id}/quarantine") => Some(json!({"reason": "a drill"})),
         ("post", "/v1/agent/nodes") => Some(
             json!({"name": "n0", "address": "127.0.0.1", "devices": [{"index": 0, "kind": "cpu", "name": "cpu 0"}]}),
         ),

@@ -10,8 +10,33 @@ use ringtrain_worker::{JobError, Stopped};
 
 use super::train::{EXIT_JOB_ERROR, EXIT_STOPPED};
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, for rank 0 to listen on once it starts. Chosen below the
+/// kernel's ephemeral range (`ip_local_port_range`), from which every `bind(:0)` and outgoing connection
+/// of this machine takes its ports: one of those took a port handed out from that range between this
+/// check and rank 0's bind (seen in CI, "Address already in use"). Falls back to the ephemeral range when
+/// no port below it is free.
 pub fn free_local_port() -> Result<u16> {
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_from > LOWEST + 1_000 {
+        let span = u64::from(ephemeral_from - LOWEST);
+        let mut seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+                ^ (u64::from(std::process::id()) << 32);
+        for _ in 0..64 {
+            // xorshift: enough to spread launchers started at once over the range
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let port = LOWEST + (seed % span) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
