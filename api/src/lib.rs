@@ -29,6 +29,7 @@ pub mod storage;
 pub mod submission;
 pub mod system_now;
 pub mod token_cache;
+pub mod training_watch;
 pub mod unread_body;
 pub mod uploads;
 pub mod web;

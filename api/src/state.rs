@@ -149,6 +149,8 @@ pub struct AppState {
     pub queue_room: Arc<QueueRoom>,
     /// The most memory a device of each kind offers, for the memory check.
     pub largest_memory: Arc<LargestMemory>,
+    /// Loss spikes and throughput collapses in the reports this server receives.
+    pub training_watch: Arc<crate::training_watch::TrainingWatch>,
     /// What every live rank uses now, read at most every few seconds.
     pub system_now: Arc<crate::system_now::SystemNow>,
     /// Model checks in progress (one per team, two in all).
@@ -174,6 +176,7 @@ impl AppState {
             queue_room: Arc::new(QueueRoom::default()),
             largest_memory: Arc::new(LargestMemory::default()),
             system_now: Default::default(),
+            training_watch: Default::default(),
             model_checks: Arc::new(CheckSlots::new()),
             tokens: Arc::new(TokenCache::default()),
             slurm_pool: None,

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestApp;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The preview that froze a server thread (a 1-sample batch, 10,000 epochs, 10^12 samples: 10^16
 /// iterations) is refused at once, and a large valid schedule renders without walking every iteration.
@@ -436,8 +436,35 @@ ringtrain_store::on_both_backends!(
     metric_ingestion_is_bounded,
 );
 
+/// A loss spike and a throughput collapse in rank 0's reports become warnings on the job, which goes on.
+async fn a_spike_and_a_collapse_are_warnings_on_a_job_that_goes_on(app: TestApp) {
+    let team = app.team("alpha").await;
+    let (job, agent, attempt) = common::placed_job(&app, &team, 1000, Duration::from_secs(60), true).await;
+    let uri = format!("/v1/agent/jobs/{job}/metrics");
+    let report = |iteration: u64, loss: f64, speed: f64| json!({"kind": "iteration", "rank": 0, "epoch": 0, "iteration": iteration, "loss": loss, "samples_per_s": speed});
+    let mut reports: Vec<Value> = (0..60).map(|i| report(i, 1.0, 1000.0)).collect();
+    reports.push(report(60, 12.0, 1000.0));
+    reports.extend((61..70).map(|i| report(i, 1.0, 50.0)));
+    let sent = app.post(&uri, &agent, &json!({"attempt": attempt, "reports": reports})).await;
+    assert_eq!(sent.status, 200, "{}", sent.text);
+    let events = app.get(&format!("/v1/jobs/{job}/events"), &team.viewer).await.body;
+    let warnings: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "warning" && e["to_state"].is_null())
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(warnings.len(), 2, "{events}");
+    assert!(warnings[0].starts_with("loss spike at iteration 60: 12.0000, 12.0 times the median"), "{warnings:?}");
+    assert!(warnings[1].starts_with("throughput collapse at iteration 65: 50 samples/s"), "{warnings:?}");
+    let view = app.get(&format!("/v1/jobs/{job}"), &team.viewer).await.body;
+    assert_eq!(view["state"], "running", "a warning stops nothing: {view}");
+}
+
 ringtrain_store::on_both_backends!(
     setup = crate::common::TestApp::new;
+    a_spike_and_a_collapse_are_warnings_on_a_job_that_goes_on,
     a_schedule_preview_cannot_freeze_the_server,
     one_teams_queue_cannot_hide_another_teams_job,
     a_long_jobs_large_result_is_taken,

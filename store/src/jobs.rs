@@ -180,6 +180,9 @@ pub trait JobStore: Send + Sync {
     async fn mark_unplaceable(&self, jobs: &[JobId], reason: Option<&str>) -> StoreResult<()>;
     /// A job's history (state changes, restarts) after `after_seq`, oldest first.
     async fn list_events(&self, job: JobId, after_seq: i64, limit: i64) -> StoreResult<Vec<JobEvent>>;
+    /// Adds an event of `kind` (not a state change: `warning`) to the job's history, under its current
+    /// placement. False when there is no such job.
+    async fn add_job_event(&self, job: JobId, kind: &str, reason: &str) -> StoreResult<bool>;
 }
 
 /// The smallest string greater than every string starting with `prefix` (its last character incremented),
@@ -473,6 +476,23 @@ macro_rules! impl_job_store {
                         q.build().execute(self.pool()).await?;
                     }
                     Ok(())
+                }
+
+                async fn add_job_event(&self, job: JobId, kind: &str, reason: &str) -> StoreResult<bool> {
+                    let Some(current) = self.get_job(job).await? else { return Ok(false) };
+                    sqlx::query(
+                        "INSERT INTO job_events (job_id, at, kind, from_state, to_state, attempt, run_attempt, reason) \
+                         VALUES ($1, $2, $3, NULL, NULL, $4, $5, $6)",
+                    )
+                    .bind(job.0)
+                    .bind(crate::now())
+                    .bind(kind)
+                    .bind(current.attempt)
+                    .bind(current.user_attempt())
+                    .bind(reason)
+                    .execute(self.pool())
+                    .await?;
+                    Ok(true)
                 }
 
                 async fn list_events(&self, job: JobId, after_seq: i64, limit: i64) -> StoreResult<Vec<JobEvent>> {

@@ -72,7 +72,9 @@ export async function refresh() {
   eventList.replaceChildren();
   for (const event of events.events) {
     const item = add(eventList, "li");
-    linkedText(item, `${clock(event.at)} ${event.to_state}${event.reason ? `: ${event.reason}` : ""}`);
+    // a state change names the state it reached; any other event (a warning) its kind
+    const what = event.kind === "state" ? event.to_state : event.kind;
+    linkedText(item, `${clock(event.at)} ${what}${event.reason ? `: ${event.reason}` : ""}`);
   }
   renderCheckpoints(job, checkpoints.checkpoints);
   renderPlacements(job.placements || []);

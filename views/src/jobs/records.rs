@@ -14,7 +14,8 @@ pub struct JobEvent {
     pub seq: i64,
     pub job_id: JobId,
     pub at: DateTime<Utc>,
-    /// `state` for transitions.
+    /// `state` for transitions; `warning` for a loss spike or a throughput collapse in a run that goes on
+    /// (no `from_state`, `to_state`).
     pub kind: String,
     pub from_state: Option<String>,
     pub to_state: Option<String>,

@@ -156,6 +156,15 @@ pub async fn report_metrics(
     state.store.record_metrics(job.id, &thinned.kept).await?;
     crate::reference_guard::after_report(&state, &job, &thinned.kept).await?;
     crate::search::after_report(&state, &job, &thinned.kept).await?;
+    let warnings = state.training_watch.observe(job.id, &thinned.kept, std::time::Instant::now());
+    for warning in &warnings {
+        tracing::info!(job = %job.id, %warning, "warning");
+        state.store.add_job_event(job.id, "warning", warning).await?;
+    }
+    if !warnings.is_empty() {
+        // wakes the job's event streams
+        state.changed().await;
+    }
     Ok(Json(MetricsAck { accepted: thinned.kept.len(), downsampled: thinned.dropped, stride: thinned.stride }))
 }
 

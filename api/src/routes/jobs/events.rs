@@ -37,7 +37,7 @@ const EVENT_PAGE: i64 = 1000;
 /// follows the job until it ends, or until the stream's lifetime (an hour by default) is over: reconnect
 /// with `Last-Event-ID` to go on. A token may follow a few streams at once (8 by default; 429 beyond).
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", params(("id" = Uuid, Path), EventsQuery),
-    responses((status = 200, description = "JSON list, or an SSE stream (`event: state`, data: a JobEvent)", 
+    responses((status = 200, description = "JSON list, or an SSE stream (`event: state` for a state change, `event: warning` for a warning, data: a JobEvent)", 
             content((EventList = "application/json"), (String = "text/event-stream"))),
         (status = 404),
         (status = 429, description = "This token already holds as many event streams as it may")),
@@ -95,7 +95,8 @@ fn follow_events(
             if let Some(event) = c.pending.pop_front() {
                 c.after = event.seq;
                 let data = serde_json::to_string(&event).unwrap_or_default();
-                return Some((Ok(Event::default().id(event.seq.to_string()).event("state").data(data)), c));
+                let name = if event.kind == "state" { "state" } else { "warning" };
+                return Some((Ok(Event::default().id(event.seq.to_string()).event(name).data(data)), c));
             }
             if c.done || tokio::time::Instant::now() >= c.ends_at {
                 return None;
