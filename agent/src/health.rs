@@ -13,7 +13,10 @@ use tokio::process::Command;
 
 use crate::client::Client;
 
-/// The longest a self-test may take: a node slower than this is reported as failing it.
+/// Tries of a report the server did not take (no answer, or a 5xx).
+const REPORT_TRIES: u32 = 5;
+
+/// The longest a self-test may take (past it, it did not run: see [`SelfTestCheck::ran`]).
 const SELF_TEST_LIMIT: Duration = Duration::from_secs(120);
 
 /// Runs `exe self-test --json` as a rank would start (its exit status says only whether a check failed: the
@@ -22,7 +25,12 @@ pub async fn run(exe: &Path) -> SelfTestReport {
     match ask(exe).await {
         Ok(report) => report,
         Err(err) => SelfTestReport {
-            checks: vec![SelfTestCheck { name: "self-test".into(), passed: false, detail: format!("{err:#}") }],
+            checks: vec![SelfTestCheck {
+                name: "self-test".into(),
+                passed: false,
+                detail: format!("{err:#}"),
+                ran: false,
+            }],
         },
     }
 }
@@ -43,9 +51,23 @@ async fn ask(exe: &Path) -> Result<SelfTestReport> {
     })
 }
 
-/// Sends the report; logs what the server made of it.
+/// Sends the report (a few times through a server that does not answer: a node that computes wrong must
+/// not take work because its report was lost); logs what the server made of it.
 pub async fn report(client: &Client, node: NodeId, report: &SelfTestReport) {
-    match (client.self_test(node, report).await, report.failure()) {
+    if let Some(why) = report.checks.iter().find(|c| !c.ran).map(|c| c.detail.clone()) {
+        tracing::warn!(%why, "the self-test could not run: nothing is concluded of this node");
+    }
+    let mut sent = client.self_test(node, report).await;
+    for _ in 0..REPORT_TRIES {
+        match &sent {
+            Err(err) if !err.is_final() => {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                sent = client.self_test(node, report).await;
+            }
+            _ => break,
+        }
+    }
+    match (sent, report.failure()) {
         (Ok(node), _) if node.quarantine.is_some() => {
             tracing::warn!(reason = node.quarantine.as_deref().unwrap_or_default(), "this node is in quarantine")
         }

@@ -56,12 +56,16 @@ impl SystemNow {
 
 async fn read(store: &dyn Store) -> StoreResult<Vec<RankUse>> {
     // each running job's placement: its attempt, and the node of each rank
+    let running: Vec<_> =
+        store.live_assignments().await?.into_iter().filter(|a| a.state == AssignmentState::Running).collect();
+    let mut newest: HashMap<JobId, i32> = HashMap::new();
+    for a in &running {
+        let attempt = newest.entry(a.job_id).or_insert(a.attempt);
+        *attempt = (*attempt).max(a.attempt);
+    }
     let mut placements: HashMap<JobId, (i32, HashMap<i32, NodeId>)> = HashMap::new();
-    for a in store.live_assignments().await?.into_iter().filter(|a| a.state == AssignmentState::Running) {
-        let (attempt, nodes) = placements.entry(a.job_id).or_insert_with(|| (a.attempt, HashMap::new()));
-        if a.attempt == *attempt {
-            nodes.insert(a.rank, a.node_id);
-        }
+    for a in running.iter().filter(|a| newest.get(&a.job_id) == Some(&a.attempt)) {
+        placements.entry(a.job_id).or_insert_with(|| (a.attempt, HashMap::new())).1.insert(a.rank, a.node_id);
     }
     let mut uses = Vec::new();
     for (job, (attempt, nodes)) in placements {

@@ -24,6 +24,8 @@ const COLLAPSE: f64 = 0.25;
 const SLOW_REPORTS: u32 = 5;
 /// Iterations between two warnings of one kind.
 const QUIET_ITERATIONS: i64 = 200;
+/// Warnings per placement at most: a run that keeps warning has said what it had to.
+const MAX_WARNINGS: u32 = 10;
 /// Jobs watched beyond this many are pruned of those idle for [`IDLE`].
 const MAX_JOBS: usize = 10_000;
 const IDLE: Duration = Duration::from_secs(600);
@@ -35,6 +37,9 @@ pub struct TrainingWatch {
 
 #[derive(Debug)]
 struct Watch {
+    /// The placement whose reports these are: a new one (resized, on other devices) starts afresh.
+    attempt: i32,
+    warnings: u32,
     newest: i64,
     losses: VecDeque<f64>,
     speeds: VecDeque<f64>,
@@ -45,8 +50,10 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(now: Instant) -> Watch {
+    fn new(attempt: i32, now: Instant) -> Watch {
         Watch {
+            attempt,
+            warnings: 0,
             newest: -1,
             losses: VecDeque::new(),
             speeds: VecDeque::new(),
@@ -87,20 +94,29 @@ impl TrainingWatch {
         if jobs.len() >= MAX_JOBS {
             jobs.retain(|_, w| now.duration_since(w.seen) < IDLE);
         }
-        let watch = jobs.entry(job).or_insert_with(|| Watch::new(now));
+        let watch = jobs.entry(job).or_insert_with(|| Watch::new(reports[0].attempt, now));
         watch.seen = now;
         let mut warnings = Vec::new();
         for p in reports {
+            if p.attempt > watch.attempt {
+                let newest = watch.newest;
+                *watch = Watch::new(p.attempt, now);
+                watch.newest = newest;
+            }
             // a resumed placement reports the lost iterations again: judged once
-            if p.iteration <= watch.newest {
+            if p.iteration <= watch.newest || p.attempt < watch.attempt {
                 continue;
             }
             watch.newest = p.iteration;
+            if watch.warnings >= MAX_WARNINGS {
+                continue;
+            }
             if let Some(loss) = p.number("loss").filter(|l| l.is_finite()) {
                 if watch.losses.len() >= WARM_UP {
                     let typical = median(&watch.losses);
                     if typical > 0.0 && loss > SPIKE * typical && quiet(watch.last_spike, p.iteration) {
                         watch.last_spike = Some(p.iteration);
+                        watch.warnings += 1;
                         warnings.push(format!(
                             "loss spike at iteration {}: {loss:.4}, {:.1} times the median {typical:.4} of the {} \
                              reports before (the job goes on)",
@@ -119,6 +135,11 @@ impl TrainingWatch {
                         watch.slow_in_a_row += 1;
                         if watch.slow_in_a_row >= SLOW_REPORTS && quiet(watch.last_collapse, p.iteration) {
                             watch.last_collapse = Some(p.iteration);
+                            watch.warnings += 1;
+                            // said once: the slower speed is the normal one from here (a lasting drop is
+                            // not warned of again every 200 iterations)
+                            watch.speeds.clear();
+                            watch.slow_in_a_row = 0;
                             warnings.push(format!(
                                 "throughput collapse at iteration {}: {speed:.0} samples/s, under a quarter of the \
                                  median {typical:.0} before, for {SLOW_REPORTS} reports in a row (the job goes on)",
@@ -169,5 +190,12 @@ mod tests {
         let mut other = report(80, 50.0, 1.0);
         other.rank = 1;
         assert!(watch.observe(job, &[other], now).is_empty());
+        // the slower speed is the new normal: no second warning at it
+        let slower: Vec<MetricPoint> = (300..600).map(|i| report(i, 1.0, 100.0)).collect();
+        assert!(watch.observe(job, &slower, now).is_empty());
+        // a new placement starts afresh (its own warm-up)
+        let mut resumed = report(600, 9.0, 1000.0);
+        resumed.attempt = 2;
+        assert!(watch.observe(job, &[resumed], now).is_empty());
     }
 }

@@ -282,13 +282,46 @@ pub struct SelfTestCheck {
     pub passed: bool,
     /// What was wrong, or what was measured.
     pub detail: String,
+    /// False when the check could not run at all (a timeout, a port, the binary replaced by an upgrade):
+    /// that says nothing of the node's arithmetic, and sets nothing aside.
+    #[serde(default = "ran_by_default")]
+    pub ran: bool,
+}
+
+fn ran_by_default() -> bool {
+    true
 }
 
 impl SelfTestReport {
-    /// The failed checks in words ("matmul: ..."); None when every check passed.
+    /// The checks that ran and found a wrong result, in words ("matmul: ..."); None when there are none.
     pub fn failure(&self) -> Option<String> {
         let failed: Vec<String> =
-            self.checks.iter().filter(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail)).collect();
+            self.checks.iter().filter(|c| c.ran && !c.passed).map(|c| format!("{}: {}", c.name, c.detail)).collect();
         (!failed.is_empty()).then(|| failed.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod self_test_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_wrong_result_is_a_failure_and_a_check_that_did_not_run_is_not() {
+        let check = |name: &str, passed: bool, ran: bool| SelfTestCheck {
+            name: name.into(),
+            passed,
+            detail: if passed { "exact".into() } else { "wrong at [1, 1]".into() },
+            ran,
+        };
+        let passed = SelfTestReport { checks: vec![check("matmul", true, true), check("allreduce", true, true)] };
+        assert_eq!(passed.failure(), None);
+        let not_run = SelfTestReport { checks: vec![check("self-test", false, false)] };
+        assert_eq!(not_run.failure(), None, "a test that could not run says nothing of the node");
+        let wrong = SelfTestReport { checks: vec![check("matmul", false, true), check("allreduce", true, true)] };
+        assert_eq!(wrong.failure().as_deref(), Some("matmul: wrong at [1, 1]"));
+        // an older agent's report, without `ran`, counts as run
+        let old: SelfTestCheck =
+            serde_json::from_value(serde_json::json!({"name": "matmul", "passed": false, "detail": "x"})).unwrap();
+        assert!(old.ran);
     }
 }

@@ -57,9 +57,10 @@ pub(super) async fn mark(
     Ok(())
 }
 
-/// Devices of `kind` on the nodes that are up.
+/// Devices of `kind` on the nodes that are up and not in quarantine (as the policy sees the pool).
 fn capacity(snapshot: &Snapshot, kind: DeviceKind) -> usize {
-    snapshot.up.iter().flat_map(|node| &node.devices).filter(|device| device.kind == kind).count()
+    let placeable = snapshot.up.iter().filter(|node| node.quarantine.is_none());
+    placeable.flat_map(|node| &node.devices).filter(|device| device.kind == kind).count()
 }
 
 fn reason(job: &Job, capacity: usize) -> String {

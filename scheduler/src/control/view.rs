@@ -83,6 +83,9 @@ impl Snapshot {
             running: Vec::new(),
         };
         let mut stopping = HashSet::new();
+        // a placement with a rank on a node in quarantine does not grow: growing restarts it, and its
+        // devices there are out of the pool it would restart in
+        let quarantined: HashSet<_> = self.up.iter().filter(|n| n.quarantine.is_some()).map(|n| n.id).collect();
         for (&(job_id, attempt), ranks) in &self.placements {
             let slots: Vec<DeviceSlot> = ranks.iter().filter_map(|a| self.devices.slot(a.device_id)).collect();
             if let Some(job) = self.active.get(&job_id).filter(|j| j.attempt == attempt) {
@@ -92,7 +95,8 @@ impl Snapshot {
                 let held = slots.len() as u32;
                 // a placement grows only while all its ranks train: not while starting, nor once some ended
                 let whole = ranks.len() as i32 == ranks[0].world_size
-                    && ranks.iter().all(|a| a.state == ringtrain_core::AssignmentState::Running);
+                    && ranks.iter().all(|a| a.state == ringtrain_core::AssignmentState::Running)
+                    && !ranks.iter().any(|a| quarantined.contains(&a.node_id));
                 view.running.push(RunningJob {
                     id: job.id,
                     team: job.team_id,

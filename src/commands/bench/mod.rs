@@ -14,7 +14,6 @@ mod allreduce;
 mod pipeline;
 mod train;
 
-use std::net::TcpListener;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -66,7 +65,8 @@ pub(crate) fn parse_size(text: &str) -> Result<usize> {
 }
 
 fn free_address() -> Result<std::net::SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    // below the ephemeral range, where no other process's bind(:0) takes it before rank 0 binds it
+    Ok(std::net::SocketAddr::from(([127, 0, 0, 1], crate::commands::launch::free_local_port()?)))
 }
 
 /// Runs `body` on `world` ranks connected in a ring (threads), returning rank 0's result.

@@ -95,8 +95,7 @@ fn follow_events(
             if let Some(event) = c.pending.pop_front() {
                 c.after = event.seq;
                 let data = serde_json::to_string(&event).unwrap_or_default();
-                let name = if event.kind == "state" { "state" } else { "warning" };
-                return Some((Ok(Event::default().id(event.seq.to_string()).event(name).data(data)), c));
+                return Some((Ok(Event::default().id(event.seq.to_string()).event(&event.kind).data(data)), c));
             }
             if c.done || tokio::time::Instant::now() >= c.ends_at {
                 return None;
